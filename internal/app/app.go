@@ -1,0 +1,127 @@
+// Package app is braid's composition root: it parses each subcommand's command line, builds the
+// role's components from its configuration, and owns their lifecycle, signals and logging.
+package app
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+)
+
+// Version is set at build time with -ldflags "-X braid/internal/app.Version=...".
+var Version = "dev"
+
+// env is what a subcommand gets from the process: its streams.
+type env struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+}
+
+// command is one subcommand. run returns the process exit code.
+type command struct {
+	summary string
+	run     func(e env, args []string) int
+}
+
+// commands is the table of top-level subcommands; each role's file adds its own entry.
+var commands = map[string]command{}
+
+// exit codes
+const (
+	exitOK    = 0
+	exitError = 1 // the command failed at run time
+	exitUsage = 2 // the command line was wrong
+)
+
+// Main runs braid with args (without the program name) and returns the exit code.
+func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	e := env{stdin: stdin, stdout: stdout, stderr: stderr}
+	if len(args) == 0 {
+		usage(stderr)
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "--help", "help":
+		if len(args) > 1 {
+			if c, ok := commands[args[1]]; ok {
+				return c.run(e, []string{"--help"})
+			}
+		}
+		usage(stdout)
+		return exitOK
+	case "version", "--version":
+		fmt.Fprintf(stdout, "braid %s\n", Version)
+		return exitOK
+	}
+	c, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "braid: unknown command %q (see 'braid help')\n", args[0])
+		return exitUsage
+	}
+	return c.run(e, args[1:])
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `braid bonds several network paths (two ISPs, fibre plus LTE, the RLOCs of a LISP
+site) into connections that are faster than any one path and survive the loss of any one.
+
+Usage:
+  braid <command> [arguments]
+
+Commands:
+`)
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprint(w, `  version    print the version
+
+Run 'braid help <command>' or 'braid <command> --help' for a command's manual.
+`)
+}
+
+// newFlags returns a FlagSet whose --help prints the manual text doc followed by the flags.
+func newFlags(e env, name, doc string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	fs.Usage = func() {
+		out := fs.Output()
+		fmt.Fprintln(out, strings.TrimSpace(doc))
+		var any bool
+		fs.VisitAll(func(*flag.Flag) { any = true })
+		if any {
+			fmt.Fprintln(out, "\nOptions:")
+			fs.PrintDefaults()
+		}
+	}
+	return fs
+}
+
+// parseFlags parses args; it returns done=true with the exit code when the command should stop:
+// after --help (code 0, manual on stdout) or on a usage error (code 2, message on stderr).
+func parseFlags(e env, fs *flag.FlagSet, args []string) (done bool, code int) {
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if a == "-h" || a == "--help" || a == "-help" {
+			fs.SetOutput(e.stdout)
+			fs.Usage()
+			return true, exitOK
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return true, exitOK
+		}
+		return true, exitUsage
+	}
+	return false, 0
+}

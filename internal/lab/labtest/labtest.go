@@ -1,0 +1,69 @@
+// Package labtest brings labs up from tests: it skips with a one-line reason where the machine
+// cannot run them, except when BRAID_LAB_REQUIRED=1 (set by CI), where a skip is a failure.
+package labtest
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"braid/internal/lab"
+	"braid/internal/lab/netns"
+	"braid/internal/lab/topo"
+)
+
+// Require skips (or fails, under BRAID_LAB_REQUIRED=1) when lab tests cannot run here.
+func Require(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		skip(t, "lab test not run with -short")
+	}
+	if err := netns.CheckPrivilege(); err != nil {
+		skip(t, err.Error())
+	}
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		skip(t, "lab needs /dev/net/tun: "+err.Error())
+	}
+}
+
+func skip(t testing.TB, reason string) {
+	t.Helper()
+	if os.Getenv("BRAID_LAB_REQUIRED") == "1" {
+		t.Fatalf("BRAID_LAB_REQUIRED=1 but the lab cannot run: %s", reason)
+	}
+	t.Skip(reason)
+}
+
+// Up brings up tp for the test and removes it when the test ends, whatever the outcome.
+func Up(t testing.TB, tp *topo.Topology) *lab.Lab {
+	t.Helper()
+	Require(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := lab.Up(ctx, tp, lab.Options{})
+	if err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := l.Close(); err != nil {
+			t.Errorf("lab close: %v", err)
+		}
+	})
+	return l
+}
+
+// Pair is a two-host topology "a" — "b" with one link shaped the same in both directions;
+// a is 10.99.0.1 and fd99::1, b is 10.99.0.2 and fd99::2.
+func Pair(s topo.Shape) *topo.Topology {
+	return &topo.Topology{
+		Name:  "pair",
+		Hosts: []topo.Host{{Name: "a"}, {Name: "b"}},
+		Links: []topo.Link{{
+			A:  topo.Endpoint{Host: "a", Addrs: []netip.Prefix{netip.MustParsePrefix("10.99.0.1/24"), netip.MustParsePrefix("fd99::1/64")}},
+			B:  topo.Endpoint{Host: "b", Addrs: []netip.Prefix{netip.MustParsePrefix("10.99.0.2/24"), netip.MustParsePrefix("fd99::2/64")}},
+			AB: s, BA: s,
+		}},
+	}
+}

@@ -1,0 +1,86 @@
+// Package topo describes lab topologies as data: hosts (each a network namespace), point-to-point
+// links between them with per-direction shaping (rate, one-way delay, jitter, random loss, a
+// drop-tail queue bound), IPv4 and IPv6 addresses, and routes. A topology is built in Go or read
+// from a TOML file (see Parse); Validate reports every problem before anything is created.
+package topo
+
+import (
+	"net/netip"
+	"time"
+)
+
+// Topology is a whole emulated network.
+type Topology struct {
+	Name  string // short name, used in namespace names; [a-z0-9-], at most 16 characters
+	Hosts []Host
+	Links []Link
+}
+
+// Host is one network namespace.
+type Host struct {
+	Name    string // [a-z0-9-], at most 12 characters, unique in the topology
+	Forward bool   // enable IPv4 and IPv6 forwarding (the host is a router)
+	Routes  []Route
+}
+
+// Route is a static route installed in a host. Dst is 0.0.0.0/0 or ::/0 for a default route.
+// Via is the next hop; it must be on one of the host's links. When Via is the zero Addr, Dev must
+// name one of the host's interfaces and the route is on-link.
+type Route struct {
+	Dst    netip.Prefix
+	Via    netip.Addr
+	Dev    string
+	Metric int
+}
+
+// Link is a point-to-point link between hosts A and B. Each end is an interface in its host's
+// namespace; AB shapes traffic from A to B and BA traffic from B to A.
+type Link struct {
+	Name string // unique; defaults to "A-B" (with a numeric suffix for parallel links)
+	A, B Endpoint
+	MTU  int // 0 means 1500
+	AB   Shape
+	BA   Shape
+	// Offload selects how the emulator moves packets: OffloadAuto passes TSO super-packets through
+	// when the link is fast and lossless, and takes MTU-sized packets otherwise.
+	Offload Offload
+}
+
+// Endpoint is one end of a link.
+type Endpoint struct {
+	Host   string
+	Ifname string         // interface name in the host; defaults to "eth<N>" in creation order
+	Addrs  []netip.Prefix // addresses with their prefix length, IPv4 and/or IPv6
+}
+
+// Shape is what one direction of a link does to packets.
+type Shape struct {
+	Rate   uint64        // bits per second of IP packets; 0 means unlimited
+	Delay  time.Duration // one-way propagation delay, added after serialisation
+	Jitter time.Duration // uniform extra delay in [0, Jitter]; packet order is kept
+	Loss   float64       // random loss in percent, 0 to 100
+	// QueuePackets and QueueBytes bound the drop-tail queue in front of the serialiser; 0 means
+	// "default": one bandwidth-delay product of the round trip, at least 64 packets.
+	QueuePackets int
+	QueueBytes   int
+}
+
+// Offload is the emulator's packet mode.
+type Offload int
+
+const (
+	OffloadAuto Offload = iota
+	OffloadOn           // TSO/USO super-packets pass through whole
+	OffloadOff          // MTU-sized packets
+)
+
+// String returns the TOML spelling of o.
+func (o Offload) String() string {
+	switch o {
+	case OffloadOn:
+		return "on"
+	case OffloadOff:
+		return "off"
+	}
+	return "auto"
+}

@@ -1,0 +1,380 @@
+package topo
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Limits on names. Namespace and interface names built from them must fit the kernel's
+// 15-character interface name limit and stay readable in "ip netns list".
+const (
+	maxTopologyName = 16
+	maxHostName     = 12
+	maxIfname       = 15 // IFNAMSIZ - 1
+	defaultMTU      = 1500
+	minMTU          = 576   // the IPv4 minimum datagram every host must accept
+	minMTUIPv6      = 1280  // RFC 8200
+	maxMTU          = 65535 // the largest IPv4 or non-jumbo IPv6 packet
+)
+
+var nameRE = regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
+
+// Error is one problem in a topology. File and Line are set when the topology was read from
+// a file and locate the offending key; Column is set only for TOML syntax errors. Object names
+// what is wrong, e.g. "link r1-core" or "host r1 route 10.2.0.0/16", and Reason says why.
+type Error struct {
+	File   string
+	Line   int
+	Column int
+	Object string
+	Reason string
+}
+
+// Error formats e as "file:line:col: object: reason", leaving out the parts that are not set.
+func (e *Error) Error() string {
+	var b strings.Builder
+	switch {
+	case e.File != "" && e.Line > 0:
+		fmt.Fprintf(&b, "%s:%d", e.File, e.Line)
+	case e.File != "":
+		b.WriteString(e.File)
+	case e.Line > 0:
+		fmt.Fprintf(&b, "line %d", e.Line)
+	}
+	if e.Line > 0 && e.Column > 0 {
+		fmt.Fprintf(&b, ":%d", e.Column)
+	}
+	for _, s := range []string{e.Object, e.Reason} {
+		if s == "" {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteString(": ")
+		}
+		b.WriteString(s)
+	}
+	return b.String()
+}
+
+// Normalize fills in the defaults of a topology in place:
+//
+//   - a link without a Name is called "A-B" after its hosts; parallel links between the same
+//     pair get the first free name of "A-B-2", "A-B-3", ...;
+//   - an Endpoint without an Ifname gets the lowest "eth<N>" not used by the host, in link
+//     order, so explicit names are never taken over;
+//   - an MTU of 0 becomes 1500.
+//
+// Queue bounds stay 0: the emulator derives them from the rate and the delay. Normalize is
+// idempotent and never reports errors; Validate does.
+func (t *Topology) Normalize() {
+	used := map[string]map[string]bool{} // host -> interface names already taken
+	take := func(host, ifname string) {
+		if used[host] == nil {
+			used[host] = map[string]bool{}
+		}
+		used[host][ifname] = true
+	}
+	taken := map[string]bool{} // link names
+	for _, l := range t.Links {
+		for _, e := range []Endpoint{l.A, l.B} {
+			if e.Ifname != "" {
+				take(e.Host, e.Ifname)
+			}
+		}
+		if l.Name != "" {
+			taken[l.Name] = true
+		}
+	}
+	next := map[string]int{} // host -> next eth<N> to try
+	for i := range t.Links {
+		l := &t.Links[i]
+		for _, e := range []*Endpoint{&l.A, &l.B} {
+			for e.Ifname == "" {
+				name := "eth" + strconv.Itoa(next[e.Host])
+				next[e.Host]++
+				if !used[e.Host][name] {
+					e.Ifname = name
+					take(e.Host, name)
+				}
+			}
+		}
+		if l.Name == "" {
+			base := l.A.Host + "-" + l.B.Host
+			name := base
+			for n := 2; taken[name]; n++ {
+				name = base + "-" + strconv.Itoa(n)
+			}
+			l.Name = name
+			taken[name] = true
+		}
+		if l.MTU == 0 {
+			l.MTU = defaultMTU
+		}
+	}
+}
+
+// Validate reports every problem in t as an errors.Join of *Error values, or nil. It checks t
+// as Normalize would leave it, without modifying t, so a topology built in Go does not need
+// its defaults filled in first.
+func (t *Topology) Validate() error {
+	n := *t
+	n.Links = slices.Clone(t.Links) // Normalize writes only to links
+	n.Normalize()
+	return joinIssues(n.check())
+}
+
+// issue is a problem found by check, with the TOML key paths (such as "link[2].ab.delay") that
+// most likely hold the offending value, best first; Parse uses them to find the line.
+type issue struct {
+	err   *Error
+	paths []string
+}
+
+func joinIssues(issues []issue) error {
+	errs := make([]error, len(issues))
+	for i, is := range issues {
+		errs[i] = is.err
+	}
+	return errors.Join(errs...)
+}
+
+// check validates a normalized topology. Its key paths index Hosts, Links and Routes exactly
+// as the TOML arrays of the same names do.
+func (t *Topology) check() []issue {
+	var issues []issue
+	report := func(object, reason string, paths ...string) {
+		issues = append(issues, issue{&Error{Object: object, Reason: reason}, paths})
+	}
+
+	obj := "topology " + t.Name
+	if !nameRE.MatchString(t.Name) {
+		report(obj, fmt.Sprintf("name %q must match %s", t.Name, nameRE), "name")
+	} else if len(t.Name) > maxTopologyName {
+		report(obj, fmt.Sprintf("name %q is longer than %d characters", t.Name, maxTopologyName), "name")
+	}
+
+	hosts := map[string]int{} // name -> index
+	for i, h := range t.Hosts {
+		p := fmt.Sprintf("host[%d]", i)
+		obj := "host " + h.Name
+		switch {
+		case !nameRE.MatchString(h.Name):
+			report(obj, fmt.Sprintf("name %q must match %s", h.Name, nameRE), p+".name")
+		case len(h.Name) > maxHostName:
+			report(obj, fmt.Sprintf("name %q is longer than %d characters", h.Name, maxHostName), p+".name")
+		}
+		if _, dup := hosts[h.Name]; dup {
+			report(obj, "duplicate host", p+".name")
+			continue
+		}
+		hosts[h.Name] = i
+	}
+
+	type ifaceKey struct{ host, ifname string }
+	ifaces := map[ifaceKey]string{}      // -> link name
+	addrs := map[netip.Addr]string{}     // -> "host ifname"
+	hostAddrs := map[string][]hostAddr{} // host -> its interfaces' addresses
+	links := map[string]bool{}
+	for i, l := range t.Links {
+		p := fmt.Sprintf("link[%d]", i)
+		obj := "link " + l.Name
+		if links[l.Name] {
+			report(obj, "duplicate link name", p+".name")
+		}
+		links[l.Name] = true
+
+		hasIPv6 := false
+		for _, end := range []struct {
+			e    Endpoint
+			side string // "a" or "b", the TOML key prefix
+		}{{l.A, "a"}, {l.B, "b"}} {
+			e := end.e
+			switch _, ok := hosts[e.Host]; {
+			case e.Host == "":
+				report(obj, "missing host for end "+end.side, p+"."+end.side, p)
+			case !ok:
+				report(obj, fmt.Sprintf("unknown host %q", e.Host), p+"."+end.side, p)
+			}
+
+			ifp := p + "." + end.side + "_ifname"
+			switch {
+			case e.Ifname == "lo":
+				report(obj, fmt.Sprintf("interface name %q on host %s is reserved", e.Ifname, e.Host), ifp, p)
+			case len(e.Ifname) > maxIfname:
+				report(obj, fmt.Sprintf("interface name %q on host %s is longer than %d characters", e.Ifname, e.Host, maxIfname), ifp, p)
+			case e.Ifname == "." || e.Ifname == ".." || strings.ContainsAny(e.Ifname, "/: \t\n\r\v\f"):
+				// The kernel's dev_valid_name rejects these.
+				report(obj, fmt.Sprintf("invalid interface name %q on host %s", e.Ifname, e.Host), ifp, p)
+			}
+			k := ifaceKey{e.Host, e.Ifname}
+			if other, dup := ifaces[k]; dup {
+				report(obj, fmt.Sprintf("interface %q on host %s is also used by link %s", e.Ifname, e.Host, other), ifp, p)
+			} else {
+				ifaces[k] = l.Name
+			}
+
+			for j, a := range e.Addrs {
+				ap := []string{fmt.Sprintf("%s.%s_addr[%d]", p, end.side, j), p + "." + end.side + "_addr", p}
+				if !a.IsValid() {
+					report(obj, fmt.Sprintf("invalid address %q on host %s", a, e.Host), ap...)
+					continue
+				}
+				hasIPv6 = hasIPv6 || a.Addr().Is6()
+				where := fmt.Sprintf("%s %s", e.Host, e.Ifname)
+				if other, dup := addrs[a.Addr()]; dup {
+					report(obj, fmt.Sprintf("address %s on %s is also on %s", a.Addr(), where, other), ap...)
+				} else {
+					addrs[a.Addr()] = where
+				}
+				hostAddrs[e.Host] = append(hostAddrs[e.Host], hostAddr{e.Ifname, a})
+			}
+		}
+		if l.A.Host != "" && l.A.Host == l.B.Host {
+			report(obj, fmt.Sprintf("link from host %s to itself", l.A.Host), p+".b", p)
+		}
+		for _, fam := range []struct {
+			name string
+			is4  bool
+		}{{"IPv4", true}, {"IPv6", false}} {
+			if a, b := familyAddrs(l.A.Addrs, fam.is4), familyAddrs(l.B.Addrs, fam.is4); len(a) > 0 && len(b) > 0 && !shareSubnet(a, b) {
+				report(obj, fmt.Sprintf("%s %s and %s %s are not in the same %s subnet",
+					l.A.Host, joinPrefixes(a), l.B.Host, joinPrefixes(b), fam.name), p+".b_addr", p)
+			}
+		}
+
+		switch {
+		case l.MTU < minMTU || l.MTU > maxMTU:
+			report(obj, fmt.Sprintf("MTU %d outside %d..%d", l.MTU, minMTU, maxMTU), p+".mtu", p)
+		case hasIPv6 && l.MTU < minMTUIPv6:
+			report(obj, fmt.Sprintf("MTU %d is below the IPv6 minimum of %d", l.MTU, minMTUIPv6), p+".mtu", p)
+		}
+		if l.Offload < OffloadAuto || l.Offload > OffloadOff {
+			report(obj, fmt.Sprintf("invalid offload mode %d", l.Offload), p+".offload", p)
+		}
+
+		for _, dir := range []struct {
+			s        Shape
+			key      string
+			from, to string
+		}{{l.AB, "ab", l.A.Host, l.B.Host}, {l.BA, "ba", l.B.Host, l.A.Host}} {
+			s := dir.s
+			bad := func(field, reason string) {
+				report(obj, fmt.Sprintf("%s from %s to %s", reason, dir.from, dir.to),
+					p+"."+dir.key+"."+field, p+"."+field, p+"."+dir.key, p)
+			}
+			if s.Delay < 0 {
+				bad("delay", fmt.Sprintf("negative delay %v", s.Delay))
+			}
+			if s.Jitter < 0 {
+				bad("jitter", fmt.Sprintf("negative jitter %v", s.Jitter))
+			}
+			if !(s.Loss >= 0 && s.Loss <= 100) { // also catches NaN
+				bad("loss", fmt.Sprintf("loss %v %% outside 0..100", s.Loss))
+			}
+			if s.QueuePackets < 0 {
+				bad("queue_packets", fmt.Sprintf("negative queue %d packets", s.QueuePackets))
+			}
+			if s.QueueBytes < 0 {
+				bad("queue_bytes", fmt.Sprintf("negative queue %d bytes", s.QueueBytes))
+			}
+		}
+	}
+
+	for i, h := range t.Hosts {
+		if hosts[h.Name] != i {
+			continue // a duplicate, reported above; its links are the first one's
+		}
+		own := hostAddrs[h.Name]
+		dsts := map[netip.Prefix]bool{}
+		for j, r := range h.Routes {
+			p := fmt.Sprintf("host[%d].route[%d]", i, j)
+			obj := fmt.Sprintf("host %s route %s", h.Name, r.Dst)
+			if !r.Dst.IsValid() {
+				report(obj, "missing or invalid destination", p+".dst", p)
+			} else {
+				if r.Dst != r.Dst.Masked() {
+					report(obj, fmt.Sprintf("destination has host bits set (did you mean %s?)", r.Dst.Masked()), p+".dst", p)
+				}
+				if dsts[r.Dst] {
+					report(obj, "duplicate route destination", p+".dst", p)
+				}
+				dsts[r.Dst] = true
+			}
+			if r.Metric < 0 || int64(r.Metric) > math.MaxUint32 {
+				report(obj, fmt.Sprintf("metric %d outside 0..%d", r.Metric, uint32(math.MaxUint32)), p+".metric", p)
+			}
+			if _, ok := ifaces[ifaceKey{h.Name, r.Dev}]; r.Dev != "" && !ok {
+				report(obj, fmt.Sprintf("dev %q is not an interface of host %s", r.Dev, h.Name), p+".dev", p)
+			}
+			switch {
+			case !r.Via.IsValid() && r.Dev == "":
+				report(obj, "needs via or dev", p)
+			case !r.Via.IsValid():
+			case r.Via.Zone() != "":
+				report(obj, fmt.Sprintf("via %s has a zone; use dev instead", r.Via), p+".via", p)
+			case r.Dst.IsValid() && r.Via.Is4() != r.Dst.Addr().Is4():
+				report(obj, fmt.Sprintf("via %s is not of the destination's address family", r.Via), p+".via", p)
+			default:
+				onLink, isOwn := false, false
+				for _, a := range own {
+					if r.Dev == "" || a.ifname == r.Dev {
+						onLink = onLink || a.prefix.Contains(r.Via)
+					}
+					isOwn = isOwn || a.prefix.Addr() == r.Via
+				}
+				switch {
+				case isOwn:
+					report(obj, fmt.Sprintf("via %s is an address of host %s itself", r.Via, h.Name), p+".via", p)
+				case !onLink && r.Dev != "":
+					report(obj, fmt.Sprintf("via %s is not in a subnet of %s on host %s", r.Via, r.Dev, h.Name), p+".via", p)
+				case !onLink:
+					report(obj, fmt.Sprintf("via %s is not in a subnet of any address of host %s", r.Via, h.Name), p+".via", p)
+				}
+			}
+		}
+	}
+	return issues
+}
+
+// hostAddr is an address of a host together with the interface that carries it.
+type hostAddr struct {
+	ifname string
+	prefix netip.Prefix
+}
+
+func familyAddrs(ps []netip.Prefix, is4 bool) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range ps {
+		if p.IsValid() && p.Addr().Is4() == is4 {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// shareSubnet reports whether some address of a and some address of b are in the same subnet,
+// with the same prefix length.
+func shareSubnet(a, b []netip.Prefix) bool {
+	for _, pa := range a {
+		for _, pb := range b {
+			if pa.Masked() == pb.Masked() {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func joinPrefixes(ps []netip.Prefix) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ",")
+}
