@@ -93,30 +93,37 @@ func configureInterface(h *Host, ep topo.Endpoint, mtu int) error {
 }
 
 func (l *Lab) addRoutes(h *Host, routes []topo.Route) error {
-	nl := h.NS.Netlink()
 	for _, r := range routes {
-		nr := &netlink.Route{
-			Dst:      &net.IPNet{IP: r.Dst.Addr().AsSlice(), Mask: net.CIDRMask(r.Dst.Bits(), r.Dst.Addr().BitLen())},
-			Priority: r.Metric,
+		nr, err := netlinkRoute(h, r)
+		if err != nil {
+			return err
 		}
-		if r.Via.IsValid() {
-			nr.Gw = r.Via.AsSlice()
-		}
-		if r.Dev != "" {
-			link, err := nl.LinkByName(r.Dev)
-			if err != nil {
-				return fmt.Errorf("route %s: interface %s: %w", r.Dst, r.Dev, err)
-			}
-			nr.LinkIndex = link.Attrs().Index
-			if !r.Via.IsValid() {
-				nr.Scope = netlink.SCOPE_LINK
-			}
-		}
-		if err := nl.RouteAdd(nr); err != nil {
+		if err := h.NS.Netlink().RouteAdd(nr); err != nil {
 			return fmt.Errorf("route %s: %w", r.Dst, err)
 		}
 	}
 	return nil
+}
+
+func netlinkRoute(h *Host, r topo.Route) (*netlink.Route, error) {
+	nr := &netlink.Route{
+		Dst:      &net.IPNet{IP: r.Dst.Addr().AsSlice(), Mask: net.CIDRMask(r.Dst.Bits(), r.Dst.Addr().BitLen())},
+		Priority: r.Metric,
+	}
+	if r.Via.IsValid() {
+		nr.Gw = r.Via.AsSlice()
+	}
+	if r.Dev != "" {
+		link, err := h.NS.Netlink().LinkByName(r.Dev)
+		if err != nil {
+			return nil, fmt.Errorf("route %s: interface %s: %w", r.Dst, r.Dev, err)
+		}
+		nr.LinkIndex = link.Attrs().Index
+		if !r.Via.IsValid() {
+			nr.Scope = netlink.SCOPE_LINK
+		}
+	}
+	return nr, nil
 }
 
 // safeBuffer is a bytes.Buffer that a process's stdout and stderr may write concurrently.
@@ -135,4 +142,16 @@ func (s *safeBuffer) Bytes() []byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return bytes.Clone(s.b.Bytes())
+}
+
+// ReplaceRoute installs r in the host, replacing any route to the same destination.
+func (h *Host) ReplaceRoute(r topo.Route) error {
+	nr, err := netlinkRoute(h, r)
+	if err != nil {
+		return err
+	}
+	if err := h.NS.Netlink().RouteReplace(nr); err != nil {
+		return fmt.Errorf("lab: host %s: route %s: %w", h.Name, r.Dst, err)
+	}
+	return nil
 }

@@ -1,0 +1,45 @@
+# braid — see README.md. Every target installs what it needs.
+GO      ?= go
+BIN     := bin/braid
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X braid/internal/app.Version=$(VERSION)
+# Lab tests measure timing and throughput: run packages one at a time so they do not disturb
+# each other on a small machine.
+TESTFLAGS ?= -count=1 -p 1 -timeout 30m
+
+.PHONY: all build deps demo test bench bench-smoke fuzz lab-down clean
+
+all: build
+
+deps:
+	@./scripts/deps.sh
+
+build: deps
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/braid
+
+# The main job on its embedded default: two sites, two uplinks each, every path measured.
+demo: build
+	$(BIN) lab demo
+
+test: deps
+	$(GO) test $(TESTFLAGS) ./...
+	@./scripts/check-clean.sh
+
+# Macro benchmarks; results are written to bench/BENCH.md.
+bench: build
+	$(GO) run ./bench/emulator -braid $(BIN) -runs 5 -out bench/BENCH.md
+
+# One short run of every benchmark, so that none rots (CI runs it).
+bench-smoke: build
+	$(GO) run ./bench/emulator -braid $(BIN) -runs 1 -quick -out /dev/null
+
+# Explore every codec's fuzz target for FUZZTIME each (seeds alone run in 'make test').
+FUZZTIME ?= 30s
+fuzz: deps
+	@./scripts/fuzz.sh $(FUZZTIME)
+
+lab-down: build
+	$(BIN) lab down
+
+clean:
+	rm -rf bin

@@ -1,0 +1,663 @@
+package app
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"braid/internal/lab"
+	"braid/internal/lab/netns"
+	"braid/internal/lab/scenario"
+	"braid/internal/lab/topo"
+)
+
+func init() {
+	commands["lab"] = command{summary: "emulated multi-site networks on this machine (namespaces, WAN links)", run: runLab}
+}
+
+const labDoc = `Usage: braid lab <command> [arguments]
+
+braid lab builds emulated networks on one machine. Every host is a network namespace; every
+link is a pair of TUN interfaces joined by braid's user-space link emulator, which gives each
+direction a rate, a one-way delay, jitter, random loss and a drop-tail queue (this kernel has
+no netem). braid's roles and any other program run inside the hosts for real.
+
+Commands:
+  up FILE        build the topology in FILE and keep it until Ctrl-C (or --detach)
+  down           remove every lab on this machine, also what a killed run left behind
+  status         list the running labs and the state of their links
+  exec HOST -- CMD [ARG...]
+                 run a command inside a host of the running lab
+  link HOST1 HOST2 [--rate R] [--delay D] [--jitter J] [--loss L] [--down|--up]
+                 change a link of the running lab while traffic flows
+  run SCENARIO   run a built-in experiment and print its table
+  demo           the main demonstration: two sites, two uplinks each, each path measured
+
+Names: namespaces are called braid-<id>-<host>, where <id> is a random run ID.
+
+Example:
+  braid lab up examples/two-sites.toml --detach
+  braid lab exec h1 -- ping -c 3 10.2.0.10
+  braid lab link r1 r2 --delay 40ms --loss 1%
+  braid lab down
+
+Run 'braid lab <command> --help' for the manual of each command.
+`
+
+func runLab(e env, args []string) int {
+	if len(args) == 0 {
+		fmt.Fprint(e.stderr, labDoc)
+		return exitUsage
+	}
+	sub := map[string]func(env, []string) int{
+		"up": labUp, "down": labDown, "status": labStatus, "exec": labExec,
+		"link": labLink, "run": labRun, "demo": labDemo,
+	}
+	switch args[0] {
+	case "-h", "--help", "help":
+		fmt.Fprint(e.stdout, labDoc)
+		return exitOK
+	}
+	f, ok := sub[args[0]]
+	if !ok {
+		fmt.Fprintf(e.stderr, "braid lab: unknown command %q (see 'braid lab --help')\n", args[0])
+		return exitUsage
+	}
+	return f(e, args[1:])
+}
+
+// parseInterspersed parses flags wherever they stand among the positional arguments, and stops
+// at "--", returning what follows it separately.
+func parseInterspersed(e env, fs *flag.FlagSet, args []string) (pos, rest []string, done bool, code int) {
+	if i := indexOf(args, "--"); i >= 0 {
+		args, rest = args[:i], args[i+1:]
+	}
+	if done, code := parseFlags(e, fs, args); done {
+		return nil, nil, true, code
+	}
+	for fs.NArg() > 0 {
+		pos = append(pos, fs.Arg(0))
+		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			return nil, nil, true, exitUsage
+		}
+	}
+	return pos, rest, false, 0
+}
+
+func indexOf(s []string, v string) int {
+	for i, x := range s {
+		if x == v {
+			return i
+		}
+	}
+	return -1
+}
+
+func labLogger(e env, verbose bool) *slog.Logger {
+	level := slog.LevelWarn
+	if verbose {
+		level = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// signalContext is cancelled on SIGINT or SIGTERM.
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+}
+
+// labFail prints one line and returns the exit code for a lab error; missing privilege is
+// said plainly.
+func labFail(e env, cmd string, err error) int {
+	if errors.Is(err, netns.ErrPrivilege) {
+		fmt.Fprintf(e.stderr, "braid lab %s: %v\n", cmd, err)
+		return exitError
+	}
+	msg := err.Error()
+	if strings.Contains(msg, "\n") { // several problems, e.g. from a topology file
+		fmt.Fprintf(e.stderr, "braid lab %s:\n  %s\n", cmd, strings.ReplaceAll(msg, "\n", "\n  "))
+		return exitError
+	}
+	fmt.Fprintf(e.stderr, "braid lab %s: %s\n", cmd, msg)
+	return exitError
+}
+
+const labUpDoc = `Usage: braid lab up FILE [--detach] [--verbose]
+
+Builds the topology described in the TOML file FILE: one network namespace per host, one
+emulated link per [[link]], the addresses and the routes. The file is checked completely before
+anything is created; a mistake is reported with the file, the line and the reason.
+
+Without --detach the lab lives until Ctrl-C (SIGINT) or SIGTERM, then everything is removed.
+With --detach braid starts the lab in the background, prints its ID and returns; remove it with
+'braid lab down'. While the lab runs, 'braid lab exec' runs commands in its hosts and
+'braid lab link' changes its links.
+
+File format (every key is optional unless marked):
+
+  name = "two-sites"
+  [[host]]
+  name = "r1"                                   # required; [a-z][a-z0-9-]*, at most 12 chars
+  forward = true                                # route between interfaces
+  route = [ { dst = "10.2.0.0/16", via = "10.0.12.2" }, { dst = "default", via = "fd00:12::2" } ]
+  [[link]]
+  a = "r1"                                      # required
+  b = "core"                                    # required
+  a_addr = ["10.0.12.1/30", "fd00:12::1/64"]
+  b_addr = ["10.0.12.2/30", "fd00:12::2/64"]
+  rate = "50mbit"                               # both directions; [link.ab] / [link.ba] override
+  delay = "10ms"                                # one way
+  jitter = "1ms"                                # order is kept
+  loss = "0.5%"
+  queue_packets = 100                           # drop-tail bound; default one BDP of the RTT
+  queue_bytes = "150KB"
+  offload = "auto"                              # auto | on | off: TSO super-packets through
+
+Example:
+  braid lab up lab.toml --detach
+  braid lab exec h1 -- ip route
+  braid lab down
+`
+
+func labUp(e env, args []string) int {
+	fs := newFlags(e, "braid lab up", labUpDoc)
+	detach := fs.Bool("detach", false, "start the lab in the background, print its ID and return")
+	verbose := fs.Bool("verbose", false, "log what is created and removed")
+	pos, _, done, code := parseInterspersed(e, fs, args)
+	if done {
+		return code
+	}
+	if len(pos) != 1 {
+		fmt.Fprintln(e.stderr, "braid lab up: expected one topology FILE (see 'braid lab up --help')")
+		return exitUsage
+	}
+	t, err := topo.Load(pos[0])
+	if err != nil {
+		return labFail(e, "up", err)
+	}
+	if err := netns.CheckPrivilege(); err != nil {
+		return labFail(e, "up", err)
+	}
+	if *detach {
+		return labUpDetached(e, pos[0], *verbose)
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	l, err := lab.Up(ctx, t, lab.Options{Logger: labLogger(e, *verbose), OwnSignals: true})
+	if err != nil {
+		return labFail(e, "up", err)
+	}
+	defer l.Close()
+	stop, err := l.ServeControl(ctx, lab.ControlPath(l.ID))
+	if err == nil {
+		err = l.SetControl(lab.ControlPath(l.ID))
+	}
+	if err != nil {
+		return labFail(e, "up", err)
+	}
+	defer stop()
+	printLab(e.stdout, l)
+	if fd := os.Getenv("BRAID_LAB_READY_FD"); fd != "" {
+		if n, err := strconv.Atoi(fd); err == nil {
+			f := os.NewFile(uintptr(n), "ready")
+			fmt.Fprintln(f, l.ID)
+			f.Close()
+		}
+	} else {
+		fmt.Fprintf(e.stdout, "\nlab %s is up; Ctrl-C removes it.\n", l.ID)
+	}
+	<-ctx.Done()
+	return exitOK
+}
+
+// labUpDetached starts `braid lab up FILE` as a background process and waits until its lab is up.
+func labUpDetached(e env, file string, verbose bool) int {
+	self, err := os.Executable()
+	if err != nil {
+		return labFail(e, "up", err)
+	}
+	abs, _ := filepath.Abs(file)
+	r, w, err := os.Pipe()
+	if err != nil {
+		return labFail(e, "up", err)
+	}
+	if err := os.MkdirAll(lab.StateDir, 0o755); err != nil {
+		return labFail(e, "up", err)
+	}
+	logPath := filepath.Join(lab.StateDir, fmt.Sprintf("up-%d.log", os.Getpid()))
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return labFail(e, "up", err)
+	}
+	args := []string{"lab", "up", abs}
+	if verbose {
+		args = append(args, "--verbose")
+	}
+	cmd := exec.Command(self, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = []*os.File{w}
+	cmd.Env = append(os.Environ(), "BRAID_LAB_READY_FD=3")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return labFail(e, "up", err)
+	}
+	w.Close()
+	logf.Close()
+	line, _ := bufio.NewReader(r).ReadString('\n')
+	id := strings.TrimSpace(line)
+	if id == "" {
+		cmd.Wait()
+		out, _ := os.ReadFile(logPath)
+		os.Remove(logPath)
+		fmt.Fprint(e.stderr, string(out))
+		return exitError
+	}
+	cmd.Process.Release()
+	out, _ := os.ReadFile(logPath)
+	e.stdout.Write(out)
+	fmt.Fprintf(e.stdout, "\nlab %s is up in the background (pid %d, log %s); 'braid lab down' removes it.\n", id, cmd.Process.Pid, logPath)
+	return exitOK
+}
+
+func printLab(w io.Writer, l *lab.Lab) {
+	fmt.Fprintf(w, "lab %s (topology %s), links emulated by %s\n\n", l.ID, l.Topo.Name, lab.EmulatorName)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "HOST\tNAMESPACE\tINTERFACES")
+	for _, h := range l.Hosts() {
+		var ifs []string
+		for _, lk := range l.Links() {
+			for _, ep := range []topo.Endpoint{lk.Spec.A, lk.Spec.B} {
+				if ep.Host == h.Name {
+					var addrs []string
+					for _, a := range ep.Addrs {
+						addrs = append(addrs, a.String())
+					}
+					ifs = append(ifs, ep.Ifname+" "+strings.Join(addrs, ","))
+				}
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", h.Name, h.NS.Name, strings.Join(ifs, "; "))
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	printLinks(w, statuses(l))
+}
+
+func statuses(l *lab.Lab) []lab.LinkStatus {
+	var out []lab.LinkStatus
+	for _, lk := range l.Links() {
+		out = append(out, lk.Status()...)
+	}
+	return out
+}
+
+func printLinks(w io.Writer, links []lab.LinkStatus) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "LINK\tDIRECTION\tRATE\tDELAY\tJITTER\tLOSS\tQUEUE\tSTATE\tDELIVERED\tDROPPED (loss/queue/cut)")
+	for _, s := range links {
+		state := "up"
+		if s.Cut {
+			state = "CUT"
+		}
+		fmt.Fprintf(tw, "%s\t%s -> %s\t%s\t%v\t%v\t%g %%\t%s\t%s\t%d pkts\t%d/%d/%d\n", s.Link, s.From, s.To,
+			topo.FormatRate(s.Shape.Rate), s.Shape.Delay, s.Shape.Jitter, s.Shape.Loss, queueString(s.Shape), state,
+			s.Stats.Packets, s.Stats.DropLoss, s.Stats.DropQueue, s.Stats.DropDown)
+	}
+	tw.Flush()
+}
+
+func queueString(s topo.Shape) string {
+	switch {
+	case s.QueuePackets > 0 && s.QueueBytes > 0:
+		return fmt.Sprintf("%d pkts/%d B", s.QueuePackets, s.QueueBytes)
+	case s.QueuePackets > 0:
+		return fmt.Sprintf("%d pkts", s.QueuePackets)
+	case s.QueueBytes > 0:
+		return fmt.Sprintf("%d B", s.QueueBytes)
+	}
+	return "1 BDP"
+}
+
+const labDownDoc = `Usage: braid lab down [--wait 5s]
+
+Removes every lab on this machine. A running 'braid lab up' is asked to stop (SIGTERM; SIGKILL
+after --wait); what a killed or crashed run left behind (namespaces named braid-*, the
+processes inside them, state files) is removed directly. Safe to run at any time.
+
+Example:
+  braid lab down
+`
+
+func labDown(e env, args []string) int {
+	fs := newFlags(e, "braid lab down", labDownDoc)
+	wait := fs.Duration("wait", 5*time.Second, "how long a running lab may take to stop before it is killed")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintln(e.stderr, "braid lab down: takes no arguments")
+		return exitUsage
+	}
+	if err := netns.CheckPrivilege(); err != nil {
+		return labFail(e, "down", err)
+	}
+	rep, err := lab.Down(*wait, nil)
+	for _, st := range rep.Stopped {
+		fmt.Fprintf(e.stdout, "stopped lab %s (%s, pid %d)\n", st.ID, st.Topology, st.PID)
+	}
+	for _, st := range rep.Reaped {
+		fmt.Fprintf(e.stdout, "removed lab %s (%s) left by dead pid %d\n", st.ID, st.Topology, st.PID)
+	}
+	for _, n := range rep.Namespaces {
+		fmt.Fprintf(e.stdout, "removed namespace %s\n", n)
+	}
+	if err != nil {
+		return labFail(e, "down", err)
+	}
+	if len(rep.Stopped)+len(rep.Reaped)+len(rep.Namespaces) == 0 {
+		fmt.Fprintln(e.stdout, "no lab to remove")
+	}
+	return exitOK
+}
+
+// pickLab returns the running lab named by id, or the only running lab.
+func pickLab(id string) (lab.State, error) {
+	if id != "" {
+		st, err := lab.ReadState(id)
+		if err == nil && !processAliveState(st) {
+			err = fmt.Errorf("lab %s is not running (its pid %d is gone); run 'braid lab down'", id, st.PID)
+		}
+		return st, err
+	}
+	all, err := lab.Running()
+	if err != nil {
+		return lab.State{}, err
+	}
+	switch len(all) {
+	case 0:
+		return lab.State{}, errors.New("no lab is running; start one with 'braid lab up FILE --detach'")
+	case 1:
+		return all[0], nil
+	}
+	var ids []string
+	for _, st := range all {
+		ids = append(ids, st.ID+" ("+st.Topology+")")
+	}
+	return lab.State{}, fmt.Errorf("%d labs are running (%s): choose one with --lab ID", len(all), strings.Join(ids, ", "))
+}
+
+func processAliveState(st lab.State) bool {
+	all, _ := lab.Running()
+	for _, s := range all {
+		if s.ID == st.ID {
+			return true
+		}
+	}
+	return false
+}
+
+const labStatusDoc = `Usage: braid lab status [--lab ID]
+
+Lists the running labs, their hosts and namespaces, and for labs started by 'braid lab up' the
+current shape, state and counters of every link direction.
+
+Example:
+  braid lab status
+`
+
+func labStatus(e env, args []string) int {
+	fs := newFlags(e, "braid lab status", labStatusDoc)
+	id := fs.String("lab", "", "only this lab `ID`")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	all, err := lab.Running()
+	if err != nil {
+		return labFail(e, "status", err)
+	}
+	if len(all) == 0 {
+		fmt.Fprintln(e.stdout, "no lab is running")
+		return exitOK
+	}
+	for _, st := range all {
+		if *id != "" && st.ID != *id {
+			continue
+		}
+		fmt.Fprintf(e.stdout, "lab %s (topology %s), pid %d, up since %s\n", st.ID, st.Topology, st.PID, st.Started.Format(time.RFC3339))
+		for i, h := range st.Hosts {
+			fmt.Fprintf(e.stdout, "  host %-12s namespace %s\n", h, st.Namespaces[i])
+		}
+		if st.Control != "" {
+			links, err := lab.RequestLinks(st, lab.LinkRequest{Name: "*"})
+			if err == nil {
+				fmt.Fprintln(e.stdout)
+				printLinks(e.stdout, links)
+			}
+		}
+		fmt.Fprintln(e.stdout)
+	}
+	return exitOK
+}
+
+const labExecDoc = `Usage: braid lab exec [--lab ID] HOST -- CMD [ARG...]
+
+Runs CMD inside HOST's network namespace of the running lab, with this terminal's input and
+output, and exits with CMD's exit status. Only the network namespace changes: files, users and
+processes are the machine's.
+
+Example:
+  braid lab exec h1 -- ip -br addr
+  braid lab exec h1 -- braid traffic bulk 10.2.0.10:5201 --duration 5s
+`
+
+func labExec(e env, args []string) int {
+	fs := newFlags(e, "braid lab exec", labExecDoc)
+	id := fs.String("lab", "", "the running lab's `ID` (needed when several run)")
+	pos, rest, done, code := parseInterspersed(e, fs, args)
+	if done {
+		return code
+	}
+	if len(pos) != 1 || len(rest) == 0 {
+		fmt.Fprintln(e.stderr, "braid lab exec: expected HOST -- CMD [ARG...] (see 'braid lab exec --help')")
+		return exitUsage
+	}
+	st, err := pickLab(*id)
+	if err != nil {
+		return labFail(e, "exec", err)
+	}
+	i := indexOf(st.Hosts, pos[0])
+	if i < 0 {
+		return labFail(e, "exec", fmt.Errorf("lab %s has no host %q (hosts: %s)", st.ID, pos[0], strings.Join(st.Hosts, ", ")))
+	}
+	ns, err := netns.Open(st.Namespaces[i])
+	if err != nil {
+		return labFail(e, "exec", err)
+	}
+	defer ns.Close()
+	cmd := exec.Command(rest[0], rest[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = e.stdin, e.stdout, e.stderr
+	if err := ns.Do(cmd.Start); err != nil {
+		return labFail(e, "exec", err)
+	}
+	// The child gets our terminal's signals itself; we only wait for it.
+	signal.Ignore(syscall.SIGINT, syscall.SIGQUIT)
+	defer signal.Reset(syscall.SIGINT, syscall.SIGQUIT)
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ee.ExitCode() >= 0 {
+			return ee.ExitCode()
+		}
+		return 128 + int(ee.Sys().(syscall.WaitStatus).Signal())
+	}
+	if err != nil {
+		return labFail(e, "exec", err)
+	}
+	return exitOK
+}
+
+const labLinkDoc = `Usage: braid lab link HOST1 HOST2 [--lab ID] [--name LINK] [--dir both|ab|ba]
+                      [--rate R] [--delay D] [--jitter J] [--loss L]
+                      [--queue-packets N] [--queue-bytes B] [--down | --up]
+
+Changes the links between HOST1 and HOST2 of the running lab while traffic flows, and prints
+their state. Without a change it only prints the state. --dir ab changes only the direction
+HOST1 -> HOST2, --dir ba only HOST2 -> HOST1. --down cuts the link (packets in flight are lost
+too); --up restores it. Values use the topology file's units: rates like 50mbit or 1gbit,
+delays like 10ms, loss like 1%, sizes like 64KB.
+
+Example:
+  braid lab link r1 r2 --rate 20mbit --delay 40ms
+  braid lab link r1 r2 --down
+  braid lab link r1 r2 --up
+`
+
+func labLink(e env, args []string) int {
+	fs := newFlags(e, "braid lab link", labLinkDoc)
+	id := fs.String("lab", "", "the running lab's `ID` (needed when several run)")
+	name := fs.String("name", "", "change only the link with this `NAME` (for parallel links)")
+	dir := fs.String("dir", "both", "which direction to change: both, ab (HOST1 to HOST2) or ba")
+	rate := fs.String("rate", "", "new `RATE`, e.g. 50mbit; 0 for unlimited")
+	delay := fs.String("delay", "", "new one-way `DELAY`, e.g. 10ms")
+	jitter := fs.String("jitter", "", "new `JITTER`, e.g. 2ms")
+	loss := fs.String("loss", "", "new random `LOSS`, e.g. 1%")
+	qp := fs.Int("queue-packets", -1, "new queue bound in `PACKETS`; 0 for the default")
+	qb := fs.String("queue-bytes", "", "new queue bound in `BYTES`, e.g. 150KB; 0 for the default")
+	down := fs.Bool("down", false, "cut the link")
+	up := fs.Bool("up", false, "restore a cut link")
+	pos, _, done, code := parseInterspersed(e, fs, args)
+	if done {
+		return code
+	}
+	if len(pos) != 2 && !(len(pos) == 0 && *name != "") {
+		fmt.Fprintln(e.stderr, "braid lab link: expected HOST1 HOST2 (or --name LINK); see 'braid lab link --help'")
+		return exitUsage
+	}
+	req := lab.LinkRequest{Name: *name, Dir: *dir, Down: *down, Up: *up}
+	if len(pos) == 2 {
+		req.A, req.B = pos[0], pos[1]
+	}
+	var err error
+	if *rate != "" {
+		v, e2 := topo.ParseRate(*rate)
+		req.Set.Rate, err = &v, e2
+	}
+	if err == nil && *delay != "" {
+		v, e2 := topo.ParseDelay(*delay)
+		req.Set.Delay, err = &v, e2
+	}
+	if err == nil && *jitter != "" {
+		v, e2 := topo.ParseDelay(*jitter)
+		req.Set.Jitter, err = &v, e2
+	}
+	if err == nil && *loss != "" {
+		v, e2 := topo.ParseLoss(*loss)
+		req.Set.Loss, err = &v, e2
+	}
+	if err == nil && *qp >= 0 {
+		req.Set.QueuePackets = qp
+	}
+	if err == nil && *qb != "" {
+		v, e2 := topo.ParseSize(*qb)
+		req.Set.QueueBytes, err = &v, e2
+	}
+	if err == nil {
+		err = req.Set.Validate()
+	}
+	if err != nil {
+		fmt.Fprintf(e.stderr, "braid lab link: %v\n", err)
+		return exitUsage
+	}
+	st, err := pickLab(*id)
+	if err != nil {
+		return labFail(e, "link", err)
+	}
+	links, err := lab.RequestLinks(st, req)
+	if err != nil {
+		return labFail(e, "link", err)
+	}
+	printLinks(e.stdout, links)
+	return exitOK
+}
+
+const labRunDoc = `Usage: braid lab run SCENARIO [--quick] [--json]
+
+Runs a built-in experiment on a lab it builds for itself, prints its table and removes the lab.
+
+Scenarios:
+%s
+Example:
+  braid lab run accuracy --quick
+`
+
+func labRun(e env, args []string) int {
+	var list strings.Builder
+	for _, s := range scenario.All() {
+		fmt.Fprintf(&list, "  %-12s %s\n", s.Name, s.Summary)
+	}
+	fs := newFlags(e, "braid lab run", fmt.Sprintf(labRunDoc, list.String()))
+	quick := fs.Bool("quick", false, "short measurements (a smoke run, less precise)")
+	verbose := fs.Bool("verbose", false, "log what is created and removed")
+	pos, _, done, code := parseInterspersed(e, fs, args)
+	if done {
+		return code
+	}
+	if len(pos) != 1 {
+		fmt.Fprintf(e.stderr, "braid lab run: expected one SCENARIO, one of:\n%s", list.String())
+		return exitUsage
+	}
+	s, ok := scenario.Lookup(pos[0])
+	if !ok {
+		fmt.Fprintf(e.stderr, "braid lab run: unknown scenario %q; the scenarios are:\n%s", pos[0], list.String())
+		return exitUsage
+	}
+	return runScenario(e, s, scenario.Options{Quick: *quick, Logger: labLogger(e, *verbose)})
+}
+
+func runScenario(e env, s scenario.Scenario, o scenario.Options) int {
+	if err := netns.CheckPrivilege(); err != nil {
+		return labFail(e, "run", err)
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	if err := s.Run(ctx, e.stdout, o); err != nil {
+		return labFail(e, "run "+s.Name, err)
+	}
+	return exitOK
+}
+
+const labDemoDoc = `Usage: braid lab demo [--quick] [--file FILE]
+
+The main demonstration. Builds two sites, each with a host behind a router that has two
+uplinks of different capacity and delay, measures each path alone (TCP goodput, round-trip
+time, and a checksummed file transfer) and prints a table. Everything is removed at the end,
+also on Ctrl-C. --file runs it on another topology with the same host names.
+
+Example:
+  braid lab demo
+`
+
+func labDemo(e env, args []string) int {
+	fs := newFlags(e, "braid lab demo", labDemoDoc)
+	quick := fs.Bool("quick", false, "short measurements (a smoke run, less precise)")
+	file := fs.String("file", "", "use this topology `FILE` instead of the embedded one")
+	verbose := fs.Bool("verbose", false, "log what is created and removed")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	s, _ := scenario.Lookup("demo")
+	return runScenario(e, s, scenario.Options{Quick: *quick, File: *file, Logger: labLogger(e, *verbose)})
+}

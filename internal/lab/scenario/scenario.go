@@ -1,0 +1,45 @@
+// Package scenario holds the lab's built-in experiments: each builds its own lab, measures with
+// the traffic tools, prints a table naming the emulator, and removes the lab.
+package scenario
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sort"
+)
+
+// Options tune a scenario run.
+type Options struct {
+	Quick  bool   // short measurements: a smoke run
+	File   string // a topology file replacing the embedded one, where the scenario has one
+	Logger *slog.Logger
+	Seed   uint64 // links' random seed; 0 for a random one
+}
+
+// Scenario is one built-in experiment.
+type Scenario struct {
+	Name    string
+	Summary string
+	Run     func(ctx context.Context, w io.Writer, o Options) error
+}
+
+var registry = map[string]Scenario{}
+
+func register(s Scenario) { registry[s.Name] = s }
+
+// All returns the scenarios by name.
+func All() []Scenario {
+	out := make([]Scenario, 0, len(registry))
+	for _, s := range registry {
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Lookup returns the named scenario.
+func Lookup(name string) (Scenario, bool) {
+	s, ok := registry[name]
+	return s, ok
+}
