@@ -4,13 +4,13 @@ package labtest
 
 import (
 	"context"
-	"net/netip"
 	"os"
 	"testing"
 	"time"
 
 	"braid/internal/lab"
 	"braid/internal/lab/netns"
+	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 )
 
@@ -54,16 +54,6 @@ func Up(t testing.TB, tp *topo.Topology) *lab.Lab {
 	return l
 }
 
-// Pair is a two-host topology "a" — "b" with one link shaped the same in both directions;
-// a is 10.99.0.1 and fd99::1, b is 10.99.0.2 and fd99::2.
-func Pair(s topo.Shape) *topo.Topology {
-	return &topo.Topology{
-		Name:  "pair",
-		Hosts: []topo.Host{{Name: "a"}, {Name: "b"}},
-		Links: []topo.Link{{
-			A:  topo.Endpoint{Host: "a", Addrs: []netip.Prefix{netip.MustParsePrefix("10.99.0.1/24"), netip.MustParsePrefix("fd99::1/64")}},
-			B:  topo.Endpoint{Host: "b", Addrs: []netip.Prefix{netip.MustParsePrefix("10.99.0.2/24"), netip.MustParsePrefix("fd99::2/64")}},
-			AB: s, BA: s,
-		}},
-	}
-}
+// Pair is scenario.PairTopology: hosts "a" (10.99.0.1, fd99::1) and "b" (10.99.0.2, fd99::2)
+// joined by one link shaped s in both directions.
+func Pair(s topo.Shape) *topo.Topology { return scenario.PairTopology(s) }

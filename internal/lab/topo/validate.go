@@ -121,7 +121,20 @@ func (t *Topology) Normalize() {
 
 // Validate reports every problem in t as an errors.Join of *Error values, or nil. It checks t
 // as Normalize would leave it, without modifying t, so a topology built in Go does not need
-// its defaults filled in first.
+// its defaults filled in first. It checks:
+//
+//   - names: the topology's and the hosts' match ^[a-z][a-z0-9-]*$ and are at most 16 and 12
+//     characters long; host and link names are unique;
+//   - links: both hosts exist and differ; interface names are at most 15 characters, not
+//     "lo", valid for the kernel and unique per host; the MTU is within 576..65535, and at
+//     least 1280 if either end has an IPv6 address;
+//   - shapes: delay, jitter and queue bounds are not negative, loss is within 0..100;
+//   - addresses: every prefix is valid, no IP address appears twice in the topology, and if
+//     both ends of a link have IPv4 (IPv6) addresses, some pair is in the same subnet;
+//   - routes: the destination is valid, has no host bits set and is unique in the host; the
+//     metric fits in 32 bits; there is a via or a dev; dev is an interface of the host; via
+//     is of the destination's family, has no zone, is not the host's own address and is in
+//     the subnet of one of the host's addresses (on dev, if given).
 func (t *Topology) Validate() error {
 	n := *t
 	n.Links = slices.Clone(t.Links) // Normalize writes only to links
@@ -147,205 +160,239 @@ func joinIssues(issues []issue) error {
 // check validates a normalized topology. Its key paths index Hosts, Links and Routes exactly
 // as the TOML arrays of the same names do.
 func (t *Topology) check() []issue {
-	var issues []issue
-	report := func(object, reason string, paths ...string) {
-		issues = append(issues, issue{&Error{Object: object, Reason: reason}, paths})
+	c := &checker{
+		hosts:     map[string]int{},
+		ifaces:    map[ifaceKey]string{},
+		addrs:     map[netip.Addr]string{},
+		hostAddrs: map[string][]hostAddr{},
+		links:     map[string]bool{},
 	}
-
-	obj := "topology " + t.Name
-	if !nameRE.MatchString(t.Name) {
-		report(obj, fmt.Sprintf("name %q must match %s", t.Name, nameRE), "name")
-	} else if len(t.Name) > maxTopologyName {
-		report(obj, fmt.Sprintf("name %q is longer than %d characters", t.Name, maxTopologyName), "name")
+	c.names(t)
+	for i := range t.Links {
+		c.link(i, &t.Links[i])
 	}
-
-	hosts := map[string]int{} // name -> index
-	for i, h := range t.Hosts {
-		p := fmt.Sprintf("host[%d]", i)
-		obj := "host " + h.Name
-		switch {
-		case !nameRE.MatchString(h.Name):
-			report(obj, fmt.Sprintf("name %q must match %s", h.Name, nameRE), p+".name")
-		case len(h.Name) > maxHostName:
-			report(obj, fmt.Sprintf("name %q is longer than %d characters", h.Name, maxHostName), p+".name")
-		}
-		if _, dup := hosts[h.Name]; dup {
-			report(obj, "duplicate host", p+".name")
-			continue
-		}
-		hosts[h.Name] = i
-	}
-
-	type ifaceKey struct{ host, ifname string }
-	ifaces := map[ifaceKey]string{}      // -> link name
-	addrs := map[netip.Addr]string{}     // -> "host ifname"
-	hostAddrs := map[string][]hostAddr{} // host -> its interfaces' addresses
-	links := map[string]bool{}
-	for i, l := range t.Links {
-		p := fmt.Sprintf("link[%d]", i)
-		obj := "link " + l.Name
-		if links[l.Name] {
-			report(obj, "duplicate link name", p+".name")
-		}
-		links[l.Name] = true
-
-		hasIPv6 := false
-		for _, end := range []struct {
-			e    Endpoint
-			side string // "a" or "b", the TOML key prefix
-		}{{l.A, "a"}, {l.B, "b"}} {
-			e := end.e
-			switch _, ok := hosts[e.Host]; {
-			case e.Host == "":
-				report(obj, "missing host for end "+end.side, p+"."+end.side, p)
-			case !ok:
-				report(obj, fmt.Sprintf("unknown host %q", e.Host), p+"."+end.side, p)
-			}
-
-			ifp := p + "." + end.side + "_ifname"
-			switch {
-			case e.Ifname == "lo":
-				report(obj, fmt.Sprintf("interface name %q on host %s is reserved", e.Ifname, e.Host), ifp, p)
-			case len(e.Ifname) > maxIfname:
-				report(obj, fmt.Sprintf("interface name %q on host %s is longer than %d characters", e.Ifname, e.Host, maxIfname), ifp, p)
-			case e.Ifname == "." || e.Ifname == ".." || strings.ContainsAny(e.Ifname, "/: \t\n\r\v\f"):
-				// The kernel's dev_valid_name rejects these.
-				report(obj, fmt.Sprintf("invalid interface name %q on host %s", e.Ifname, e.Host), ifp, p)
-			}
-			k := ifaceKey{e.Host, e.Ifname}
-			if other, dup := ifaces[k]; dup {
-				report(obj, fmt.Sprintf("interface %q on host %s is also used by link %s", e.Ifname, e.Host, other), ifp, p)
-			} else {
-				ifaces[k] = l.Name
-			}
-
-			for j, a := range e.Addrs {
-				ap := []string{fmt.Sprintf("%s.%s_addr[%d]", p, end.side, j), p + "." + end.side + "_addr", p}
-				if !a.IsValid() {
-					report(obj, fmt.Sprintf("invalid address %q on host %s", a, e.Host), ap...)
-					continue
-				}
-				hasIPv6 = hasIPv6 || a.Addr().Is6()
-				where := fmt.Sprintf("%s %s", e.Host, e.Ifname)
-				if other, dup := addrs[a.Addr()]; dup {
-					report(obj, fmt.Sprintf("address %s on %s is also on %s", a.Addr(), where, other), ap...)
-				} else {
-					addrs[a.Addr()] = where
-				}
-				hostAddrs[e.Host] = append(hostAddrs[e.Host], hostAddr{e.Ifname, a})
-			}
-		}
-		if l.A.Host != "" && l.A.Host == l.B.Host {
-			report(obj, fmt.Sprintf("link from host %s to itself", l.A.Host), p+".b", p)
-		}
-		for _, fam := range []struct {
-			name string
-			is4  bool
-		}{{"IPv4", true}, {"IPv6", false}} {
-			if a, b := familyAddrs(l.A.Addrs, fam.is4), familyAddrs(l.B.Addrs, fam.is4); len(a) > 0 && len(b) > 0 && !shareSubnet(a, b) {
-				report(obj, fmt.Sprintf("%s %s and %s %s are not in the same %s subnet",
-					l.A.Host, joinPrefixes(a), l.B.Host, joinPrefixes(b), fam.name), p+".b_addr", p)
-			}
-		}
-
-		switch {
-		case l.MTU < minMTU || l.MTU > maxMTU:
-			report(obj, fmt.Sprintf("MTU %d outside %d..%d", l.MTU, minMTU, maxMTU), p+".mtu", p)
-		case hasIPv6 && l.MTU < minMTUIPv6:
-			report(obj, fmt.Sprintf("MTU %d is below the IPv6 minimum of %d", l.MTU, minMTUIPv6), p+".mtu", p)
-		}
-		if l.Offload < OffloadAuto || l.Offload > OffloadOff {
-			report(obj, fmt.Sprintf("invalid offload mode %d", l.Offload), p+".offload", p)
-		}
-
-		for _, dir := range []struct {
-			s        Shape
-			key      string
-			from, to string
-		}{{l.AB, "ab", l.A.Host, l.B.Host}, {l.BA, "ba", l.B.Host, l.A.Host}} {
-			s := dir.s
-			bad := func(field, reason string) {
-				report(obj, fmt.Sprintf("%s from %s to %s", reason, dir.from, dir.to),
-					p+"."+dir.key+"."+field, p+"."+field, p+"."+dir.key, p)
-			}
-			if s.Delay < 0 {
-				bad("delay", fmt.Sprintf("negative delay %v", s.Delay))
-			}
-			if s.Jitter < 0 {
-				bad("jitter", fmt.Sprintf("negative jitter %v", s.Jitter))
-			}
-			if !(s.Loss >= 0 && s.Loss <= 100) { // also catches NaN
-				bad("loss", fmt.Sprintf("loss %v %% outside 0..100", s.Loss))
-			}
-			if s.QueuePackets < 0 {
-				bad("queue_packets", fmt.Sprintf("negative queue %d packets", s.QueuePackets))
-			}
-			if s.QueueBytes < 0 {
-				bad("queue_bytes", fmt.Sprintf("negative queue %d bytes", s.QueueBytes))
-			}
+	for i := range t.Hosts {
+		if c.hosts[t.Hosts[i].Name] == i { // a duplicate host was reported, and its links are the first one's
+			c.routes(i, &t.Hosts[i])
 		}
 	}
-
-	for i, h := range t.Hosts {
-		if hosts[h.Name] != i {
-			continue // a duplicate, reported above; its links are the first one's
-		}
-		own := hostAddrs[h.Name]
-		dsts := map[netip.Prefix]bool{}
-		for j, r := range h.Routes {
-			p := fmt.Sprintf("host[%d].route[%d]", i, j)
-			obj := fmt.Sprintf("host %s route %s", h.Name, r.Dst)
-			if !r.Dst.IsValid() {
-				report(obj, "missing or invalid destination", p+".dst", p)
-			} else {
-				if r.Dst != r.Dst.Masked() {
-					report(obj, fmt.Sprintf("destination has host bits set (did you mean %s?)", r.Dst.Masked()), p+".dst", p)
-				}
-				if dsts[r.Dst] {
-					report(obj, "duplicate route destination", p+".dst", p)
-				}
-				dsts[r.Dst] = true
-			}
-			if r.Metric < 0 || int64(r.Metric) > math.MaxUint32 {
-				report(obj, fmt.Sprintf("metric %d outside 0..%d", r.Metric, uint32(math.MaxUint32)), p+".metric", p)
-			}
-			if _, ok := ifaces[ifaceKey{h.Name, r.Dev}]; r.Dev != "" && !ok {
-				report(obj, fmt.Sprintf("dev %q is not an interface of host %s", r.Dev, h.Name), p+".dev", p)
-			}
-			switch {
-			case !r.Via.IsValid() && r.Dev == "":
-				report(obj, "needs via or dev", p)
-			case !r.Via.IsValid():
-			case r.Via.Zone() != "":
-				report(obj, fmt.Sprintf("via %s has a zone; use dev instead", r.Via), p+".via", p)
-			case r.Dst.IsValid() && r.Via.Is4() != r.Dst.Addr().Is4():
-				report(obj, fmt.Sprintf("via %s is not of the destination's address family", r.Via), p+".via", p)
-			default:
-				onLink, isOwn := false, false
-				for _, a := range own {
-					if r.Dev == "" || a.ifname == r.Dev {
-						onLink = onLink || a.prefix.Contains(r.Via)
-					}
-					isOwn = isOwn || a.prefix.Addr() == r.Via
-				}
-				switch {
-				case isOwn:
-					report(obj, fmt.Sprintf("via %s is an address of host %s itself", r.Via, h.Name), p+".via", p)
-				case !onLink && r.Dev != "":
-					report(obj, fmt.Sprintf("via %s is not in a subnet of %s on host %s", r.Via, r.Dev, h.Name), p+".via", p)
-				case !onLink:
-					report(obj, fmt.Sprintf("via %s is not in a subnet of any address of host %s", r.Via, h.Name), p+".via", p)
-				}
-			}
-		}
-	}
-	return issues
+	return c.issues
 }
+
+// checker accumulates issues and what the links declare, for the checks of the routes.
+type checker struct {
+	issues    []issue
+	hosts     map[string]int        // host name -> index of its first definition
+	ifaces    map[ifaceKey]string   // -> link name
+	addrs     map[netip.Addr]string // -> "host ifname"
+	hostAddrs map[string][]hostAddr // host -> its interfaces' addresses
+	links     map[string]bool       // link names
+}
+
+type ifaceKey struct{ host, ifname string }
 
 // hostAddr is an address of a host together with the interface that carries it.
 type hostAddr struct {
 	ifname string
 	prefix netip.Prefix
+}
+
+func (c *checker) report(object, reason string, paths ...string) {
+	c.issues = append(c.issues, issue{&Error{Object: object, Reason: reason}, paths})
+}
+
+// names checks the names of the topology and its hosts.
+func (c *checker) names(t *Topology) {
+	obj := "topology " + t.Name
+	if !nameRE.MatchString(t.Name) {
+		c.report(obj, fmt.Sprintf("name %q must match %s", t.Name, nameRE), "name")
+	} else if len(t.Name) > maxTopologyName {
+		c.report(obj, fmt.Sprintf("name %q is longer than %d characters", t.Name, maxTopologyName), "name")
+	}
+	for i, h := range t.Hosts {
+		p := fmt.Sprintf("host[%d].name", i)
+		obj := "host " + h.Name
+		switch {
+		case !nameRE.MatchString(h.Name):
+			c.report(obj, fmt.Sprintf("name %q must match %s", h.Name, nameRE), p)
+		case len(h.Name) > maxHostName:
+			c.report(obj, fmt.Sprintf("name %q is longer than %d characters", h.Name, maxHostName), p)
+		}
+		if _, dup := c.hosts[h.Name]; dup {
+			c.report(obj, "duplicate host", p)
+			continue
+		}
+		c.hosts[h.Name] = i
+	}
+}
+
+// link checks link i and records its interfaces and addresses.
+func (c *checker) link(i int, l *Link) {
+	p := fmt.Sprintf("link[%d]", i)
+	obj := "link " + l.Name
+	if c.links[l.Name] {
+		c.report(obj, "duplicate link name", p+".name")
+	}
+	c.links[l.Name] = true
+
+	hasIPv6 := false
+	for _, end := range []struct {
+		e    *Endpoint
+		side string // "a" or "b", the TOML key prefix
+	}{{&l.A, "a"}, {&l.B, "b"}} {
+		hasIPv6 = c.endpoint(l.Name, p, end.side, end.e) || hasIPv6
+	}
+	if l.A.Host != "" && l.A.Host == l.B.Host {
+		c.report(obj, fmt.Sprintf("link from host %s to itself", l.A.Host), p+".b", p)
+	}
+	for _, fam := range []struct {
+		name string
+		is4  bool
+	}{{"IPv4", true}, {"IPv6", false}} {
+		if a, b := familyAddrs(l.A.Addrs, fam.is4), familyAddrs(l.B.Addrs, fam.is4); len(a) > 0 && len(b) > 0 && !shareSubnet(a, b) {
+			c.report(obj, fmt.Sprintf("%s %s and %s %s are not in the same %s subnet",
+				l.A.Host, joinPrefixes(a), l.B.Host, joinPrefixes(b), fam.name), p+".b_addr", p)
+		}
+	}
+
+	switch {
+	case l.MTU < minMTU || l.MTU > maxMTU:
+		c.report(obj, fmt.Sprintf("MTU %d outside %d..%d", l.MTU, minMTU, maxMTU), p+".mtu", p)
+	case hasIPv6 && l.MTU < minMTUIPv6:
+		c.report(obj, fmt.Sprintf("MTU %d is below the IPv6 minimum of %d", l.MTU, minMTUIPv6), p+".mtu", p)
+	}
+	if l.Offload < OffloadAuto || l.Offload > OffloadOff {
+		c.report(obj, fmt.Sprintf("invalid offload mode %d", l.Offload), p+".offload", p)
+	}
+	c.shape(obj, p, "ab", l.A.Host, l.B.Host, l.AB)
+	c.shape(obj, p, "ba", l.B.Host, l.A.Host, l.BA)
+}
+
+// endpoint checks one end of a link and reports whether it has an IPv6 address. p is the
+// link's key path and side "a" or "b".
+func (c *checker) endpoint(link, p, side string, e *Endpoint) (hasIPv6 bool) {
+	obj := "link " + link
+	switch _, ok := c.hosts[e.Host]; {
+	case e.Host == "":
+		c.report(obj, "missing host for end "+side, p+"."+side, p)
+	case !ok:
+		c.report(obj, fmt.Sprintf("unknown host %q", e.Host), p+"."+side, p)
+	}
+
+	ifp := p + "." + side + "_ifname"
+	switch {
+	case e.Ifname == "lo":
+		c.report(obj, fmt.Sprintf("interface name %q on host %s is reserved", e.Ifname, e.Host), ifp, p)
+	case len(e.Ifname) > maxIfname:
+		c.report(obj, fmt.Sprintf("interface name %q on host %s is longer than %d characters", e.Ifname, e.Host, maxIfname), ifp, p)
+	case e.Ifname == "." || e.Ifname == ".." || strings.ContainsAny(e.Ifname, "/: \t\n\r\v\f"):
+		// The kernel's dev_valid_name rejects these.
+		c.report(obj, fmt.Sprintf("invalid interface name %q on host %s", e.Ifname, e.Host), ifp, p)
+	}
+	k := ifaceKey{e.Host, e.Ifname}
+	if other, dup := c.ifaces[k]; dup {
+		c.report(obj, fmt.Sprintf("interface %q on host %s is also used by link %s", e.Ifname, e.Host, other), ifp, p)
+	} else {
+		c.ifaces[k] = link
+	}
+
+	for j, a := range e.Addrs {
+		ap := []string{fmt.Sprintf("%s.%s_addr[%d]", p, side, j), p + "." + side + "_addr", p}
+		if !a.IsValid() {
+			c.report(obj, fmt.Sprintf("invalid address %q on host %s", a, e.Host), ap...)
+			continue
+		}
+		hasIPv6 = hasIPv6 || a.Addr().Is6()
+		where := e.Host + " " + e.Ifname
+		if other, dup := c.addrs[a.Addr()]; dup {
+			c.report(obj, fmt.Sprintf("address %s on %s is also on %s", a.Addr(), where, other), ap...)
+		} else {
+			c.addrs[a.Addr()] = where
+		}
+		c.hostAddrs[e.Host] = append(c.hostAddrs[e.Host], hostAddr{e.Ifname, a})
+	}
+	return hasIPv6
+}
+
+// shape checks the shape of one direction, dir being "ab" or "ba".
+func (c *checker) shape(obj, p, dir, from, to string, s Shape) {
+	bad := func(field, reason string) {
+		c.report(obj, fmt.Sprintf("%s from %s to %s", reason, from, to),
+			p+"."+dir+"."+field, p+"."+field, p+"."+dir, p)
+	}
+	if s.Delay < 0 {
+		bad("delay", fmt.Sprintf("negative delay %v", s.Delay))
+	}
+	if s.Jitter < 0 {
+		bad("jitter", fmt.Sprintf("negative jitter %v", s.Jitter))
+	}
+	if !(s.Loss >= 0 && s.Loss <= 100) { // also catches NaN
+		bad("loss", fmt.Sprintf("loss %v %% outside 0..100", s.Loss))
+	}
+	if s.QueuePackets < 0 {
+		bad("queue_packets", fmt.Sprintf("negative queue %d packets", s.QueuePackets))
+	}
+	if s.QueueBytes < 0 {
+		bad("queue_bytes", fmt.Sprintf("negative queue %d bytes", s.QueueBytes))
+	}
+}
+
+// routes checks the routes of host i against the interfaces and addresses of its links.
+func (c *checker) routes(i int, h *Host) {
+	own := c.hostAddrs[h.Name]
+	// The kernel keeps one route per destination and metric: a backup route differs in metric.
+	type routeKey struct {
+		dst    netip.Prefix
+		metric int
+	}
+	dsts := map[routeKey]bool{}
+	for j, r := range h.Routes {
+		p := fmt.Sprintf("host[%d].route[%d]", i, j)
+		obj := fmt.Sprintf("host %s route %s", h.Name, r.Dst)
+		if !r.Dst.IsValid() {
+			c.report(obj, "missing or invalid destination", p+".dst", p)
+		} else {
+			if r.Dst != r.Dst.Masked() {
+				c.report(obj, fmt.Sprintf("destination has host bits set (did you mean %s?)", r.Dst.Masked()), p+".dst", p)
+			}
+			if k := (routeKey{r.Dst, r.Metric}); dsts[k] {
+				c.report(obj, "duplicate route: same destination and metric", p+".dst", p)
+			} else {
+				dsts[k] = true
+			}
+		}
+		if r.Metric < 0 || int64(r.Metric) > math.MaxUint32 {
+			c.report(obj, fmt.Sprintf("metric %d outside 0..%d", r.Metric, uint32(math.MaxUint32)), p+".metric", p)
+		}
+		if _, ok := c.ifaces[ifaceKey{h.Name, r.Dev}]; r.Dev != "" && !ok {
+			c.report(obj, fmt.Sprintf("dev %q is not an interface of host %s", r.Dev, h.Name), p+".dev", p)
+		}
+		switch {
+		case !r.Via.IsValid() && r.Dev == "":
+			c.report(obj, "needs via or dev", p)
+		case !r.Via.IsValid():
+		case r.Via.Zone() != "":
+			c.report(obj, fmt.Sprintf("via %s has a zone; use dev instead", r.Via), p+".via", p)
+		case r.Dst.IsValid() && r.Via.Is4() != r.Dst.Addr().Is4():
+			c.report(obj, fmt.Sprintf("via %s is not of the destination's address family", r.Via), p+".via", p)
+		default:
+			onLink, isOwn := false, false
+			for _, a := range own {
+				if r.Dev == "" || a.ifname == r.Dev {
+					onLink = onLink || a.prefix.Contains(r.Via)
+				}
+				isOwn = isOwn || a.prefix.Addr() == r.Via
+			}
+			switch {
+			case isOwn:
+				c.report(obj, fmt.Sprintf("via %s is an address of host %s itself", r.Via, h.Name), p+".via", p)
+			case !onLink && r.Dev != "":
+				c.report(obj, fmt.Sprintf("via %s is not in a subnet of %s on host %s", r.Via, r.Dev, h.Name), p+".via", p)
+			case !onLink:
+				c.report(obj, fmt.Sprintf("via %s is not in a subnet of any address of host %s", r.Via, h.Name), p+".via", p)
+			}
+		}
+	}
 }
 
 func familyAddrs(ps []netip.Prefix, is4 bool) []netip.Prefix {

@@ -300,15 +300,16 @@ const recordLen = 56
 type recType uint8
 
 const (
-	recStart      recType = 1 // server→client: bulk test starts now
-	recSample     recType = 2 // server→client (upload): v0 index, v1 end of interval ns, v2 bytes in interval, v3 interval length ns
-	recFinal      recType = 3 // server→client: v0 bytes, v1 measured ns, v2 retransmits (download)
-	recStop       recType = 4 // client→server (download): measurement window over
-	recUDPReady   recType = 5 // server→client: v0 UDP port of the server
-	recUDPRequest recType = 6 // client→server: v0 datagrams sent
-	recUDPReport  recType = 7 // server→client: v0 received, v1 duplicates, v2 reordered, v3 jitter ns, v4 ignored
-	recFileReport recType = 8 // receiver→sender: v0 bytes, v1..v4 SHA-256
-	recFileSum    recType = 9 // sender→receiver trailer: v1..v4 SHA-256 of what was sent
+	recStart      recType = 1  // server→client: bulk test starts now
+	recSample     recType = 2  // server→client (upload): v0 index, v1 end of interval ns, v2 bytes in interval, v3 interval length ns
+	recFinal      recType = 3  // server→client: v0 bytes, v1 measured ns, v2 retransmits (download)
+	recStop       recType = 4  // client→server (download): measurement window over
+	recUDPReady   recType = 5  // server→client: v0 UDP port of the server
+	recUDPRequest recType = 6  // client→server: v0 datagrams sent
+	recUDPReport  recType = 7  // server→client: v0 received, v1 duplicates, v2 reordered, v3 jitter ns, v4 ignored
+	recFileReport recType = 8  // receiver→sender: v0 bytes, v1..v4 SHA-256
+	recFileSum    recType = 9  // sender→receiver trailer: v1..v4 SHA-256 of what was sent
+	recProgress   recType = 10 // receiver→sender during a file upload: v0 bytes so far
 )
 
 type record struct {
@@ -332,7 +333,7 @@ func decodeRecord(b []byte) (record, error) {
 		return record{}, fmt.Errorf("%w: %d bytes", errRecord, len(b))
 	}
 	r := record{typ: recType(b[0])}
-	if r.typ < recStart || r.typ > recFileSum {
+	if r.typ < recStart || r.typ > recProgress {
 		return record{}, fmt.Errorf("%w: type %d", errRecord, b[0])
 	}
 	for _, z := range b[1:8] {

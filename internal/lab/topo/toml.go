@@ -1,0 +1,566 @@
+// Lab topology files are TOML documents, read by Parse and Load. Every problem is reported
+// as "file:line: object: reason" at the line of the offending key, and an unknown key is an
+// error, so a typo cannot silently leave a link unshaped.
+//
+// # File format
+//
+//	name = "two-sites"   # optional; defaults to the file's base name without extension,
+//	                     # lower-cased, with other characters than [a-z0-9-] replaced by "-"
+//
+//	[[host]]             # one table per host (network namespace)
+//	name = "r1"          # [a-z][a-z0-9-]*, at most 12 characters
+//	forward = true       # optional, default false: enable IPv4 and IPv6 forwarding
+//	route = [            # optional static routes; [[host.route]] tables work as well
+//	  { dst = "10.2.0.0/16", via = "10.0.12.2" },
+//	  { dst = "default", via = "fd00:12::2" },          # ::/0, the family of via
+//	  { dst = "10.9.0.0/24", dev = "wan1", metric = 10 }, # on-link
+//	]
+//
+//	[[link]]             # one table per point-to-point link
+//	name = "r1-core"     # optional; defaults to "a-b", then "a-b-2", ... for parallel links
+//	a = "r1"             # host names
+//	b = "core"
+//	a_ifname = "wan0"    # optional; defaults to the host's lowest free eth<N>
+//	b_ifname = "r1"
+//	a_addr = ["10.0.12.1/30", "fd00:12::1/64"]   # a string or a list of address/length
+//	b_addr = ["10.0.12.2/30", "fd00:12::2/64"]
+//	mtu = 1500           # optional, default 1500; 576..65535, at least 1280 with IPv6
+//	offload = "auto"     # auto | on | off
+//	# shaping for both directions; all optional, 0 means unlimited / none / default:
+//	rate = "50mbit"      # or a number of bit/s
+//	delay = "10ms"       # one way; or a number of milliseconds
+//	jitter = "1ms"       # or a number of milliseconds
+//	loss = "0.5%"        # or a number, in percent
+//	queue_packets = 100  # drop-tail queue bound in packets
+//	queue_bytes = "150KB" # or a number of bytes
+//	[link.ab]            # overrides for the a->b direction only, same keys as above
+//	rate = "100mbit"
+//	[link.ba]            # overrides for the b->a direction only
+//	rate = "10mbit"
+//
+// Units are those of ParseRate, ParseDelay, ParseLoss and ParseSize. A route's dst is a
+// prefix, a bare address (a host route), or "default", which means 0.0.0.0/0 or ::/0
+// depending on the family of via and therefore requires via. A route without via needs dev.
+//
+// Parse reports values that do not parse (a bad address, "-5ms", "150%") first; the checks of
+// Validate, which look at the topology as a whole, run once every value has parsed, so that a
+// typo in one value does not also show up as a string of follow-on errors.
+package topo
+
+import (
+	"bytes"
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	toml "github.com/pelletier/go-toml/v2"
+	"github.com/pelletier/go-toml/v2/unstable"
+)
+
+// Load reads and parses the topology file at path; see Parse.
+func Load(path string) (*Topology, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, data)
+}
+
+// Parse decodes a topology file, fills in its defaults (Normalize) and validates it. filename
+// is used in error messages and for the default topology name. The error, if any, is a
+// *Error or an errors.Join of *Error values sorted by line, each with File set to filename.
+func Parse(filename string, data []byte) (*Topology, error) {
+	ix, ixErr := indexKeys(data)
+
+	var f fileTopology
+	dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return nil, decodeError(filename, ix, err)
+	}
+	if ixErr != nil {
+		// Not expected: the decoder parses with the same parser and has just accepted data.
+		return nil, &Error{File: filename, Reason: strings.TrimPrefix(ixErr.Error(), "toml: ")}
+	}
+
+	t, issues := f.topology(filename)
+	if len(issues) == 0 {
+		issues = t.check()
+	}
+	if len(issues) == 0 {
+		return t, nil
+	}
+	for _, is := range issues {
+		is.err.File = filename
+		is.err.Line = ix.line(is.paths)
+	}
+	slices.SortStableFunc(issues, func(a, b issue) int { return cmp.Compare(a.err.Line, b.err.Line) })
+	return nil, joinIssues(issues)
+}
+
+// The file* types mirror the file format. Values with units are "any" because they may be a
+// TOML string or number; they are converted with the parsers of units.go so that a bad value
+// is reported with its line instead of as a decoder type error.
+type fileTopology struct {
+	Name *string    `toml:"name"` // a pointer to tell name = "" from no name
+	Host []fileHost `toml:"host"`
+	Link []fileLink `toml:"link"`
+}
+
+type fileHost struct {
+	Name    string      `toml:"name"`
+	Forward bool        `toml:"forward"`
+	Route   []fileRoute `toml:"route"`
+}
+
+type fileRoute struct {
+	Dst    string `toml:"dst"`
+	Via    string `toml:"via"`
+	Dev    string `toml:"dev"`
+	Metric int    `toml:"metric"`
+}
+
+type fileLink struct {
+	Name    string `toml:"name"`
+	A       string `toml:"a"`
+	B       string `toml:"b"`
+	AIfname string `toml:"a_ifname"`
+	BIfname string `toml:"b_ifname"`
+	AAddr   any    `toml:"a_addr"`
+	BAddr   any    `toml:"b_addr"`
+	MTU     int    `toml:"mtu"`
+	Offload string `toml:"offload"`
+	fileShape
+	AB *fileShape `toml:"ab"`
+	BA *fileShape `toml:"ba"`
+}
+
+// fileShape holds shaping keys; nil means "not set here".
+type fileShape struct {
+	Rate         any  `toml:"rate"`
+	Delay        any  `toml:"delay"`
+	Jitter       any  `toml:"jitter"`
+	Loss         any  `toml:"loss"`
+	QueuePackets *int `toml:"queue_packets"`
+	QueueBytes   any  `toml:"queue_bytes"`
+}
+
+// topology converts the decoded file. Names and endpoints are converted and normalized first,
+// so that value errors can name their link by its final name.
+func (f *fileTopology) topology(filename string) (*Topology, []issue) {
+	t := &Topology{Name: defaultName(filename)}
+	if f.Name != nil {
+		t.Name = *f.Name
+	}
+	for _, h := range f.Host {
+		t.Hosts = append(t.Hosts, Host{Name: h.Name, Forward: h.Forward})
+	}
+	for _, l := range f.Link {
+		t.Links = append(t.Links, Link{
+			Name: l.Name,
+			A:    Endpoint{Host: l.A, Ifname: l.AIfname},
+			B:    Endpoint{Host: l.B, Ifname: l.BIfname},
+			MTU:  l.MTU,
+		})
+	}
+	t.Normalize()
+
+	var issues []issue
+	for i := range f.Link {
+		fl, l := &f.Link[i], &t.Links[i]
+		c := converter{obj: "link " + l.Name, path: fmt.Sprintf("link[%d]", i)}
+		l.A.Addrs = c.addrs("a_addr", fl.AAddr)
+		l.B.Addrs = c.addrs("b_addr", fl.BAddr)
+		if o, err := ParseOffload(fl.Offload); err != nil {
+			c.fail(err.Error(), "offload")
+		} else {
+			l.Offload = o
+		}
+		var base Shape
+		c.shape(&base, &fl.fileShape, "")
+		l.AB, l.BA = base, base
+		if fl.AB != nil {
+			c.shape(&l.AB, fl.AB, "ab.")
+		}
+		if fl.BA != nil {
+			c.shape(&l.BA, fl.BA, "ba.")
+		}
+		issues = append(issues, c.issues...)
+	}
+	for i, fh := range f.Host {
+		for j, fr := range fh.Route {
+			c := converter{
+				obj:  fmt.Sprintf("host %s route %s", fh.Name, fr.Dst),
+				path: fmt.Sprintf("host[%d].route[%d]", i, j),
+			}
+			t.Hosts[i].Routes = append(t.Hosts[i].Routes, c.route(fr))
+			issues = append(issues, c.issues...)
+		}
+	}
+	return t, issues
+}
+
+// converter turns the values of one link or route into their Go types, collecting issues.
+type converter struct {
+	obj    string // e.g. "link r1-core"
+	path   string // e.g. "link[2]"
+	issues []issue
+}
+
+func (c *converter) fail(reason, key string) {
+	c.issues = append(c.issues, issue{&Error{Object: c.obj, Reason: reason}, []string{c.path + "." + key}})
+}
+
+func (c *converter) addrs(key string, v any) []netip.Prefix {
+	var list []any
+	switch v := v.(type) {
+	case nil:
+		return nil
+	case string:
+		list = []any{v}
+	case []any:
+		list = v
+	default:
+		c.fail(fmt.Sprintf("%s must be a string or a list of strings, not %s", key, tomlType(v)), key)
+		return nil
+	}
+	var out []netip.Prefix
+	for i, a := range list {
+		k := key
+		if _, ok := v.([]any); ok {
+			k = fmt.Sprintf("%s[%d]", key, i)
+		}
+		s, ok := a.(string)
+		if !ok {
+			c.fail(fmt.Sprintf("%s must be a string, not %s", k, tomlType(a)), k)
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			c.fail(fmt.Sprintf("invalid address %q: want address/length such as 10.0.0.1/24", s), k)
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// shape applies the keys set in f to s. prefix is "" for the link's own keys and "ab." or
+// "ba." for a direction's overrides.
+func (c *converter) shape(s *Shape, f *fileShape, prefix string) {
+	value := func(key string, v any, parse func(string) error) {
+		if v == nil {
+			return
+		}
+		str, ok := numberOrString(v)
+		if !ok {
+			c.fail(fmt.Sprintf("%s must be a string or a number, not %s", key, tomlType(v)), prefix+key)
+			return
+		}
+		if err := parse(str); err != nil {
+			c.fail(err.Error(), prefix+key)
+		}
+	}
+	value("rate", f.Rate, func(v string) (err error) { s.Rate, err = ParseRate(v); return })
+	value("delay", f.Delay, func(v string) (err error) { s.Delay, err = parseDuration("delay", v); return })
+	value("jitter", f.Jitter, func(v string) (err error) { s.Jitter, err = parseDuration("jitter", v); return })
+	value("loss", f.Loss, func(v string) (err error) { s.Loss, err = ParseLoss(v); return })
+	value("queue_bytes", f.QueueBytes, func(v string) (err error) { s.QueueBytes, err = ParseSize(v); return })
+	if f.QueuePackets != nil {
+		s.QueuePackets = *f.QueuePackets // a negative bound is left to Validate
+	}
+}
+
+func (c *converter) route(f fileRoute) Route {
+	r := Route{Dev: f.Dev, Metric: f.Metric}
+	if f.Via != "" {
+		via, err := netip.ParseAddr(f.Via)
+		if err != nil {
+			c.fail(fmt.Sprintf("invalid via %q: want an IPv4 or IPv6 address", f.Via), "via")
+		}
+		r.Via = via
+	}
+	switch {
+	case f.Dst == "default" && !r.Via.IsValid():
+		if f.Via == "" {
+			c.fail(`dst "default" needs via to choose between 0.0.0.0/0 and ::/0`, "dst")
+		}
+	case f.Dst == "default" && r.Via.Is4():
+		r.Dst = netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+	case f.Dst == "default":
+		r.Dst = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+	case f.Dst == "":
+		c.fail("missing dst", "dst")
+	case !strings.Contains(f.Dst, "/"):
+		a, err := netip.ParseAddr(f.Dst)
+		if err != nil || a.Zone() != "" {
+			c.fail(fmt.Sprintf("invalid dst %q: want a prefix, an address or \"default\"", f.Dst), "dst")
+			break
+		}
+		r.Dst = netip.PrefixFrom(a, a.BitLen())
+	default:
+		p, err := netip.ParsePrefix(f.Dst)
+		if err != nil {
+			c.fail(fmt.Sprintf("invalid dst %q: want a prefix, an address or \"default\"", f.Dst), "dst")
+		}
+		r.Dst = p
+	}
+	return r
+}
+
+// numberOrString returns a TOML string as is and a TOML number in decimal notation, which the
+// unit parsers read in the unit a bare number has (bit/s, milliseconds, percent, bytes).
+func numberOrString(v any) (string, bool) {
+	switch v := v.(type) {
+	case string:
+		return v, true
+	case int64:
+		return strconv.FormatInt(v, 10), true
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64), true
+	}
+	return "", false
+}
+
+// tomlType names the TOML type of a decoded value for error messages.
+func tomlType(v any) string {
+	switch v.(type) {
+	case string:
+		return "a string"
+	case int64:
+		return "an integer"
+	case float64:
+		return "a float"
+	case bool:
+		return "a boolean"
+	case []any:
+		return "an array"
+	case map[string]any:
+		return "a table"
+	}
+	return "a date or time"
+}
+
+// defaultName derives a topology name from a file name: "Two_Sites.toml" becomes "two-sites".
+func defaultName(filename string) string {
+	base := filepath.Base(filename)
+	base = strings.ToLower(strings.TrimSuffix(base, filepath.Ext(base)))
+	name := []byte(base)
+	for i, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			name[i] = '-'
+		}
+	}
+	s := strings.TrimLeft(string(name), "0123456789-")
+	s = strings.TrimRight(s[:min(len(s), maxTopologyName)], "-")
+	if s == "" {
+		return "lab"
+	}
+	return s
+}
+
+var mismatchRE = regexp.MustCompile(`^cannot decode TOML (.+) into struct field \S+ of type (\S+)$`)
+
+// decodeError converts an error of the TOML decoder into *Error values. Syntax errors get a
+// column; unknown keys are named by their full path, such as "link[1].ab.bogus".
+func decodeError(filename string, ix *keyIndex, err error) error {
+	var strict *toml.StrictMissingError
+	if errors.As(err, &strict) {
+		errs := make([]error, len(strict.Errors))
+		for i := range strict.Errors {
+			de := &strict.Errors[i]
+			line, col := de.Position()
+			key, ok := ix.keyAt(line, col)
+			if !ok {
+				key = strings.Join(de.Key(), ".")
+			}
+			errs[i] = &Error{File: filename, Line: line, Column: col, Reason: fmt.Sprintf("unknown key %q", key)}
+		}
+		return errors.Join(errs...)
+	}
+	var de *toml.DecodeError
+	if !errors.As(err, &de) {
+		return &Error{File: filename, Reason: strings.TrimPrefix(err.Error(), "toml: ")}
+	}
+	line, col := de.Position()
+	msg := strings.TrimPrefix(de.Error(), "toml: ")
+	if m := mismatchRE.FindStringSubmatch(msg); m != nil {
+		// The decoder's message names Go types of this package, which mean nothing to the
+		// author of the file.
+		msg = fmt.Sprintf("want %s, not %s", goTypeName(m[2]), withArticle(m[1]))
+	}
+	if key := de.Key(); len(key) > 0 {
+		msg = strings.Join(key, ".") + ": " + msg
+	}
+	return &Error{File: filename, Line: line, Column: col, Reason: msg}
+}
+
+func goTypeName(t string) string {
+	t = strings.TrimPrefix(t, "*")
+	switch {
+	case strings.HasPrefix(t, "[]"):
+		return "an array of tables"
+	case t == "string":
+		return "a string"
+	case t == "bool":
+		return "a boolean"
+	case strings.HasPrefix(t, "int") || strings.HasPrefix(t, "uint"):
+		return "an integer"
+	}
+	return "a table"
+}
+
+func withArticle(s string) string {
+	if s != "" && strings.ContainsRune("aeiou", rune(s[0])) {
+		return "an " + s
+	}
+	return "a " + s
+}
+
+// keyIndex records where each key of a TOML document is. Keys are named by their path from
+// the root with array elements indexed, as in "link[2].ab.delay" or "host[0].route[1].via".
+type keyIndex struct {
+	lines    map[string]int    // path -> line of its first occurrence
+	keys     map[[2]int]string // line and column of a key -> its path
+	newlines []int             // offsets of '\n' in the document
+}
+
+// indexKeys walks the document with the parser of go-toml, tracking the element counts of
+// arrays of tables so that the n-th [[link]] header gets path "link[n-1]", as in the decoded
+// slice.
+func indexKeys(data []byte) (*keyIndex, error) {
+	ix := &keyIndex{lines: map[string]int{}, keys: map[[2]int]string{}}
+	for i, c := range data {
+		if c == '\n' {
+			ix.newlines = append(ix.newlines, i)
+		}
+	}
+	counts := map[string]int{} // path of an array of tables -> elements so far
+	var p unstable.Parser
+	p.Reset(data)
+	table := ""
+	for p.NextExpression() {
+		n := p.Expression()
+		switch n.Kind {
+		case unstable.Table, unstable.ArrayTable:
+			path := ""
+			it := n.Key()
+			for it.Next() {
+				k := it.Node()
+				path = joinKey(path, string(k.Data))
+				if n.Kind == unstable.ArrayTable && it.IsLast() {
+					i := counts[path]
+					counts[path] = i + 1
+					path = fmt.Sprintf("%s[%d]", path, i)
+				} else if c, ok := counts[path]; ok {
+					path = fmt.Sprintf("%s[%d]", path, c-1) // the element being filled
+				}
+				ix.add(path, int(k.Raw.Offset))
+			}
+			table = path
+		case unstable.KeyValue:
+			ix.keyValue(table, n)
+		}
+	}
+	return ix, p.Error()
+}
+
+func (ix *keyIndex) keyValue(prefix string, n *unstable.Node) {
+	path := prefix
+	off := 0
+	it := n.Key()
+	for it.Next() {
+		k := it.Node()
+		path = joinKey(path, string(k.Data))
+		off = int(k.Raw.Offset)
+		ix.add(path, off)
+	}
+	ix.value(path, n.Value(), off)
+}
+
+// value indexes the keys inside an inline table or array value; off is the offset of the
+// nearest enclosing node that has a position, since arrays themselves have none.
+func (ix *keyIndex) value(path string, v *unstable.Node, off int) {
+	switch v.Kind {
+	case unstable.InlineTable:
+		it := v.Children()
+		for it.Next() {
+			if c := it.Node(); c.Kind == unstable.KeyValue {
+				ix.keyValue(path, c)
+			}
+		}
+	case unstable.Array:
+		i := 0
+		it := v.Children()
+		for it.Next() {
+			c := it.Node()
+			if c.Kind == unstable.Comment {
+				continue
+			}
+			elem := fmt.Sprintf("%s[%d]", path, i)
+			i++
+			o := off
+			if c.Raw.Length > 0 {
+				o = int(c.Raw.Offset)
+			}
+			ix.add(elem, o)
+			ix.value(elem, c, o)
+		}
+	}
+}
+
+func (ix *keyIndex) add(path string, off int) {
+	line, col := ix.position(off)
+	if _, ok := ix.lines[path]; !ok {
+		ix.lines[path] = line
+	}
+	ix.keys[[2]int{line, col}] = path
+}
+
+// position returns the 1-based line and byte column of offset off.
+func (ix *keyIndex) position(off int) (line, col int) {
+	n, _ := slices.BinarySearch(ix.newlines, off) // newlines before off
+	start := 0
+	if n > 0 {
+		start = ix.newlines[n-1] + 1
+	}
+	return n + 1, off - start + 1
+}
+
+// line returns the line of the first of paths present in the document, or else of the
+// nearest enclosing key of paths[0], or 0.
+func (ix *keyIndex) line(paths []string) int {
+	for _, p := range paths {
+		if l, ok := ix.lines[p]; ok {
+			return l
+		}
+	}
+	if len(paths) == 0 {
+		return 0
+	}
+	for p := paths[0]; p != ""; {
+		p = p[:max(strings.LastIndexAny(p, ".["), 0)]
+		if l, ok := ix.lines[p]; ok {
+			return l
+		}
+	}
+	return 0
+}
+
+func (ix *keyIndex) keyAt(line, col int) (string, bool) {
+	p, ok := ix.keys[[2]int{line, col}]
+	return p, ok
+}
+
+func joinKey(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
