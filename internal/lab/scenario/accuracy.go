@@ -27,6 +27,9 @@ type Row struct {
 	Bound      string
 	OK         bool
 	Detail     string
+	Want       float64 // the configured value, in Unit
+	Value      float64 // the measured value, in Unit
+	Unit       string
 }
 
 // Check is one accuracy measurement.
@@ -88,6 +91,7 @@ func RTTCheck(delay time.Duration) Check {
 			row.Error = fmt.Sprintf("%+.2f ms", float64(diff)/1e6)
 			row.Bound = fmt.Sprintf("±%.2f ms", float64(bound)/1e6)
 			row.OK = diff.Abs() <= bound
+			row.Want, row.Value, row.Unit = float64(want)/1e6, float64(rr.Median)/1e6, "ms"
 			row.Detail = fmt.Sprintf("min %v max %v", rr.Min, rr.Max)
 			return nil
 		})
@@ -114,6 +118,7 @@ func GoodputCheck(rate uint64) Check {
 			row.Error = fmt.Sprintf("%+.1f %%", 100*rel)
 			row.Bound = "±5 %"
 			row.OK = math.Abs(rel) <= 0.05
+			row.Want, row.Value, row.Unit = float64(rate)/1e6, res.Steady/1e6, "Mbit/s"
 			lk := l.Links()[0]
 			mode := "MTU packets"
 			if lk.Offload {
@@ -145,6 +150,7 @@ func LossCheck(loss float64) Check {
 			row.Error = fmt.Sprintf("%+.1f %% rel.", 100*rel)
 			row.Bound = "±10 % rel."
 			row.OK = math.Abs(rel) <= 0.10
+			row.Want, row.Value, row.Unit = loss, res.LossPercent, "%"
 			st := l.Links()[0].Stats(0)
 			row.Detail = fmt.Sprintf("emulator dropped %d at random", st.DropLoss)
 			return nil
@@ -177,9 +183,11 @@ func QueueCheck(pkts, bytes int) Check {
 			if bytes > 0 {
 				row.Measured = fmt.Sprintf("max backlog %d bytes", st.MaxBacklogBytes)
 				row.OK = st.MaxBacklogBytes <= uint64(bytes) && st.DropQueue > 0
+				row.Want, row.Value, row.Unit = float64(bytes), float64(st.MaxBacklogBytes), "bytes"
 			} else {
 				row.Measured = fmt.Sprintf("max backlog %d packets", st.MaxBacklogPackets)
 				row.OK = st.MaxBacklogPackets <= uint64(pkts) && st.DropQueue > 0
+				row.Want, row.Value, row.Unit = float64(pkts), float64(st.MaxBacklogPackets), "packets"
 			}
 			row.Error = fmt.Sprintf("%d queue drops", st.DropQueue)
 			row.Detail = fmt.Sprintf("4 TCP streams, %.1f Mbit/s", res.Goodput/1e6)
@@ -226,6 +234,7 @@ func CutCheck() Check {
 			row.Measured = fmt.Sprintf("%.2f Mbit/s while cut, %.1f Mbit/s after", during/1e6, after/1e6)
 			row.Error = fmt.Sprintf("%d dropped while cut", st.DropDown)
 			row.OK = nd > 0 && na > 0 && during == 0 && after > 0.5*20e6 && st.DropDown > 0
+			row.Want, row.Value, row.Unit = 20, after/1e6, "Mbit/s after restore"
 			return nil
 		})
 		return row, err

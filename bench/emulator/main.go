@@ -1,0 +1,285 @@
+// Command emulator benchmarks the lab's link emulator and writes bench/BENCH.md.
+//
+// Two tables, each the median of -runs runs:
+//
+//   - accuracy: every check of TESTING.md (RTT, goodput, loss, queue bound, cut), measured value
+//     as a ratio to the configured one;
+//   - CPU: TCP bulk at 10, 100 and 1000 Mbit/s through the emulator, beside the same transfer over
+//     a kernel veth pair shaped by TBF (the baseline, run side by side in the same process). The
+//     traffic runs in child processes (braid traffic), so this process's CPU time is the
+//     emulator's alone; machine CPU comes from /proc/stat.
+//
+// Usage: go run ./bench/emulator -braid bin/braid -runs 5 -out bench/BENCH.md
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"braid/internal/lab"
+	"braid/internal/lab/scenario"
+	"braid/internal/lab/topo"
+	"braid/internal/lab/traffic"
+
+	"github.com/vishvananda/netlink"
+)
+
+func main() {
+	braid := flag.String("braid", "bin/braid", "path of the braid binary (runs the traffic tools)")
+	runs := flag.Int("runs", 5, "runs per figure; the tables show medians")
+	quick := flag.Bool("quick", false, "short measurements: a smoke run")
+	out := flag.String("out", "bench/BENCH.md", "where to write the results (Markdown)")
+	flag.Parse()
+	log.SetFlags(0)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
+	defer cancel()
+
+	var md bytes.Buffer
+	w := io.MultiWriter(os.Stdout, &md)
+	fmt.Fprintf(&md, "# braid benchmarks\n\nWritten by `make bench` (`go run ./bench/emulator -braid bin/braid -runs %d`). Do not edit by hand.\n\n", *runs)
+	fmt.Fprintf(&md, "- date: %s\n- machine: %d cores, %s, kernel %s\n- links emulated by: %s\n- runs: %d per figure, medians shown\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), runtime.GOARCH, kernel(), lab.EmulatorName, *runs)
+
+	fmt.Fprintln(w, "## Link emulator accuracy\n\nMeasured value as a ratio to the configured value (1.000 is exact). Goodput counts TCP\npayload against a rate of IP bytes, so its ceiling is 1448/1500 = 0.965 with 1500-byte packets.")
+	fmt.Fprintln(w)
+	accuracy(ctx, w, *runs, *quick)
+	fmt.Fprintln(w, "\n## Link emulator CPU\n\nOne TCP flow for each rate, 5 ms one-way delay. Baseline: the same flow over a veth pair\nshaped by the kernel's TBF (no delay: this kernel has no netem). CPU is the machine's busy time\nover wall time, in cores; the emulator column is this process alone.")
+	fmt.Fprintln(w)
+	cpu(ctx, w, *braid, *runs, *quick)
+	if *out != "" {
+		if err := os.WriteFile(*out, md.Bytes(), 0o644); err != nil {
+			log.Fatal(err)
+		}
+	}
+}
+
+func accuracy(ctx context.Context, w io.Writer, runs int, quick bool) {
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	fmt.Fprintln(tw, "| check\t| configured\t| measured (median)\t| ratio\t| within bound\t|")
+	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|")
+	for _, c := range scenario.AccuracyChecks() {
+		var rows []scenario.Row
+		ok := 0
+		for range runs {
+			r, err := c.Run(ctx, scenario.Options{Quick: quick})
+			if err != nil {
+				log.Fatalf("%s: %v", c.Name, err)
+			}
+			rows = append(rows, r)
+			if r.OK {
+				ok++
+			}
+		}
+		sort.Slice(rows, func(i, j int) bool { return rows[i].Value < rows[j].Value })
+		m := rows[len(rows)/2]
+		fmt.Fprintf(tw, "| %s\t| %g %s\t| %.3f %s\t| %.3f\t| %d of %d\t|\n", m.Check, m.Want, m.Unit, m.Value, m.Unit, m.Value/m.Want, ok, runs)
+	}
+	tw.Flush()
+}
+
+type cpuResult struct {
+	goodput     float64 // bit/s
+	machine     float64 // busy cores
+	self        float64 // cores used by this process
+	retransmits int64
+}
+
+func cpu(ctx context.Context, w io.Writer, braid string, runs int, quick bool) {
+	if _, err := os.Stat(braid); err != nil {
+		log.Fatalf("braid binary: %v (run 'make build')", err)
+	}
+	dur := 8 * time.Second
+	if quick {
+		dur = 3 * time.Second
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	fmt.Fprintln(tw, "| rate\t| baseline goodput\t| braid goodput\t| ratio\t| baseline CPU\t| braid CPU\t| ratio\t| emulator CPU\t| emulator CPU per Gbit/s\t|")
+	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
+	for _, rate := range []uint64{10e6, 100e6, 1000e6} {
+		var base, emu []cpuResult
+		for range runs {
+			base = append(base, measure(ctx, braid, rate, dur, true))
+			emu = append(emu, measure(ctx, braid, rate, dur, false))
+		}
+		b, e := medianResult(base), medianResult(emu)
+		fmt.Fprintf(tw, "| %s\t| %.1f Mbit/s\t| %.1f Mbit/s\t| %.3f\t| %.2f cores\t| %.2f cores\t| %.2f\t| %.1f %% of a core\t| %.2f cores\t|\n",
+			topo.FormatRate(rate), b.goodput/1e6, e.goodput/1e6, e.goodput/b.goodput, b.machine, e.machine, e.machine/b.machine,
+			100*e.self, e.self/(e.goodput/1e9))
+	}
+	tw.Flush()
+}
+
+func medianResult(rs []cpuResult) cpuResult {
+	med := func(f func(cpuResult) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = f(r)
+		}
+		sort.Float64s(v)
+		return v[len(v)/2]
+	}
+	return cpuResult{
+		goodput: med(func(r cpuResult) float64 { return r.goodput }),
+		machine: med(func(r cpuResult) float64 { return r.machine }),
+		self:    med(func(r cpuResult) float64 { return r.self }),
+	}
+}
+
+// measure runs one bulk transfer at rate through the emulator, or (baseline) through a veth pair
+// with TBF, with the traffic tools as child processes.
+func measure(ctx context.Context, braid string, rate uint64, dur time.Duration, baseline bool) cpuResult {
+	shape := topo.Shape{Rate: rate, Delay: 5 * time.Millisecond}
+	tp := scenario.PairTopology(shape)
+	if baseline {
+		tp.Links = nil // the hosts only; the veth pair is added below
+	}
+	l, err := lab.Up(ctx, tp, lab.Options{OwnSignals: false})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	if baseline {
+		if err := vethTBF(ctx, l, rate); err != nil {
+			log.Fatalf("baseline: %v", err)
+		}
+	}
+	srv := exec.Command(braid, "traffic", "serve", "--listen", "10.99.0.2:5201", "--udp", "10.99.0.2:5201")
+	if err := l.Host("b").Start(srv); err != nil {
+		log.Fatal(err)
+	}
+	defer func() { srv.Process.Signal(syscall.SIGTERM); srv.Wait() }()
+	waitListening(ctx, l)
+
+	var cli bytes.Buffer
+	client := exec.Command(braid, "traffic", "bulk", "10.99.0.2:5201", "--duration", dur.String(), "--json")
+	client.Stdout = &cli
+	client.Stderr = os.Stderr
+	before, selfBefore, t0 := machineBusy(), selfCPU(), time.Now()
+	if err := l.Host("a").Start(client); err != nil {
+		log.Fatal(err)
+	}
+	if err := client.Wait(); err != nil {
+		log.Fatalf("braid traffic bulk: %v", err)
+	}
+	wall := time.Since(t0).Seconds()
+	after, selfAfter := machineBusy(), selfCPU()
+	var res traffic.BulkResult
+	if err := json.Unmarshal(cli.Bytes(), &res); err != nil {
+		log.Fatalf("braid traffic bulk --json: %v: %q", err, cli.String())
+	}
+	return cpuResult{goodput: res.Steady, machine: (after - before) / wall, self: (selfAfter - selfBefore).Seconds() / wall, retransmits: res.Retransmits}
+}
+
+func waitListening(ctx context.Context, l *lab.Lab) {
+	for range 100 {
+		c, err := l.Host("a").Dial(ctx, "tcp", "10.99.0.2:5201")
+		if err == nil {
+			c.Close()
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	log.Fatal("traffic server did not start")
+}
+
+// vethTBF joins hosts a and b of a pair lab with a veth pair, shaped with TBF at rate on both
+// ends, with the pair's addresses.
+func vethTBF(ctx context.Context, l *lab.Lab, rate uint64) error {
+	a, b := l.Host("a"), l.Host("b")
+	nsB, err := netnsFd(b)
+	if err != nil {
+		return err
+	}
+	defer syscall.Close(nsB)
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0", MTU: 1500}, PeerName: "eth0", PeerNamespace: netlink.NsFd(nsB)}
+	if err := a.NS.Netlink().LinkAdd(veth); err != nil {
+		return fmt.Errorf("veth: %w", err)
+	}
+	for _, h := range []struct {
+		host *lab.Host
+		addr string
+	}{{a, "10.99.0.1/24"}, {b, "10.99.0.2/24"}} {
+		nl := h.host.NS.Netlink()
+		link, err := nl.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		p := netip.MustParsePrefix(h.addr)
+		if err := nl.AddrAdd(link, &netlink.Addr{IPNet: prefixNet(p)}); err != nil {
+			return err
+		}
+		if err := nl.LinkSetUp(link); err != nil {
+			return err
+		}
+		// burst: enough for the rate at a 1 ms timer, at least 64 KiB for TSO segments
+		burst := max(int(rate/8/1000), 64<<10)
+		out, err := h.host.Run(ctx, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
+			"rate", strconv.FormatUint(rate, 10)+"bit", "burst", strconv.Itoa(burst), "latency", "20ms")
+		if err != nil {
+			return fmt.Errorf("tc tbf: %v: %s", err, out)
+		}
+	}
+	return nil
+}
+
+func netnsFd(h *lab.Host) (int, error) {
+	return syscall.Open("/run/netns/"+h.NS.Name, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+}
+
+// machineBusy returns the machine's busy CPU time in seconds, summed over cores.
+func machineBusy() float64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		log.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)[1:]
+	var busy float64
+	for i, v := range f {
+		n, _ := strconv.ParseFloat(v, 64)
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		busy += n
+	}
+	return busy / 100 // USER_HZ
+}
+
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func kernel() string {
+	var u syscall.Utsname
+	syscall.Uname(&u)
+	var b []byte
+	for _, c := range u.Release {
+		if c == 0 {
+			break
+		}
+		b = append(b, byte(c))
+	}
+	return string(b)
+}
+
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
