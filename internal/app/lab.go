@@ -265,10 +265,11 @@ func labUpDetached(e env, file string, verbose bool) int {
 		fmt.Fprint(e.stderr, string(out))
 		return exitError
 	}
+	pid := cmd.Process.Pid
 	cmd.Process.Release()
 	out, _ := os.ReadFile(logPath)
 	e.stdout.Write(out)
-	fmt.Fprintf(e.stdout, "\nlab %s is up in the background (pid %d, log %s); 'braid lab down' removes it.\n", id, cmd.Process.Pid, logPath)
+	fmt.Fprintf(e.stdout, "\nlab %s is up in the background (pid %d, log %s); 'braid lab down' removes it.\n", id, pid, logPath)
 	return exitOK
 }
 
@@ -331,9 +332,9 @@ func queueString(s topo.Shape) string {
 	return "1 BDP"
 }
 
-const labDownDoc = `Usage: braid lab down [--wait 5s]
+const labDownDoc = `Usage: braid lab down [--lab ID] [--wait 5s]
 
-Removes every lab on this machine. A running 'braid lab up' is asked to stop (SIGTERM; SIGKILL
+Removes every lab on this machine, or only the lab ID. A running 'braid lab up' is asked to stop (SIGTERM; SIGKILL
 after --wait); what a killed or crashed run left behind (namespaces named braid-*, the
 processes inside them, state files) is removed directly. Safe to run at any time.
 
@@ -344,6 +345,7 @@ Example:
 func labDown(e env, args []string) int {
 	fs := newFlags(e, "braid lab down", labDownDoc)
 	wait := fs.Duration("wait", 5*time.Second, "how long a running lab may take to stop before it is killed")
+	id := fs.String("lab", "", "remove only the lab with this `ID`")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
@@ -354,7 +356,7 @@ func labDown(e env, args []string) int {
 	if err := netns.CheckPrivilege(); err != nil {
 		return labFail(e, "down", err)
 	}
-	rep, err := lab.Down(*wait, nil)
+	rep, err := lab.Down(*id, *wait, nil)
 	for _, st := range rep.Stopped {
 		fmt.Fprintf(e.stdout, "stopped lab %s (%s, pid %d)\n", st.ID, st.Topology, st.PID)
 	}
@@ -368,6 +370,10 @@ func labDown(e env, args []string) int {
 		return labFail(e, "down", err)
 	}
 	if len(rep.Stopped)+len(rep.Reaped)+len(rep.Namespaces) == 0 {
+		if *id != "" {
+			fmt.Fprintf(e.stdout, "no lab %s to remove\n", *id)
+			return exitOK
+		}
 		fmt.Fprintln(e.stdout, "no lab to remove")
 	}
 	return exitOK

@@ -152,10 +152,11 @@ type DownReport struct {
 	Namespaces []string // stray namespaces removed
 }
 
-// Down removes every lab on this machine: it asks running owners to stop (SIGTERM, then SIGKILL
-// after wait), removes what dead owners left, and deletes any namespace named braid-* that no
-// lab claims, killing the processes inside. This is `braid lab down`.
-func Down(wait time.Duration, log *slog.Logger) (DownReport, error) {
+// Down removes every lab on this machine, or only the lab id when id is not empty: it asks running
+// owners to stop (SIGTERM, then SIGKILL after wait), removes what dead owners left, and deletes
+// any namespace named braid-* (braid-<id>-*) that no lab claims, killing the processes inside.
+// This is `braid lab down`.
+func Down(id string, wait time.Duration, log *slog.Logger) (DownReport, error) {
 	var rep DownReport
 	all, err := states()
 	if err != nil {
@@ -163,6 +164,9 @@ func Down(wait time.Duration, log *slog.Logger) (DownReport, error) {
 	}
 	self := os.Getpid()
 	for _, st := range all {
+		if id != "" && st.ID != id {
+			continue
+		}
 		if st.PID == self || !processAlive(st.PID) {
 			rep.Reaped = append(rep.Reaped, st)
 			reap(st, log)
@@ -180,9 +184,19 @@ func Down(wait time.Duration, log *slog.Logger) (DownReport, error) {
 		rep.Stopped = append(rep.Stopped, st)
 		reap(st, log) // whatever the owner did not remove itself
 	}
-	names, err := netns.List(NamePrefix)
+	prefix := NamePrefix
+	if id != "" {
+		prefix += id + "-"
+	}
+	names, err := netns.List(prefix)
 	if err != nil {
 		return rep, err
+	}
+	if running, _ := Running(); len(running) == 0 {
+		logs, _ := filepath.Glob(filepath.Join(StateDir, "up-*.log")) // of `braid lab up --detach`
+		for _, f := range logs {
+			os.Remove(f)
+		}
 	}
 	var errs []error
 	for _, n := range names {

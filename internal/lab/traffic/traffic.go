@@ -78,7 +78,7 @@ func (s *session) dialTimeout(network, addr string, timeout time.Duration) (net.
 	defer cancel()
 	c, err := s.dial(ctx, network, addr)
 	if err != nil {
-		return nil, s.wrap(fmt.Sprintf("dial %s %s", network, addr), err)
+		return nil, s.wrap("", err) // the net error names the network and address
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -119,6 +119,9 @@ func (s *session) close() {
 // wrap prefixes err with "traffic: what: ", preferring the context's error when the context has
 // ended (the connection errors are then only a consequence).
 func (s *session) wrap(what string, err error) error {
+	if what == "" {
+		return s.wrap("connect", err)
+	}
 	if cerr := s.ctx.Err(); cerr != nil {
 		return fmt.Errorf("traffic: %s: %w", what, context.Cause(s.ctx))
 	}
