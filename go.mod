@@ -3,8 +3,8 @@ module braid
 go 1.26.8
 
 require (
-	github.com/pelletier/go-toml/v2 v2.4.3 // indirect
-	github.com/vishvananda/netlink v1.3.1 // indirect
-	github.com/vishvananda/netns v0.0.5 // indirect
-	golang.org/x/sys v0.49.0 // indirect
+	github.com/pelletier/go-toml/v2 v2.4.3
+	github.com/vishvananda/netlink v1.3.1
+	github.com/vishvananda/netns v0.0.5
+	golang.org/x/sys v0.49.0
 )

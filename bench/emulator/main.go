@@ -13,6 +13,7 @@
 package main
 
 import (
+	"braid/internal/units"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -35,7 +36,7 @@ import (
 	"braid/internal/lab"
 	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
-	"braid/internal/lab/traffic"
+	"braid/internal/traffic"
 
 	"github.com/vishvananda/netlink"
 )
@@ -119,7 +120,7 @@ func cpu(ctx context.Context, w io.Writer, braid string, runs int, quick bool) {
 		}
 		b, e := medianResult(base), medianResult(emu)
 		fmt.Fprintf(tw, "| %s\t| %.1f Mbit/s\t| %.1f Mbit/s\t| %.3f\t| %.2f cores\t| %.2f cores\t| %.2f\t| %.1f %% of a core\t| %.2f cores\t|\n",
-			topo.FormatRate(rate), b.goodput/1e6, e.goodput/1e6, e.goodput/b.goodput, b.machine, e.machine, e.machine/b.machine,
+			units.FormatRate(rate), b.goodput/1e6, e.goodput/1e6, e.goodput/b.goodput, b.machine, e.machine, e.machine/b.machine,
 			100*e.self, e.self/(e.goodput/1e9))
 	}
 	tw.Flush()

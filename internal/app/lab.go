@@ -1,6 +1,7 @@
 package app
 
 import (
+	"braid/internal/units"
 	"bufio"
 	"context"
 	"errors"
@@ -314,7 +315,7 @@ func printLinks(w io.Writer, links []lab.LinkStatus) {
 			state = "CUT"
 		}
 		fmt.Fprintf(tw, "%s\t%s -> %s\t%s\t%v\t%v\t%g %%\t%s\t%s\t%d pkts\t%d/%d/%d\n", s.Link, s.From, s.To,
-			topo.FormatRate(s.Shape.Rate), s.Shape.Delay, s.Shape.Jitter, s.Shape.Loss, queueString(s.Shape), state,
+			units.FormatRate(s.Shape.Rate), s.Shape.Delay, s.Shape.Jitter, s.Shape.Loss, queueString(s.Shape), state,
 			s.Stats.Packets, s.Stats.DropLoss, s.Stats.DropQueue, s.Stats.DropDown)
 	}
 	tw.Flush()
@@ -558,26 +559,26 @@ func labLink(e env, args []string) int {
 	}
 	var err error
 	if *rate != "" {
-		v, e2 := topo.ParseRate(*rate)
+		v, e2 := units.ParseRate(*rate)
 		req.Set.Rate, err = &v, e2
 	}
 	if err == nil && *delay != "" {
-		v, e2 := topo.ParseDelay(*delay)
+		v, e2 := units.ParseDelay(*delay)
 		req.Set.Delay, err = &v, e2
 	}
 	if err == nil && *jitter != "" {
-		v, e2 := topo.ParseDelay(*jitter)
+		v, e2 := units.ParseDelay(*jitter)
 		req.Set.Jitter, err = &v, e2
 	}
 	if err == nil && *loss != "" {
-		v, e2 := topo.ParseLoss(*loss)
+		v, e2 := units.ParseLoss(*loss)
 		req.Set.Loss, err = &v, e2
 	}
 	if err == nil && *qp >= 0 {
 		req.Set.QueuePackets = qp
 	}
 	if err == nil && *qb != "" {
-		v, e2 := topo.ParseSize(*qb)
+		v, e2 := units.ParseSize(*qb)
 		req.Set.QueueBytes, err = &v, e2
 	}
 	if err == nil {

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"braid/internal/units"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,8 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"braid/internal/lab/topo"
-	"braid/internal/lab/traffic"
+	"braid/internal/traffic"
 )
 
 func init() {
@@ -26,7 +26,7 @@ const trafficDoc = `Usage: braid traffic <command> [arguments]
 braid traffic measures a network path between a server and a client, both braid: TCP goodput,
 UDP loss, reordering and jitter at a fixed rate, request/response latency, and whether a
 transfer arrives intact. It is the lab's replacement for iperf3; the lab's Go tests use the same
-code (package braid/internal/lab/traffic).
+code (package braid/internal/traffic).
 
 Commands:
   serve [--listen ADDR] [--udp ADDR]
@@ -216,7 +216,7 @@ func trafficBulk(e env, args []string) int {
 		fmt.Fprintf(e.stdout, "bulk %s %s: %v, %d stream(s)\n", dir, addr, *duration, *streams)
 		var prev time.Duration
 		o.OnSample = func(s traffic.Sample) {
-			fmt.Fprintf(e.stdout, "  %6.2f - %6.2f s  %14s\n", prev.Seconds(), s.At.Seconds(), topo.FormatRate(uint64(s.BitsPerSecond)))
+			fmt.Fprintf(e.stdout, "  %6.2f - %6.2f s  %14s\n", prev.Seconds(), s.At.Seconds(), units.FormatRate(uint64(s.BitsPerSecond)))
 			prev = s.At
 		}
 	}
@@ -264,7 +264,7 @@ func trafficUDP(e env, args []string) int {
 	if *rate == "" {
 		return trafficUsage(e, "udp", "--rate is required")
 	}
-	bps, err := topo.ParseRate(*rate)
+	bps, err := units.ParseRate(*rate)
 	if err != nil {
 		return trafficUsage(e, "udp", "%v", err)
 	}
@@ -369,7 +369,7 @@ func trafficFile(e env, args []string) int {
 	if *sizeText == "" {
 		return trafficUsage(e, "file", "--size is required")
 	}
-	size, err := topo.ParseSize(*sizeText)
+	size, err := units.ParseSize(*sizeText)
 	if err != nil {
 		return trafficUsage(e, "file", "%v", err)
 	}

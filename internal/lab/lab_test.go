@@ -14,7 +14,7 @@ import (
 	"braid/internal/lab/netns"
 	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
-	"braid/internal/lab/traffic"
+	"braid/internal/traffic"
 )
 
 func rtt(t *testing.T, l *lab.Lab, from, addr string) time.Duration {

@@ -119,7 +119,10 @@ func (d *direction) read() {
 			if d.closed.Load() || errors.Is(err, os.ErrClosed) {
 				return
 			}
+			// A TUN device that is going away (its peer namespace deleted) fails reads until it
+			// is closed: count, and do not spin.
 			d.c.readErrs.Add(1)
+			time.Sleep(time.Millisecond)
 			continue
 		}
 		now := nanotime()

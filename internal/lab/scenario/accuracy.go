@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"braid/internal/units"
 	"context"
 	"fmt"
 	"io"
@@ -11,7 +12,7 @@ import (
 
 	"braid/internal/lab"
 	"braid/internal/lab/topo"
-	"braid/internal/lab/traffic"
+	"braid/internal/traffic"
 )
 
 // The emulator's accuracy checks, as TESTING.md states them. Each Check builds a two-host lab,
@@ -102,8 +103,8 @@ func RTTCheck(delay time.Duration) Check {
 // GoodputCheck measures steady TCP goodput over a link of the given rate (and 5 ms delay).
 // Bound: within 5 % of the configured rate.
 func GoodputCheck(rate uint64) Check {
-	return Check{Name: "goodput " + topo.FormatRate(rate), Run: func(ctx context.Context, o Options) (Row, error) {
-		row := Row{Check: "TCP goodput at " + topo.FormatRate(rate), Configured: topo.FormatRate(rate)}
+	return Check{Name: "goodput " + units.FormatRate(rate), Run: func(ctx context.Context, o Options) (Row, error) {
+		row := Row{Check: "TCP goodput at " + units.FormatRate(rate), Configured: units.FormatRate(rate)}
 		err := withPair(ctx, o, topo.Shape{Rate: rate, Delay: 5 * time.Millisecond}, func(l *lab.Lab) error {
 			dur := 10 * time.Second
 			if o.Quick {

@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"braid/internal/units"
 	"context"
 	_ "embed"
 	"fmt"
@@ -11,7 +12,7 @@ import (
 
 	"braid/internal/lab"
 	"braid/internal/lab/topo"
-	"braid/internal/lab/traffic"
+	"braid/internal/traffic"
 )
 
 //go:embed two-sites.toml
@@ -174,7 +175,7 @@ func printPaths(w io.Writer, rs []PathResult) {
 			best = i
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%.1f Mbit/s\t%.1f %%\t%v\t%.1f ms\t%d\t%d MiB\t%.2f s\t%v\t\n", r.Path.Name,
-			topo.FormatRate(r.Bottleneck), r.Goodput/1e6, 100*r.GoodputShare, r.BaseRTT,
+			units.FormatRate(r.Bottleneck), r.Goodput/1e6, 100*r.GoodputShare, r.BaseRTT,
 			float64(r.RTT)/1e6, r.Retransmits, r.FileSize>>20, r.FileTime.Seconds(), yesNo(r.FileIntact))
 	}
 	tw.Flush()

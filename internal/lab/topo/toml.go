@@ -48,6 +48,7 @@
 package topo
 
 import (
+	"braid/internal/units"
 	"bytes"
 	"cmp"
 	"errors"
@@ -267,11 +268,11 @@ func (c *converter) shape(s *Shape, f *fileShape, prefix string) {
 			c.fail(err.Error(), prefix+key)
 		}
 	}
-	value("rate", f.Rate, func(v string) (err error) { s.Rate, err = ParseRate(v); return })
-	value("delay", f.Delay, func(v string) (err error) { s.Delay, err = parseDuration("delay", v); return })
-	value("jitter", f.Jitter, func(v string) (err error) { s.Jitter, err = parseDuration("jitter", v); return })
-	value("loss", f.Loss, func(v string) (err error) { s.Loss, err = ParseLoss(v); return })
-	value("queue_bytes", f.QueueBytes, func(v string) (err error) { s.QueueBytes, err = ParseSize(v); return })
+	value("rate", f.Rate, func(v string) (err error) { s.Rate, err = units.ParseRate(v); return })
+	value("delay", f.Delay, func(v string) (err error) { s.Delay, err = units.ParseDuration("delay", v); return })
+	value("jitter", f.Jitter, func(v string) (err error) { s.Jitter, err = units.ParseDuration("jitter", v); return })
+	value("loss", f.Loss, func(v string) (err error) { s.Loss, err = units.ParseLoss(v); return })
+	value("queue_bytes", f.QueueBytes, func(v string) (err error) { s.QueueBytes, err = units.ParseSize(v); return })
 	if f.QueuePackets != nil {
 		s.QueuePackets = *f.QueuePackets // a negative bound is left to Validate
 	}

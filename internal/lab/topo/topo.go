@@ -5,7 +5,9 @@
 package topo
 
 import (
+	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 )
 
@@ -83,4 +85,17 @@ func (o Offload) String() string {
 		return "off"
 	}
 	return "auto"
+}
+
+// ParseOffload parses the emulator packet mode: "auto" (or empty), "on" or "off".
+func ParseOffload(s string) (Offload, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "auto":
+		return OffloadAuto, nil
+	case "on":
+		return OffloadOn, nil
+	case "off":
+		return OffloadOff, nil
+	}
+	return OffloadAuto, fmt.Errorf("invalid offload %q: want auto, on or off", s)
 }

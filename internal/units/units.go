@@ -1,4 +1,6 @@
-package topo
+// Package units parses and formats the quantities of network configuration (rates, delays,
+// loss, sizes) the same way everywhere: in files and on the command line.
+package units
 
 import (
 	"fmt"
@@ -71,12 +73,12 @@ func FormatRate(bps uint64) string {
 // ParseDelay parses a one-way delay: Go duration syntax ("10ms", "1.5ms", "1m30s", "0"), or
 // a bare number, which means milliseconds ("10", "0.25").
 func ParseDelay(s string) (time.Duration, error) {
-	return parseDuration("delay", s)
+	return ParseDuration("delay", s)
 }
 
-// parseDuration is ParseDelay with the name of the quantity in its errors, so that a bad
+// ParseDuration is ParseDelay with the name of the quantity in its errors, so that a bad
 // jitter is not reported as a bad delay.
-func parseDuration(what, s string) (time.Duration, error) {
+func ParseDuration(what, s string) (time.Duration, error) {
 	v := strings.TrimSpace(s)
 	if r, err := parseDecimal(v); err == nil {
 		if r.Sign() < 0 {
@@ -140,19 +142,6 @@ func ParseSize(s string) (int, error) {
 		return 0, fmt.Errorf("invalid size %q: %v", s, err)
 	}
 	return int(n), nil
-}
-
-// ParseOffload parses the emulator packet mode: "auto" (or empty), "on" or "off".
-func ParseOffload(s string) (Offload, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "", "auto":
-		return OffloadAuto, nil
-	case "on":
-		return OffloadOn, nil
-	case "off":
-		return OffloadOff, nil
-	}
-	return OffloadAuto, fmt.Errorf("invalid offload %q: want auto, on or off", s)
 }
 
 // rateUnit returns the multiplier of a lower-case rate unit, or 0 if it is unknown. "bps" and

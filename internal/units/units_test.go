@@ -1,4 +1,4 @@
-package topo
+package units
 
 import (
 	"strings"
@@ -170,27 +170,6 @@ func TestParseSize(t *testing.T) {
 	for _, tt := range tests {
 		got, err := ParseSize(tt.in)
 		checkParse(t, "ParseSize", tt.in, got, err, tt.want, tt.wantErr)
-	}
-}
-
-func TestParseOffload(t *testing.T) {
-	tests := []struct {
-		in      string
-		want    Offload
-		wantErr string
-	}{
-		{"", OffloadAuto, ""},
-		{"auto", OffloadAuto, ""},
-		{"on", OffloadOn, ""},
-		{"OFF", OffloadOff, ""},
-		{"yes", OffloadAuto, `invalid offload "yes"`},
-	}
-	for _, tt := range tests {
-		got, err := ParseOffload(tt.in)
-		checkParse(t, "ParseOffload", tt.in, got, err, tt.want, tt.wantErr)
-		if err == nil && tt.in != "" && got.String() != strings.ToLower(tt.in) {
-			t.Errorf("ParseOffload(%q).String() = %q", tt.in, got)
-		}
 	}
 }
 
