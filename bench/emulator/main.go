@@ -13,7 +13,6 @@
 package main
 
 import (
-	"braid/internal/units"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -37,6 +36,7 @@ import (
 	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
+	"braid/internal/units"
 
 	"github.com/vishvananda/netlink"
 )

@@ -1,7 +1,6 @@
 package app
 
 import (
-	"braid/internal/units"
 	"bufio"
 	"context"
 	"errors"
@@ -23,6 +22,7 @@ import (
 	"braid/internal/lab/netns"
 	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
+	"braid/internal/units"
 )
 
 func init() {

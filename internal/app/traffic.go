@@ -1,7 +1,6 @@
 package app
 
 import (
-	"braid/internal/units"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"braid/internal/traffic"
+	"braid/internal/units"
 )
 
 func init() {

@@ -1,7 +1,6 @@
 package scenario
 
 import (
-	"braid/internal/units"
 	"context"
 	"fmt"
 	"io"
@@ -13,6 +12,7 @@ import (
 	"braid/internal/lab"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
+	"braid/internal/units"
 )
 
 // The emulator's accuracy checks, as TESTING.md states them. Each Check builds a two-host lab,

@@ -1,7 +1,6 @@
 package scenario
 
 import (
-	"braid/internal/units"
 	"context"
 	_ "embed"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 	"braid/internal/lab"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
+	"braid/internal/units"
 )
 
 //go:embed two-sites.toml

@@ -48,7 +48,6 @@
 package topo
 
 import (
-	"braid/internal/units"
 	"bytes"
 	"cmp"
 	"errors"
@@ -60,6 +59,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"braid/internal/units"
 
 	toml "github.com/pelletier/go-toml/v2"
 	"github.com/pelletier/go-toml/v2/unstable"
