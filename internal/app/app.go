@@ -3,12 +3,15 @@
 package app
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os/signal"
 	"sort"
 	"strings"
+	"syscall"
 )
 
 // Version is set at build time with -ldflags "-X braid/internal/app.Version=...".
@@ -124,4 +127,56 @@ func parseFlags(e env, fs *flag.FlagSet, args []string) (done bool, code int) {
 		return true, exitUsage
 	}
 	return false, 0
+}
+
+// dispatch runs the subcommand of a command group (braid lab ..., braid traffic ...): doc is the
+// group's manual, printed on --help (stdout) or without a subcommand (stderr).
+func dispatch(e env, group, doc string, sub map[string]func(env, []string) int, args []string) int {
+	if len(args) == 0 {
+		fmt.Fprint(e.stderr, doc)
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "--help", "help":
+		fmt.Fprint(e.stdout, doc)
+		return exitOK
+	}
+	f, ok := sub[args[0]]
+	if !ok {
+		fmt.Fprintf(e.stderr, "braid %s: unknown command %q (see 'braid %s --help')\n", group, args[0], group)
+		return exitUsage
+	}
+	return f(e, args[1:])
+}
+
+// parseInterspersed parses flags wherever they stand among the positional arguments, and stops
+// at "--", returning what follows it separately.
+func parseInterspersed(e env, fs *flag.FlagSet, args []string) (pos, rest []string, done bool, code int) {
+	if i := indexOf(args, "--"); i >= 0 {
+		args, rest = args[:i], args[i+1:]
+	}
+	if done, code := parseFlags(e, fs, args); done {
+		return nil, nil, true, code
+	}
+	for fs.NArg() > 0 {
+		pos = append(pos, fs.Arg(0))
+		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			return nil, nil, true, exitUsage
+		}
+	}
+	return pos, rest, false, 0
+}
+
+func indexOf(s []string, v string) int {
+	for i, x := range s {
+		if x == v {
+			return i
+		}
+	}
+	return -1
+}
+
+// signalContext is cancelled on SIGINT or SIGTERM.
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 }

@@ -2,9 +2,7 @@ package app
 
 import (
 	"bufio"
-	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -59,52 +57,10 @@ Run 'braid lab <command> --help' for the manual of each command.
 `
 
 func runLab(e env, args []string) int {
-	if len(args) == 0 {
-		fmt.Fprint(e.stderr, labDoc)
-		return exitUsage
-	}
-	sub := map[string]func(env, []string) int{
+	return dispatch(e, "lab", labDoc, map[string]func(env, []string) int{
 		"up": labUp, "down": labDown, "status": labStatus, "exec": labExec,
 		"link": labLink, "run": labRun, "demo": labDemo,
-	}
-	switch args[0] {
-	case "-h", "--help", "help":
-		fmt.Fprint(e.stdout, labDoc)
-		return exitOK
-	}
-	f, ok := sub[args[0]]
-	if !ok {
-		fmt.Fprintf(e.stderr, "braid lab: unknown command %q (see 'braid lab --help')\n", args[0])
-		return exitUsage
-	}
-	return f(e, args[1:])
-}
-
-// parseInterspersed parses flags wherever they stand among the positional arguments, and stops
-// at "--", returning what follows it separately.
-func parseInterspersed(e env, fs *flag.FlagSet, args []string) (pos, rest []string, done bool, code int) {
-	if i := indexOf(args, "--"); i >= 0 {
-		args, rest = args[:i], args[i+1:]
-	}
-	if done, code := parseFlags(e, fs, args); done {
-		return nil, nil, true, code
-	}
-	for fs.NArg() > 0 {
-		pos = append(pos, fs.Arg(0))
-		if err := fs.Parse(fs.Args()[1:]); err != nil {
-			return nil, nil, true, exitUsage
-		}
-	}
-	return pos, rest, false, 0
-}
-
-func indexOf(s []string, v string) int {
-	for i, x := range s {
-		if x == v {
-			return i
-		}
-	}
-	return -1
+	}, args)
 }
 
 func labLogger(e env, verbose bool) *slog.Logger {
@@ -113,11 +69,6 @@ func labLogger(e env, verbose bool) *slog.Logger {
 		level = slog.LevelInfo
 	}
 	return slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: level}))
-}
-
-// signalContext is cancelled on SIGINT or SIGTERM.
-func signalContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 }
 
 // labFail prints one line and returns the exit code for a lab error; missing privilege is

@@ -47,24 +47,9 @@ Run 'braid traffic <command> --help' for the manual of each command.
 `
 
 func runTraffic(e env, args []string) int {
-	if len(args) == 0 {
-		fmt.Fprint(e.stderr, trafficDoc)
-		return exitUsage
-	}
-	sub := map[string]func(env, []string) int{
+	return dispatch(e, "traffic", trafficDoc, map[string]func(env, []string) int{
 		"serve": trafficServe, "bulk": trafficBulk, "udp": trafficUDP, "rr": trafficRR, "file": trafficFile,
-	}
-	switch args[0] {
-	case "-h", "--help", "help":
-		fmt.Fprint(e.stdout, trafficDoc)
-		return exitOK
-	}
-	f, ok := sub[args[0]]
-	if !ok {
-		fmt.Fprintf(e.stderr, "braid traffic: unknown command %q (see 'braid traffic --help')\n", args[0])
-		return exitUsage
-	}
-	return f(e, args[1:])
+	}, args)
 }
 
 // trafficFail prints one line and returns the exit code for a run-time failure.

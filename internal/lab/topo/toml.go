@@ -38,13 +38,14 @@
 //	[link.ba]            # overrides for the b->a direction only
 //	rate = "10mbit"
 //
-// Units are those of ParseRate, ParseDelay, ParseLoss and ParseSize. A route's dst is a
+// Units are those of braid/internal/units (ParseRate, ParseDelay, ParseLoss, ParseSize). A route's dst is a
 // prefix, a bare address (a host route), or "default", which means 0.0.0.0/0 or ::/0
 // depending on the family of via and therefore requires via. A route without via needs dev.
 //
 // Parse reports values that do not parse (a bad address, "-5ms", "150%") first; the checks of
 // Validate, which look at the topology as a whole, run once every value has parsed, so that a
 // typo in one value does not also show up as a string of follow-on errors.
+
 package topo
 
 import (
@@ -107,7 +108,7 @@ func Parse(filename string, data []byte) (*Topology, error) {
 }
 
 // The file* types mirror the file format. Values with units are "any" because they may be a
-// TOML string or number; they are converted with the parsers of units.go so that a bad value
+// TOML string or number; they are converted with the parsers of package units so that a bad value
 // is reported with its line instead of as a decoder type error.
 type fileTopology struct {
 	Name *string    `toml:"name"` // a pointer to tell name = "" from no name

@@ -1,7 +1,8 @@
 // Package topo describes lab topologies as data: hosts (each a network namespace), point-to-point
 // links between them with per-direction shaping (rate, one-way delay, jitter, random loss, a
 // drop-tail queue bound), IPv4 and IPv6 addresses, and routes. A topology is built in Go or read
-// from a TOML file (see Parse); Validate reports every problem before anything is created.
+// from a TOML file (see Parse and the file format in toml.go); Validate reports every problem
+// before anything is created.
 package topo
 
 import (
