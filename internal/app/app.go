@@ -37,6 +37,8 @@ const (
 	exitOK    = 0
 	exitError = 1 // the command failed at run time
 	exitUsage = 2 // the command line was wrong
+
+	exitInterrupted = 130 // stopped by SIGINT or SIGTERM, as shells report it
 )
 
 // Main runs braid with args (without the program name) and returns the exit code.

@@ -582,17 +582,22 @@ func labRun(e env, args []string) int {
 		fmt.Fprintf(e.stderr, "braid lab run: unknown scenario %q; the scenarios are:\n%s", pos[0], list.String())
 		return exitUsage
 	}
-	return runScenario(e, s, scenario.Options{Quick: *quick, Logger: labLogger(e, *verbose)})
+	return runScenario(e, "run "+s.Name, s, scenario.Options{Quick: *quick, Logger: labLogger(e, *verbose)})
 }
 
-func runScenario(e env, s scenario.Scenario, o scenario.Options) int {
+// runScenario runs s; cmd names the command line in messages ("run accuracy", "demo").
+func runScenario(e env, cmd string, s scenario.Scenario, o scenario.Options) int {
 	if err := netns.CheckPrivilege(); err != nil {
-		return labFail(e, "run", err)
+		return labFail(e, cmd, err)
 	}
 	ctx, cancel := signalContext()
 	defer cancel()
 	if err := s.Run(ctx, e.stdout, o); err != nil {
-		return labFail(e, "run "+s.Name, err)
+		if ctx.Err() != nil {
+			fmt.Fprintf(e.stderr, "braid lab %s: interrupted; everything the lab created was removed\n", cmd)
+			return exitInterrupted
+		}
+		return labFail(e, cmd, err)
 	}
 	return exitOK
 }
@@ -617,5 +622,5 @@ func labDemo(e env, args []string) int {
 		return code
 	}
 	s, _ := scenario.Lookup("demo")
-	return runScenario(e, s, scenario.Options{Quick: *quick, File: *file, Logger: labLogger(e, *verbose)})
+	return runScenario(e, "demo", s, scenario.Options{Quick: *quick, File: *file, Logger: labLogger(e, *verbose)})
 }

@@ -243,3 +243,51 @@ func TestLabDownAfterKill(t *testing.T) {
 		}
 	}
 }
+
+// Ctrl-C during the demo ends it with 130 and leaves nothing behind.
+func TestDemoInterrupted(t *testing.T) {
+	labtest.Require(t)
+	self, _ := os.Executable()
+	cmd := braidCmd(self, "lab", "demo")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+		lab.ReapStale(nil)
+	})
+	var st lab.State
+	deadline := time.Now().Add(30 * time.Second)
+	for st.ID == "" && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+		running, _ := lab.Running()
+		for _, s := range running {
+			if s.PID == cmd.Process.Pid {
+				st = s
+			}
+		}
+	}
+	if st.ID == "" {
+		t.Fatal("the demo's lab did not come up within 30 s")
+	}
+	time.Sleep(2 * time.Second) // into the measurements
+	cmd.Process.Signal(syscall.SIGINT)
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitInterrupted {
+		t.Errorf("interrupted demo: %v, want exit status %d", err, exitInterrupted)
+	}
+	if !strings.Contains(stderr.String(), "interrupted") {
+		t.Errorf("stderr %q does not say it was interrupted", stderr.String())
+	}
+	for _, n := range st.Namespaces {
+		if _, err := os.Stat(filepath.Join(netns.Dir, n)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("namespace %s survived the interrupted demo", n)
+		}
+	}
+}
