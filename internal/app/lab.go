@@ -335,7 +335,7 @@ func labDown(e env, args []string) int {
 func pickLab(id string) (lab.State, error) {
 	if id != "" {
 		st, err := lab.ReadState(id)
-		if err == nil && !processAliveState(st) {
+		if err == nil && !st.Alive() {
 			err = fmt.Errorf("lab %s is not running (its pid %d is gone); run 'braid lab down'", id, st.PID)
 		}
 		return st, err
@@ -355,16 +355,6 @@ func pickLab(id string) (lab.State, error) {
 		ids = append(ids, st.ID+" ("+st.Topology+")")
 	}
 	return lab.State{}, fmt.Errorf("%d labs are running (%s): choose one with --lab ID", len(all), strings.Join(ids, ", "))
-}
-
-func processAliveState(st lab.State) bool {
-	all, _ := lab.Running()
-	for _, s := range all {
-		if s.ID == st.ID {
-			return true
-		}
-	}
-	return false
 }
 
 const labStatusDoc = `Usage: braid lab status [--lab ID]

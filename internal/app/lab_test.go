@@ -194,11 +194,7 @@ func TestLabCommandLine(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "stopped lab "+id) {
 		t.Errorf("lab down: %v\n%s", err, out)
 	}
-	for _, n := range st.Namespaces {
-		if _, err := os.Stat(filepath.Join(netns.Dir, n)); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("namespace %s survived lab down", n)
-		}
-	}
+	assertNamespacesGone(t, st.Namespaces, "lab down")
 }
 
 // `braid lab down` removes what a killed `braid lab up` left behind.
@@ -237,11 +233,7 @@ func TestLabDownAfterKill(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "left by dead pid") {
 		t.Errorf("lab down after kill: %v\n%s", err, out)
 	}
-	for _, n := range st.Namespaces {
-		if _, err := os.Stat(filepath.Join(netns.Dir, n)); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("namespace %s survived lab down", n)
-		}
-	}
+	assertNamespacesGone(t, st.Namespaces, "lab down")
 }
 
 // Ctrl-C during the demo ends it with 130 and leaves nothing behind.
@@ -285,9 +277,14 @@ func TestDemoInterrupted(t *testing.T) {
 	if !strings.Contains(stderr.String(), "interrupted") {
 		t.Errorf("stderr %q does not say it was interrupted", stderr.String())
 	}
-	for _, n := range st.Namespaces {
+	assertNamespacesGone(t, st.Namespaces, "the interrupted demo")
+}
+
+func assertNamespacesGone(t *testing.T, names []string, after string) {
+	t.Helper()
+	for _, n := range names {
 		if _, err := os.Stat(filepath.Join(netns.Dir, n)); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("namespace %s survived the interrupted demo", n)
+			t.Errorf("namespace %s survived %s", n, after)
 		}
 	}
 }

@@ -268,11 +268,6 @@ func (h *Host) Dial(ctx context.Context, network, address string) (c net.Conn, e
 	return c, err
 }
 
-// Command returns a command that Start runs inside the host.
-func (h *Host) Command(name string, args ...string) *exec.Cmd {
-	return exec.Command(name, args...)
-}
-
 // Start starts cmd inside the host. The lab stops it on Close; it is killed if this process dies.
 func (h *Host) Start(cmd *exec.Cmd) error {
 	if cmd.SysProcAttr == nil {

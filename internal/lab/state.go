@@ -29,6 +29,9 @@ type State struct {
 	Control    string    `json:"control,omitempty"` // unix socket of `braid lab up`, if any
 }
 
+// Alive reports whether the lab's owner process is still running.
+func (st State) Alive() bool { return processAlive(st.PID) }
+
 func statePath(id string) string { return filepath.Join(StateDir, id+".json") }
 
 // ControlPath is where `braid lab up` listens for `braid lab link` requests.
