@@ -53,10 +53,11 @@ type Lab struct {
 	links  []*Link
 	byName map[string]*Link
 
-	mu     sync.Mutex
-	procs  []*exec.Cmd
-	closed bool
-	once   sync.Once
+	building sync.Mutex // held by Up while it builds
+	mu       sync.Mutex
+	procs    []*exec.Cmd
+	closed   bool
+	once     sync.Once
 }
 
 // Host is one namespace of a running lab.
@@ -75,7 +76,8 @@ type Link struct {
 	shape   [2]topo.Shape
 }
 
-// Up builds t: namespaces, links, addresses, routes. On any error it removes what it made.
+// Up builds t (normalised in place: default names filled in): namespaces, links, addresses,
+// routes. On any error it removes what it made.
 func Up(ctx context.Context, t *topo.Topology, o Options) (l *Lab, err error) {
 	t.Normalize()
 	if err := t.Validate(); err != nil {
@@ -95,8 +97,12 @@ func Up(ctx context.Context, t *topo.Topology, o Options) (l *Lab, err error) {
 	if err := writeState(l); err != nil {
 		return nil, err
 	}
+	// A signal may close the lab while it is being built: Close waits for the build to end, so
+	// that nothing created after its sweep is left behind.
+	l.building.Lock()
 	register(l, !o.OwnSignals)
 	defer func() {
+		l.building.Unlock()
 		if err != nil {
 			l.Close()
 			l = nil
@@ -182,6 +188,8 @@ func (l *Lab) LinkBetween(a, b string) (*Link, int, error) {
 func (l *Lab) Close() error {
 	var errs []error
 	l.once.Do(func() {
+		l.building.Lock()
+		defer l.building.Unlock()
 		l.mu.Lock()
 		l.closed = true
 		procs := l.procs
