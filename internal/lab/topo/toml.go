@@ -49,22 +49,17 @@
 package topo
 
 import (
-	"bytes"
 	"cmp"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 
+	"braid/internal/config/tomlfile"
 	"braid/internal/units"
-
-	toml "github.com/pelletier/go-toml/v2"
-	"github.com/pelletier/go-toml/v2/unstable"
 )
 
 // Load reads and parses the topology file at path; see Parse.
@@ -80,16 +75,10 @@ func Load(path string) (*Topology, error) {
 // is used in error messages and for the default topology name. The error, if any, is a
 // *Error or an errors.Join of *Error values sorted by line, each with File set to filename.
 func Parse(filename string, data []byte) (*Topology, error) {
-	ix, ixErr := indexKeys(data)
-
 	var f fileTopology
-	dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
-	if err := dec.Decode(&f); err != nil {
-		return nil, decodeError(filename, ix, err)
-	}
-	if ixErr != nil {
-		// Not expected: the decoder parses with the same parser and has just accepted data.
-		return nil, &Error{File: filename, Reason: strings.TrimPrefix(ixErr.Error(), "toml: ")}
+	ix, err := tomlfile.Decode(filename, data, &f)
+	if err != nil {
+		return nil, err
 	}
 
 	t, issues := f.topology(filename)
@@ -101,7 +90,7 @@ func Parse(filename string, data []byte) (*Topology, error) {
 	}
 	for _, is := range issues {
 		is.err.File = filename
-		is.err.Line = ix.line(is.paths)
+		is.err.Line = ix.Line(is.paths...)
 	}
 	slices.SortStableFunc(issues, func(a, b issue) int { return cmp.Compare(a.err.Line, b.err.Line) })
 	return nil, joinIssues(issues)
@@ -366,204 +355,4 @@ func defaultName(filename string) string {
 		return "lab"
 	}
 	return s
-}
-
-var mismatchRE = regexp.MustCompile(`^cannot decode TOML (.+) into struct field \S+ of type (\S+)$`)
-
-// decodeError converts an error of the TOML decoder into *Error values. Syntax errors get a
-// column; unknown keys are named by their full path, such as "link[1].ab.bogus".
-func decodeError(filename string, ix *keyIndex, err error) error {
-	var strict *toml.StrictMissingError
-	if errors.As(err, &strict) {
-		errs := make([]error, len(strict.Errors))
-		for i := range strict.Errors {
-			de := &strict.Errors[i]
-			line, col := de.Position()
-			key, ok := ix.keyAt(line, col)
-			if !ok {
-				key = strings.Join(de.Key(), ".")
-			}
-			errs[i] = &Error{File: filename, Line: line, Column: col, Reason: fmt.Sprintf("unknown key %q", key)}
-		}
-		return errors.Join(errs...)
-	}
-	var de *toml.DecodeError
-	if !errors.As(err, &de) {
-		return &Error{File: filename, Reason: strings.TrimPrefix(err.Error(), "toml: ")}
-	}
-	line, col := de.Position()
-	msg := strings.TrimPrefix(de.Error(), "toml: ")
-	if m := mismatchRE.FindStringSubmatch(msg); m != nil {
-		// The decoder's message names Go types of this package, which mean nothing to the
-		// author of the file.
-		msg = fmt.Sprintf("want %s, not %s", goTypeName(m[2]), withArticle(m[1]))
-	}
-	if key := de.Key(); len(key) > 0 {
-		msg = strings.Join(key, ".") + ": " + msg
-	}
-	return &Error{File: filename, Line: line, Column: col, Reason: msg}
-}
-
-func goTypeName(t string) string {
-	t = strings.TrimPrefix(t, "*")
-	switch {
-	case strings.HasPrefix(t, "[]"):
-		return "an array of tables"
-	case t == "string":
-		return "a string"
-	case t == "bool":
-		return "a boolean"
-	case strings.HasPrefix(t, "int") || strings.HasPrefix(t, "uint"):
-		return "an integer"
-	}
-	return "a table"
-}
-
-func withArticle(s string) string {
-	if s != "" && strings.ContainsRune("aeiou", rune(s[0])) {
-		return "an " + s
-	}
-	return "a " + s
-}
-
-// keyIndex records where each key of a TOML document is. Keys are named by their path from
-// the root with array elements indexed, as in "link[2].ab.delay" or "host[0].route[1].via".
-type keyIndex struct {
-	lines    map[string]int    // path -> line of its first occurrence
-	keys     map[[2]int]string // line and column of a key -> its path
-	newlines []int             // offsets of '\n' in the document
-}
-
-// indexKeys walks the document with the parser of go-toml, tracking the element counts of
-// arrays of tables so that the n-th [[link]] header gets path "link[n-1]", as in the decoded
-// slice.
-func indexKeys(data []byte) (*keyIndex, error) {
-	ix := &keyIndex{lines: map[string]int{}, keys: map[[2]int]string{}}
-	for i, c := range data {
-		if c == '\n' {
-			ix.newlines = append(ix.newlines, i)
-		}
-	}
-	counts := map[string]int{} // path of an array of tables -> elements so far
-	var p unstable.Parser
-	p.Reset(data)
-	table := ""
-	for p.NextExpression() {
-		n := p.Expression()
-		switch n.Kind {
-		case unstable.Table, unstable.ArrayTable:
-			path := ""
-			it := n.Key()
-			for it.Next() {
-				k := it.Node()
-				path = joinKey(path, string(k.Data))
-				if n.Kind == unstable.ArrayTable && it.IsLast() {
-					i := counts[path]
-					counts[path] = i + 1
-					path = fmt.Sprintf("%s[%d]", path, i)
-				} else if c, ok := counts[path]; ok {
-					path = fmt.Sprintf("%s[%d]", path, c-1) // the element being filled
-				}
-				ix.add(path, int(k.Raw.Offset))
-			}
-			table = path
-		case unstable.KeyValue:
-			ix.keyValue(table, n)
-		}
-	}
-	return ix, p.Error()
-}
-
-func (ix *keyIndex) keyValue(prefix string, n *unstable.Node) {
-	path := prefix
-	off := 0
-	it := n.Key()
-	for it.Next() {
-		k := it.Node()
-		path = joinKey(path, string(k.Data))
-		off = int(k.Raw.Offset)
-		ix.add(path, off)
-	}
-	ix.value(path, n.Value(), off)
-}
-
-// value indexes the keys inside an inline table or array value; off is the offset of the
-// nearest enclosing node that has a position, since arrays themselves have none.
-func (ix *keyIndex) value(path string, v *unstable.Node, off int) {
-	switch v.Kind {
-	case unstable.InlineTable:
-		it := v.Children()
-		for it.Next() {
-			if c := it.Node(); c.Kind == unstable.KeyValue {
-				ix.keyValue(path, c)
-			}
-		}
-	case unstable.Array:
-		i := 0
-		it := v.Children()
-		for it.Next() {
-			c := it.Node()
-			if c.Kind == unstable.Comment {
-				continue
-			}
-			elem := fmt.Sprintf("%s[%d]", path, i)
-			i++
-			o := off
-			if c.Raw.Length > 0 {
-				o = int(c.Raw.Offset)
-			}
-			ix.add(elem, o)
-			ix.value(elem, c, o)
-		}
-	}
-}
-
-func (ix *keyIndex) add(path string, off int) {
-	line, col := ix.position(off)
-	if _, ok := ix.lines[path]; !ok {
-		ix.lines[path] = line
-	}
-	ix.keys[[2]int{line, col}] = path
-}
-
-// position returns the 1-based line and byte column of offset off.
-func (ix *keyIndex) position(off int) (line, col int) {
-	n, _ := slices.BinarySearch(ix.newlines, off) // newlines before off
-	start := 0
-	if n > 0 {
-		start = ix.newlines[n-1] + 1
-	}
-	return n + 1, off - start + 1
-}
-
-// line returns the line of the first of paths present in the document, or else of the
-// nearest enclosing key of paths[0], or 0.
-func (ix *keyIndex) line(paths []string) int {
-	for _, p := range paths {
-		if l, ok := ix.lines[p]; ok {
-			return l
-		}
-	}
-	if len(paths) == 0 {
-		return 0
-	}
-	for p := paths[0]; p != ""; {
-		p = p[:max(strings.LastIndexAny(p, ".["), 0)]
-		if l, ok := ix.lines[p]; ok {
-			return l
-		}
-	}
-	return 0
-}
-
-func (ix *keyIndex) keyAt(line, col int) (string, bool) {
-	p, ok := ix.keys[[2]int{line, col}]
-	return p, ok
-}
-
-func joinKey(path, key string) string {
-	if path == "" {
-		return key
-	}
-	return path + "." + key
 }

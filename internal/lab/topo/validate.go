@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"braid/internal/config/tomlfile"
 )
 
 // Limits on names. Namespace and interface names built from them must fit the kernel's
@@ -25,42 +27,8 @@ const (
 
 var nameRE = regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
 
-// Error is one problem in a topology. File and Line are set when the topology was read from
-// a file and locate the offending key; Column is set only for TOML syntax errors. Object names
-// what is wrong, e.g. "link r1-core" or "host r1 route 10.2.0.0/16", and Reason says why.
-type Error struct {
-	File   string
-	Line   int
-	Column int
-	Object string
-	Reason string
-}
-
-// Error formats e as "file:line:col: object: reason", leaving out the parts that are not set.
-func (e *Error) Error() string {
-	var b strings.Builder
-	switch {
-	case e.File != "" && e.Line > 0:
-		fmt.Fprintf(&b, "%s:%d", e.File, e.Line)
-	case e.File != "":
-		b.WriteString(e.File)
-	case e.Line > 0:
-		fmt.Fprintf(&b, "line %d", e.Line)
-	}
-	if e.Line > 0 && e.Column > 0 {
-		fmt.Fprintf(&b, ":%d", e.Column)
-	}
-	for _, s := range []string{e.Object, e.Reason} {
-		if s == "" {
-			continue
-		}
-		if b.Len() > 0 {
-			b.WriteString(": ")
-		}
-		b.WriteString(s)
-	}
-	return b.String()
-}
+// Error is one problem in a topology, with where it is: "file:line:col: object: reason".
+type Error = tomlfile.Error
 
 // Normalize fills in the defaults of a topology in place:
 //
