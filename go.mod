@@ -8,3 +8,5 @@ require (
 	github.com/vishvananda/netns v0.0.5
 	golang.org/x/sys v0.49.0
 )
+
+require golang.org/x/crypto v0.58.0
