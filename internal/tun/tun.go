@@ -1,0 +1,96 @@
+// Package tun opens and configures the tunnel's TUN interface: one IP packet per read and per
+// write, no packet-information header.
+package tun
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Device is an open TUN interface.
+type Device struct {
+	Name string
+	file *os.File
+}
+
+// Open creates (or attaches to) the TUN interface name in the calling thread's network namespace.
+func Open(name string) (*Device, error) {
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("tun: open /dev/net/tun: %w", err)
+	}
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("tun: interface name %q: %w", name, err)
+	}
+	ifr.SetUint16(unix.IFF_TUN | unix.IFF_NO_PI)
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("tun: create %s: %w", name, err)
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("tun: %w", err)
+	}
+	return &Device{Name: ifr.Name(), file: os.NewFile(uintptr(fd), "tun:"+name)}, nil
+}
+
+// Read reads one packet.
+func (d *Device) Read(b []byte) (int, error) { return d.file.Read(b) }
+
+// Write writes one packet.
+func (d *Device) Write(b []byte) (int, error) { return d.file.Write(b) }
+
+// Close closes the device; a TUN interface that nothing holds disappears.
+func (d *Device) Close() error { return d.file.Close() }
+
+// Configure sets the MTU and addresses of the interface and brings it up, through nl (a netlink
+// handle of the interface's namespace).
+func Configure(nl *netlink.Handle, name string, mtu int, addrs []netip.Prefix) error {
+	link, err := nl.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("tun: %s: %w", name, err)
+	}
+	if err := nl.LinkSetMTU(link, mtu); err != nil {
+		return fmt.Errorf("tun: mtu %d on %s: %w", mtu, name, err)
+	}
+	if err := nl.LinkSetTxQLen(link, 1000); err != nil {
+		return fmt.Errorf("tun: txqueuelen of %s: %w", name, err)
+	}
+	for _, p := range addrs {
+		a := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
+		if p.Addr().Is6() {
+			a.Flags = unix.IFA_F_NODAD
+		}
+		if err := nl.AddrAdd(link, a); err != nil {
+			return fmt.Errorf("tun: address %s on %s: %w", p, name, err)
+		}
+	}
+	if err := nl.LinkSetUp(link); err != nil {
+		return fmt.Errorf("tun: bring up %s: %w", name, err)
+	}
+	return nil
+}
+
+// AddRoute routes prefix into the interface.
+func AddRoute(nl *netlink.Handle, name string, prefix netip.Prefix) error {
+	link, err := nl.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("tun: %s: %w", name, err)
+	}
+	r := &netlink.Route{
+		LinkIndex: link.Attrs().Index,
+		Dst:       &net.IPNet{IP: prefix.Addr().AsSlice(), Mask: net.CIDRMask(prefix.Bits(), prefix.Addr().BitLen())},
+		Scope:     netlink.SCOPE_LINK,
+	}
+	if err := nl.RouteReplace(r); err != nil {
+		return fmt.Errorf("tun: route %s via %s: %w", prefix, name, err)
+	}
+	return nil
+}
