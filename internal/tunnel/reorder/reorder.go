@@ -1,0 +1,572 @@
+// Package reorder puts one peer's data packets back into sequence order before they reach the
+// TUN device, without ever making a flow slower than no reordering at all.
+//
+// The sender numbers data packets per peer over all paths (a 32-bit sequence that wraps). The
+// paths have different delays, so packets arrive permuted; TCP inside the tunnel reads a
+// permutation as loss and halves its window. Holding packets back fixes that, but holding them
+// too long is worse than not reordering: MPT's fixed 900-packet / 300 ms buffer stalls every
+// flow for 300 ms on each real loss and collapses a TCP flow to 47 Mbit/s where no reordering
+// gives 300-400 (tunnels.md section 3). So this buffer:
+//
+//   - passes in-order packets straight through (no copy into the ring, no wait);
+//   - holds a packet at most the hold time, which the tunnel sets from the paths' RTT spread
+//     (Config.HoldFor), not a fixed worst case;
+//   - on overflow (packets, bytes or sequence window) releases in order up to the next gap
+//     instead of dropping (tunnels.md section 8);
+//   - delivers late packets (sequence already passed) at once instead of dropping them, because
+//     for TCP a late segment is merely a reordering, while a dropped one is a loss and a
+//     retransmission (MPT drops them);
+//   - drops duplicates it can recognise.
+//
+// The package is pure: time is passed in as monotonic nanoseconds, there is no I/O, no
+// goroutine and no lock; the caller owns one Buffer per peer and serialises calls to it. The
+// caller also owns packet memory: the buffer stores an opaque value of type T (a pointer, an
+// index into a pool) and hands it back exactly once, or never for a dropped duplicate.
+//
+// Data structure: a ring of 2^k slots indexed by seq mod 2^k (k chosen so that 2^k >=
+// 2·MaxPackets), holding the sequence window [next, next+2^k), plus a FIFO of arrival times so
+// that the oldest waiting packet, which sets the deadline, is found in O(1) amortised time.
+// Push, Expire and NextDeadline are O(1) amortised and do not allocate.
+package reorder
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"time"
+)
+
+// Errors returned by Config.Validate.
+var (
+	ErrMaxPackets = errors.New("reorder: MaxPackets out of range")
+	ErrMaxBytes   = errors.New("reorder: MaxBytes out of range")
+	ErrHold       = errors.New("reorder: hold times out of range")
+)
+
+// Limits on Config values. maxPacketsLimit keeps the restart window (4 × ring) far below 2^31,
+// where serial-number comparison stops being meaningful.
+const (
+	maxPacketsLimit = 1 << 20
+	// restartConfirm is how many consecutive arrivals behind the window or outside it, close
+	// to one another, it takes to believe the peer restarted its sequence (see Push).
+	restartConfirm = 8
+	// restartDups is how many look-alike duplicates in a row a run drops before it delivers
+	// them (see Push).
+	restartDups = 2
+)
+
+// Config bounds one peer's buffer. Zero fields take the values of Defaults.
+type Config struct {
+	// MaxPackets is the most packets held at once. The ring is twice this, rounded up to a
+	// power of two; it bounds how far ahead of the next expected packet a packet may be held.
+	MaxPackets int
+	// MaxBytes is the most payload bytes held at once.
+	MaxBytes int
+	// MinHold and MaxHold clamp the hold time (SetHold, HoldFor). MinHold covers scheduling
+	// jitter on equal paths; MaxHold caps the stall a real loss can cause.
+	MinHold, MaxHold time.Duration
+	// Hold is the hold time until the tunnel has RTT estimates and calls SetHold.
+	Hold time.Duration
+}
+
+// Defaults returns c with every zero field set to its default: 1024 packets, 4 MiB, hold time
+// clamped to [1 ms, 100 ms], starting at 10 ms. 1024 packets × 1500 B is about 12 ms of a
+// 1 Gbit/s flow, enough for the RTT spreads MinHold..MaxHold allow at common rates; the 100 ms
+// cap keeps a loss from stalling TCP the way MPT's 300 ms does.
+func (c Config) Defaults() Config {
+	if c.MaxPackets == 0 {
+		c.MaxPackets = 1024
+	}
+	if c.MaxBytes == 0 {
+		c.MaxBytes = 4 << 20
+	}
+	if c.MinHold == 0 {
+		c.MinHold = time.Millisecond
+	}
+	if c.MaxHold == 0 {
+		c.MaxHold = 100 * time.Millisecond
+	}
+	if c.Hold == 0 {
+		c.Hold = 10 * time.Millisecond
+	}
+	return c
+}
+
+// Validate reports whether c (after Defaults) can build a Buffer.
+func (c Config) Validate() error {
+	if c.MaxPackets < 1 || c.MaxPackets > maxPacketsLimit {
+		return fmt.Errorf("%w: %d, want 1..%d", ErrMaxPackets, c.MaxPackets, maxPacketsLimit)
+	}
+	if c.MaxBytes < 1 {
+		return fmt.Errorf("%w: %d, want > 0", ErrMaxBytes, c.MaxBytes)
+	}
+	if c.MinHold < 0 || c.MaxHold < c.MinHold {
+		return fmt.Errorf("%w: min %v, max %v", ErrHold, c.MinHold, c.MaxHold)
+	}
+	if c.Hold < 0 {
+		return fmt.Errorf("%w: hold %v", ErrHold, c.Hold)
+	}
+	return nil
+}
+
+// PathRTT is what HoldFor needs to know about one usable path.
+type PathRTT struct {
+	SRTT, RTTVar time.Duration
+}
+
+// holdMargin absorbs what RTT estimates do not see: receive batching and the time between the
+// tunnel's Expire calls.
+const holdMargin = time.Millisecond
+
+// HoldFor returns the hold time for a peer reached over paths, clamped to [MinHold, MaxHold]:
+//
+//	hold = max_i(srtt_i + 4·rttvar_i) − min_i(srtt_i) + 1 ms
+//
+// A packet is worth waiting for only as long as a packet sent at the same moment on another
+// path can still be on its way, which is the spread of the path delays, not their size. The
+// full RTT spread is used rather than half of it because one-way delays are unknown without
+// synchronised clocks and the whole difference may lie in the forward direction; 4·rttvar
+// covers the slow path's jitter as in TCP's RTO. MLVPN's 2.2 × max(srtt + 4·rttvar) was
+// rejected: on two equal 50 ms paths it holds every loss for over 110 ms, the failure mode
+// that makes MPT slower than no reordering, while the spread gives about MinHold. Erring
+// short costs little because late packets are delivered, not dropped. Paths without an
+// estimate (SRTT 0) are ignored; with no estimate at all HoldFor returns the initial Hold.
+// HoldFor is a method of Config, not a free function, because the clamp is per configuration.
+func (c Config) HoldFor(paths []PathRTT) time.Duration {
+	c = c.Defaults()
+	var lo, hi time.Duration
+	n := 0
+	for _, p := range paths {
+		if p.SRTT <= 0 {
+			continue
+		}
+		v := max(p.RTTVar, 0)
+		if n == 0 || p.SRTT < lo {
+			lo = p.SRTT
+		}
+		if n == 0 || p.SRTT+4*v > hi {
+			hi = p.SRTT + 4*v
+		}
+		n++
+	}
+	if n == 0 {
+		return clamp(c.Hold, c.MinHold, c.MaxHold)
+	}
+	return clamp(hi-lo+holdMargin, c.MinHold, c.MaxHold)
+}
+
+func clamp(d, lo, hi time.Duration) time.Duration {
+	return min(max(d, lo), hi)
+}
+
+// Stats counts what the buffer did. Every pushed packet ends up in exactly one of InOrder,
+// AfterGap, Late, Stray or Duplicates, or is still held (Packets).
+type Stats struct {
+	InOrder  uint64 // delivered when its predecessor was: straight through, or once a gap filled
+	AfterGap uint64 // delivered by a forced release that declared an earlier gap lost
+	Late     uint64 // arrived after its sequence number was passed; delivered at once
+	Stray    uint64 // more than 4 rings away from the next expected number; delivered at once
+	// Duplicates were dropped: a copy was held, or had been delivered recently enough to
+	// remember (within one ring of the next expected sequence number).
+	Duplicates uint64
+	Lost       uint64 // sequence numbers given up on (gaps skipped by forced releases)
+	Timeouts   uint64 // forced releases because the oldest packet waited the hold time
+	Overflows  uint64 // forced releases because of MaxPackets, MaxBytes or the sequence window
+	Resets     uint64 // sequence restarts detected
+	Packets    int    // packets held now
+	Bytes      int    // bytes held now
+}
+
+// Slot states. A slot remembers the last sequence number it held even after delivery, which is
+// what lets Push recognise a duplicate of a recently delivered packet.
+const (
+	slotEmpty = iota
+	slotHeld
+	slotDelivered
+)
+
+type slot[T any] struct {
+	v     T
+	seq   uint32
+	size  int32
+	state uint8
+}
+
+// arrival is a FIFO entry: when a held packet arrived. Entries whose packet has since been
+// delivered are skipped lazily.
+type arrival struct {
+	at  int64
+	seq uint32
+}
+
+// Buffer is one peer's reorder buffer. It is not safe for concurrent use.
+type Buffer[T any] struct {
+	cfg  Config
+	ring []slot[T]
+	mask uint32
+	// window is how far behind (late) or ahead (overflow release) of next a sequence number is
+	// still taken as part of the current stream; beyond it a packet is a stray.
+	window int64
+	next   uint32 // next expected sequence number; its slot is never held
+	start  bool   // next is valid
+	hold   int64  // ns
+
+	fifo       []arrival // ring of 2 × len(ring); see push for why that is enough
+	fifoHead   int
+	fifoLen    int
+	count, byt int
+
+	// Restart detection: the current run of arrivals behind next or outside the window.
+	cand     uint32 // highest number of the run
+	candLast uint32 // previous number of the run
+	candN    int    // length of the run; 0: no run
+	candDups int    // look-alike duplicates at the end of the run
+	candAt   int64  // arrival of the run's first packet
+
+	st Stats
+}
+
+// New returns an empty buffer. Zero fields of c take their defaults.
+func New[T any](c Config) (*Buffer[T], error) {
+	c = c.Defaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	// The ring covers twice MaxPackets so that MaxPackets packets can be held across the gaps
+	// that a lossy path leaves between them.
+	n := 1 << bits.Len(uint(2*c.MaxPackets-1)) // next power of two >= 2·MaxPackets
+	b := &Buffer[T]{
+		cfg:    c,
+		ring:   make([]slot[T], n),
+		mask:   uint32(n - 1),
+		window: 4 * int64(n),
+		fifo:   make([]arrival, 2*n),
+	}
+	b.SetHold(c.Hold)
+	return b, nil
+}
+
+// SetHold sets how long a packet may wait for the gap before it, clamped to
+// [MinHold, MaxHold]. It applies to packets already held, so shortening it releases them on
+// the next Expire.
+func (b *Buffer[T]) SetHold(d time.Duration) {
+	b.hold = int64(clamp(d, b.cfg.MinHold, b.cfg.MaxHold))
+}
+
+// Hold returns the current hold time.
+func (b *Buffer[T]) Hold() time.Duration { return time.Duration(b.hold) }
+
+// Stats returns the counters and the current occupancy.
+func (b *Buffer[T]) Stats() Stats {
+	s := b.st
+	s.Packets, s.Bytes = b.count, b.byt
+	return s
+}
+
+// Push takes one arriving packet and appends to out, in order, whatever becomes deliverable;
+// it returns the extended out. now is monotonic nanoseconds and must not go backwards between
+// calls. Relative to the next expected sequence number n (serial arithmetic, RFC 1982):
+//
+//   - seq == n: delivered at once, followed by any held packets it makes consecutive;
+//   - n < seq < n+ring: held (a duplicate of a held packet is dropped); if that exceeds
+//     MaxPackets or MaxBytes, the first gap is declared lost and the run after it released,
+//     until within bounds;
+//   - n+ring <= seq <= n+4·ring: the window moves forward just enough to hold seq, releasing
+//     in order and declaring skipped numbers lost;
+//   - n−4·ring <= seq < n: late, delivered at once; dropped as a duplicate if the slot
+//     remembers delivering this very number (only within one ring behind n);
+//   - otherwise a stray, delivered at once.
+//
+// Restart rule. A peer that restarts its sequence (MPT does on restart; MPT itself guesses
+// "seq <= 50") sends numbers the buffer has already delivered (look-alike duplicates) or far
+// outside the window (strays). A run of such arrivals, with no arrival in the forward window
+// in between, at least restartConfirm (8) long, each within one ring of the highest, and
+// lasting at least the hold time, is taken as a restart: everything held is released in
+// order, the delivered-memory is forgotten and n becomes the highest number of the run + 1.
+// Plain late packets (numbers that were declared lost) are what a slow path produces when the
+// hold time is short, and can come in long runs, so they neither start nor break a run; a
+// single straggler is too short a run, and while the old stream lives, its in-window arrivals
+// break the run. A restart to a number one to four rings behind n therefore shows as late
+// packets, delivered, until the new stream reaches the delivered-memory.
+//
+// Look-alike duplicates are dropped, except that after restartDups (2) of them in a row, with
+// nothing but look-alikes and strays in between, further ones are delivered as late: a
+// restarting peer loses
+// at most two packets, and three network duplicates in a row, which would be delivered, do
+// not occur (a true duplicate delivered costs TCP nothing anyway).
+func (b *Buffer[T]) Push(now int64, seq uint32, size int, v T, out []T) []T {
+	if !b.start {
+		b.start = true
+		b.next = seq
+	}
+	size = min(max(size, 0), 1<<31-1)
+	d := int64(int32(seq - b.next))
+	ring := int64(len(b.ring))
+	switch {
+	case d == 0:
+		b.candN = 0
+		out = append(out, v)
+		b.markDelivered(seq)
+		b.next++
+		b.st.InOrder++
+		if b.count > 0 {
+			out = b.drain(out, false)
+		}
+		return out
+	case d > 0 && d < ring:
+		b.candN = 0
+		return b.insert(now, seq, size, v, out)
+	case d >= ring && d <= b.window:
+		b.candN = 0
+		b.st.Overflows++
+		out = b.skipTo(seq-uint32(ring-1), out)
+		out = b.drain(out, true)
+		// seq is now within the ring, or next if the drain reached it.
+		return b.Push(now, seq, size, v, out)
+	case d < 0 && -d <= b.window:
+		if -d <= ring {
+			s := &b.ring[seq&b.mask]
+			if s.seq == seq && s.state == slotDelivered {
+				// A look-alike: a duplicate, or a restarted peer reusing numbers.
+				grew := b.extendRun(now, seq)
+				restarting := grew && b.candDups >= restartDups
+				if grew {
+					b.candDups++
+				}
+				if !restarting {
+					b.st.Duplicates++
+					return b.maybeRestart(now, out)
+				}
+				b.st.Late++
+				return b.maybeRestart(now, append(out, v))
+			}
+			if s.state != slotHeld {
+				s.seq, s.state = seq, slotDelivered
+			}
+		}
+		// A plain late packet, most likely from a path slower than the hold time allows; it
+		// neither starts nor breaks a restart run, but it does end a row of look-alikes.
+		b.candDups = 0
+		b.st.Late++
+		return append(out, v)
+	}
+	b.extendRun(now, seq)
+	b.st.Stray++
+	return b.maybeRestart(now, append(out, v))
+}
+
+// extendRun adds seq to the current run of restart candidates, or starts a new run, and
+// reports whether seq is a new member. A repeat of the previous number is not: that is a plain
+// duplicate, not a new stream.
+func (b *Buffer[T]) extendRun(now int64, seq uint32) bool {
+	switch {
+	case b.candN > 0 && seq == b.candLast:
+		return false
+	case b.candN > 0 && abs32(seq-b.cand) < int64(len(b.ring)):
+		b.candN++
+		if int32(seq-b.cand) > 0 {
+			b.cand = seq
+		}
+	default:
+		b.cand, b.candN, b.candAt, b.candDups = seq, 1, now, 0
+	}
+	b.candLast = seq
+	return true
+}
+
+func (b *Buffer[T]) maybeRestart(now int64, out []T) []T {
+	if b.candN >= restartConfirm && now-b.candAt >= b.hold {
+		out = b.restart(out)
+	}
+	return out
+}
+
+func abs32(d uint32) int64 {
+	x := int64(int32(d))
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// insert holds a packet ahead of next, then enforces the bounds.
+func (b *Buffer[T]) insert(now int64, seq uint32, size int, v T, out []T) []T {
+	s := &b.ring[seq&b.mask]
+	if s.state == slotHeld {
+		// Only seq itself can occupy this slot inside the window.
+		b.st.Duplicates++
+		return out
+	}
+	if b.fifoLen == len(b.fifo) {
+		// Entries of delivered packets are dropped lazily, from the head. Dropping them
+		// leaves room: the entries from the oldest held packet on are distinct sequence
+		// numbers in a span of less than two rings.
+		b.oldest()
+		if b.fifoLen == len(b.fifo) {
+			// Cannot happen; should the invariant break, release early rather than lose a
+			// deadline, and take seq again from the top.
+			out = b.forceOldest(out)
+			return b.Push(now, seq, size, v, out)
+		}
+	}
+	*s = slot[T]{v: v, seq: seq, size: int32(size), state: slotHeld}
+	b.count++
+	b.byt += size
+	i := b.fifoHead + b.fifoLen
+	if i >= len(b.fifo) {
+		i -= len(b.fifo)
+	}
+	b.fifo[i] = arrival{at: now, seq: seq}
+	b.fifoLen++
+	for b.count > 0 && (b.count > b.cfg.MaxPackets || b.byt > b.cfg.MaxBytes) {
+		b.st.Overflows++
+		out = b.releaseFirstRun(out)
+	}
+	return out
+}
+
+// markDelivered remembers that seq was delivered without passing through the ring.
+func (b *Buffer[T]) markDelivered(seq uint32) {
+	s := &b.ring[seq&b.mask]
+	var zero T
+	s.v, s.seq, s.state = zero, seq, slotDelivered
+}
+
+// take delivers the held packet in s.
+func (b *Buffer[T]) take(s *slot[T], out []T) []T {
+	out = append(out, s.v)
+	var zero T
+	s.v = zero // drop the reference so the caller's memory is not kept alive
+	s.state = slotDelivered
+	b.count--
+	b.byt -= int(s.size)
+	return out
+}
+
+// drain delivers the held packets consecutive from next.
+func (b *Buffer[T]) drain(out []T, forced bool) []T {
+	for b.count > 0 {
+		s := &b.ring[b.next&b.mask]
+		if s.state != slotHeld || s.seq != b.next {
+			break
+		}
+		out = b.take(s, out)
+		if forced {
+			b.st.AfterGap++
+		} else {
+			b.st.InOrder++
+		}
+		b.next++
+	}
+	return out
+}
+
+// skipTo moves next forward to to, delivering held packets on the way and declaring the
+// missing numbers lost.
+func (b *Buffer[T]) skipTo(to uint32, out []T) []T {
+	for b.next != to {
+		if b.count == 0 {
+			b.st.Lost += uint64(to - b.next)
+			b.next = to
+			break
+		}
+		s := &b.ring[b.next&b.mask]
+		if s.state == slotHeld && s.seq == b.next {
+			out = b.take(s, out)
+			b.st.AfterGap++
+		} else {
+			b.st.Lost++
+		}
+		b.next++
+	}
+	return out
+}
+
+// releaseFirstRun declares the gap at next lost and delivers the run of held packets after it.
+// The buffer must not be empty.
+func (b *Buffer[T]) releaseFirstRun(out []T) []T {
+	for {
+		s := &b.ring[b.next&b.mask]
+		if s.state == slotHeld && s.seq == b.next {
+			break
+		}
+		b.st.Lost++
+		b.next++
+	}
+	return b.drain(out, true)
+}
+
+// oldest returns the FIFO entry of the packet that has waited longest, dropping entries of
+// packets already delivered.
+func (b *Buffer[T]) oldest() (arrival, bool) {
+	for b.fifoLen > 0 {
+		e := b.fifo[b.fifoHead]
+		s := &b.ring[e.seq&b.mask]
+		if s.state == slotHeld && s.seq == e.seq {
+			return e, true
+		}
+		b.fifoHead++
+		if b.fifoHead == len(b.fifo) {
+			b.fifoHead = 0
+		}
+		b.fifoLen--
+	}
+	return arrival{}, false
+}
+
+// forceOldest releases everything up to and including the oldest held packet.
+func (b *Buffer[T]) forceOldest(out []T) []T {
+	e, ok := b.oldest()
+	if !ok {
+		return out
+	}
+	out = b.skipTo(e.seq, out)
+	return b.drain(out, true)
+}
+
+// NextDeadline returns when Expire next has work: the arrival of the oldest held packet plus
+// the hold time. ok is false when nothing is held.
+func (b *Buffer[T]) NextDeadline() (at int64, ok bool) {
+	e, ok := b.oldest()
+	if !ok {
+		return 0, false
+	}
+	return e.at + b.hold, true
+}
+
+// Expire releases every packet that has waited the hold time by now, together with everything
+// before it in sequence order (declaring the gaps lost) and the run after it, and appends them
+// to out in order.
+func (b *Buffer[T]) Expire(now int64, out []T) []T {
+	for {
+		e, ok := b.oldest()
+		if !ok || e.at+b.hold > now {
+			return out
+		}
+		b.st.Timeouts++
+		out = b.skipTo(e.seq, out)
+		out = b.drain(out, true)
+	}
+}
+
+// Flush releases everything held, in order, declaring the gaps lost. The next expected
+// sequence number moves past the last released packet. Use it when the peer goes away.
+func (b *Buffer[T]) Flush(out []T) []T {
+	for b.count > 0 {
+		out = b.releaseFirstRun(out)
+	}
+	b.fifoHead, b.fifoLen = 0, 0
+	return out
+}
+
+// restart handles a peer that restarted its sequence: release what is held, forget what was
+// delivered (old numbers would otherwise look like duplicates of new ones) and continue after
+// the highest stray of the run.
+func (b *Buffer[T]) restart(out []T) []T {
+	out = b.Flush(out)
+	clear(b.ring)
+	b.next = b.cand + 1
+	b.candN = 0
+	b.st.Resets++
+	return out
+}
