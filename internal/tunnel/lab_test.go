@@ -1,0 +1,343 @@
+package tunnel_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	"braid/internal/lab"
+	"braid/internal/lab/labtest"
+	"braid/internal/lab/scenario"
+	"braid/internal/lab/topo"
+	"braid/internal/sock"
+	"braid/internal/traffic"
+	"braid/internal/tun"
+	"braid/internal/tunnel"
+	"braid/internal/tunnel/session"
+)
+
+// multiPath is two hosts a and b joined by n links; link i has a 10.9.i.0/24 and fd09:i::/64
+// subnet, a is .1 and b is .2 on each.
+func multiPath(n int, s topo.Shape) *topo.Topology {
+	tp := &topo.Topology{Name: "tun", Hosts: []topo.Host{{Name: "a"}, {Name: "b"}}}
+	for i := range n {
+		tp.Links = append(tp.Links, topo.Link{
+			A:  topo.Endpoint{Host: "a", Addrs: []netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.9.%d.1/24", i)), netip.MustParsePrefix(fmt.Sprintf("fd09:%d::1/64", i))}},
+			B:  topo.Endpoint{Host: "b", Addrs: []netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.9.%d.2/24", i)), netip.MustParsePrefix(fmt.Sprintf("fd09:%d::2/64", i))}},
+			AB: s, BA: s,
+		})
+	}
+	return tp
+}
+
+// endpoint is one side of a tunnel under test.
+type endpoint struct {
+	host   *lab.Host
+	priv   session.PrivateKey
+	tunnel *tunnel.Tunnel
+	inner4 netip.Addr
+	inner6 netip.Addr
+}
+
+const tunnelPort = 4754
+
+// startTunnels runs a tunnel on a and b over every link, with outer addresses of the given
+// family (4 or 6). Inner addresses: a 10.255.0.1 / fd00:ff::1, b 10.255.0.2 / fd00:ff::2.
+func startTunnels(t *testing.T, l *lab.Lab, outer int, mutate func(side int, o *tunnel.Options)) [2]*endpoint {
+	t.Helper()
+	var eps [2]*endpoint
+	for i, name := range []string{"a", "b"} {
+		k, err := session.GenerateKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		eps[i] = &endpoint{host: l.Host(name), priv: k,
+			inner4: netip.MustParseAddr(fmt.Sprintf("10.255.0.%d", i+1)), inner6: netip.MustParseAddr(fmt.Sprintf("fd00:ff::%d", i+1))}
+	}
+	for i, ep := range eps {
+		other := eps[1-i]
+		opts := tunnel.Options{PrivateKey: ep.priv, MTU: 1400, Reorder: true}
+		peer := tunnel.PeerConfig{Name: "peer", PublicKey: other.priv.Public(),
+			Routes: []netip.Prefix{netip.PrefixFrom(other.inner4, 32), netip.PrefixFrom(other.inner6, 128)}}
+		for j, lk := range l.Links() {
+			local, remote := lk.Spec.A, lk.Spec.B
+			if i == 1 {
+				local, remote = remote, local
+			}
+			la, ra := pickFamily(local.Addrs, outer), pickFamily(remote.Addrs, outer)
+			var c *sock.Conn
+			err := ep.host.NS.Do(func() (err error) {
+				c, err = sock.Listen(netip.AddrPortFrom(la, tunnelPort), "")
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			name := fmt.Sprintf("up%d", j)
+			opts.Uplinks = append(opts.Uplinks, tunnel.Uplink{Name: name, Conn: c})
+			peer.Paths = append(peer.Paths, tunnel.PathConfig{Uplink: name, Remote: netip.AddrPortFrom(ra, tunnelPort)})
+		}
+		opts.Peers = []tunnel.PeerConfig{peer}
+		var dev *tun.Device
+		if err := ep.host.NS.Do(func() (err error) { dev, err = tun.Open("braid0"); return err }); err != nil {
+			t.Fatal(err)
+		}
+		nl := ep.host.NS.Netlink()
+		if err := tun.Configure(nl, "braid0", opts.MTU, []netip.Prefix{netip.PrefixFrom(ep.inner4, 24), netip.PrefixFrom(ep.inner6, 64)}); err != nil {
+			t.Fatal(err)
+		}
+		opts.Device = dev
+		if mutate != nil {
+			mutate(i, &opts)
+		}
+		tn, err := tunnel.New(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ep.tunnel = tn
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- tn.Run(ctx) }()
+		t.Cleanup(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("tunnel %s: %v", ep.host.Name, err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Errorf("tunnel %s did not stop within 10 s", ep.host.Name)
+			}
+		})
+	}
+	return eps
+}
+
+func pickFamily(ps []netip.Prefix, family int) netip.Addr {
+	for _, p := range ps {
+		if p.Addr().Is4() == (family == 4) {
+			return p.Addr()
+		}
+	}
+	panic("no address of the family")
+}
+
+// waitSession waits until both ends can exchange packets over the tunnel.
+func waitUp(t *testing.T, eps [2]*endpoint) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		up := 0
+		for _, ep := range eps {
+			st := ep.tunnel.Status()
+			for _, ps := range st.Peers {
+				n := 0
+				for _, p := range ps.Paths {
+					if p.State == "up" {
+						n++
+					}
+				}
+				if ps.Session && n == len(ps.Paths) {
+					up++
+				}
+			}
+		}
+		if up == 2 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("tunnel not up after 10 s: %+v / %+v", eps[0].tunnel.Status(), eps[1].tunnel.Status())
+}
+
+func serve(t *testing.T, h *lab.Host, addr netip.Addr) string {
+	t.Helper()
+	ap := netip.AddrPortFrom(addr, 5201).String()
+	stop, err := scenario.StartServer(context.Background(), h, ap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return ap
+}
+
+// Data crosses the tunnel intact over 1, 2 and 3 paths, TCP and UDP, for every combination of
+// inner and outer IP version.
+func TestTunnelIntegrity(t *testing.T) {
+	for _, paths := range []int{1, 2, 3} {
+		for _, outer := range []int{4, 6} {
+			t.Run(fmt.Sprintf("%d paths over IPv%d", paths, outer), func(t *testing.T) {
+				l := labtest.Up(t, multiPath(paths, topo.Shape{Rate: 50e6, Delay: 2 * time.Millisecond}))
+				eps := startTunnels(t, l, outer, nil)
+				waitUp(t, eps)
+				for _, inner := range []netip.Addr{eps[1].inner4, eps[1].inner6} {
+					addr := serve(t, eps[1].host, inner)
+					ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+					defer cancel()
+					f, err := traffic.File(ctx, eps[0].host.Dial, addr, traffic.FileOptions{Size: 4 << 20, Seed: uint64(paths)})
+					if err != nil {
+						t.Fatalf("file over IPv%d inner: %v", map[bool]int{true: 4, false: 6}[inner.Is4()], err)
+					}
+					if !f.Intact {
+						t.Errorf("file to %s arrived corrupted: %v", inner, f)
+					}
+					u, err := traffic.UDP(ctx, eps[0].host.Dial, addr, traffic.UDPOptions{Rate: 10e6, Size: 1000, Duration: time.Second})
+					if err != nil {
+						t.Fatalf("udp to %s: %v", inner, err)
+					}
+					if u.LossPercent > 1 {
+						t.Errorf("udp to %s: %v", inner, u)
+					}
+				}
+				st := eps[0].tunnel.Status()
+				for _, p := range st.Peers[0].Paths {
+					if p.TxPackets == 0 {
+						t.Errorf("path %d carried nothing: %+v", p.ID, p)
+					}
+				}
+			})
+		}
+	}
+}
+
+// A peer whose key the other side does not expect gets nothing through.
+func TestTunnelWrongKey(t *testing.T) {
+	l := labtest.Up(t, multiPath(1, topo.Shape{Delay: time.Millisecond}))
+	stranger, _ := session.GenerateKey()
+	eps := startTunnels(t, l, 4, func(side int, o *tunnel.Options) {
+		if side == 0 {
+			o.PrivateKey = stranger // b expects a's real key
+		}
+	})
+	time.Sleep(1500 * time.Millisecond)
+	for _, ep := range eps {
+		if st := ep.tunnel.Status(); st.Peers[0].Session {
+			t.Fatalf("%s established a session with a peer holding the wrong key", ep.host.Name)
+		}
+	}
+	if n := eps[1].tunnel.Status().Counters["drop_handshake"]; n == 0 {
+		t.Error("b did not count the refused handshakes")
+	}
+	addr := serve(t, eps[1].host, eps[1].inner4)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if _, err := traffic.RR(ctx, eps[0].host.Dial, addr, traffic.RROptions{Count: 1}); err == nil {
+		t.Error("traffic crossed a tunnel whose peer key is wrong")
+	}
+	if d := eps[1].tunnel.Status().Counters["delivered"]; d != 0 {
+		t.Errorf("b delivered %d packets from the stranger", d)
+	}
+}
+
+// A silent path is declared down within 300 ms, also on an idle tunnel, and comes back.
+func TestTunnelBlackholeDetected(t *testing.T) {
+	l := labtest.Up(t, multiPath(2, topo.Shape{Delay: 5 * time.Millisecond}))
+	eps := startTunnels(t, l, 4, nil)
+	waitUp(t, eps)
+	lk := l.Links()[1]
+	lk.Cut()
+	cut := time.Now()
+	var downAfter time.Duration
+	for time.Since(cut) < 2*time.Second {
+		if eps[0].tunnel.Status().Peers[0].Paths[1].State == "down" {
+			downAfter = time.Since(cut)
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if downAfter == 0 || downAfter > 300*time.Millisecond {
+		t.Errorf("silent path declared down after %v, want within 300 ms", downAfter)
+	}
+	lk.Restore()
+	waitUp(t, eps)
+	if s := eps[0].tunnel.Status().Peers[0].Paths[0].State; s != "up" {
+		t.Errorf("the other path is %s", s)
+	}
+}
+
+// ping sends a UDP echo request every 10 ms from a to b over the tunnel for d and returns the
+// longest time without a reply.
+func ping(t *testing.T, ctx context.Context, eps [2]*endpoint, d time.Duration) time.Duration {
+	t.Helper()
+	pc, err := eps[1].host.ListenPacket("udp", netip.AddrPortFrom(eps[1].inner4, 7).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo(buf[:n], from)
+		}
+	}()
+	c, err := eps[0].host.Dial(ctx, "udp", netip.AddrPortFrom(eps[1].inner4, 7).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	got := make(chan time.Time, 1024)
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			if _, err := c.Read(buf); err != nil {
+				close(got)
+				return
+			}
+			got <- time.Now()
+		}
+	}()
+	start := time.Now()
+	last := start
+	var worst time.Duration
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for time.Since(start) < d {
+		select {
+		case at := <-got:
+			worst = max(worst, at.Sub(last))
+			last = at
+		case <-tick.C:
+			c.Write([]byte("ping"))
+		}
+	}
+	return max(worst, time.Since(last))
+}
+
+// Cutting one of two paths during a TCP transfer keeps the transfer alive and intact, and a
+// 10 ms ping through the tunnel never goes more than 300 ms without a reply.
+func TestTunnelFailover(t *testing.T) {
+	l := labtest.Up(t, multiPath(2, topo.Shape{Rate: 20e6, Delay: 5 * time.Millisecond}))
+	eps := startTunnels(t, l, 4, nil)
+	waitUp(t, eps)
+	addr := serve(t, eps[1].host, eps[1].inner4)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cutAt := time.AfterFunc(1500*time.Millisecond, l.Links()[0].Cut)
+	defer cutAt.Stop()
+	fileDone := make(chan traffic.FileResult, 1)
+	go func() {
+		f, err := traffic.File(ctx, eps[0].host.Dial, addr, traffic.FileOptions{Size: 8 << 20, Seed: 3})
+		if err != nil {
+			t.Errorf("transfer across the cut: %v", err)
+		}
+		fileDone <- f
+	}()
+	worst := ping(t, ctx, eps, 3*time.Second)
+	if worst > 300*time.Millisecond {
+		t.Errorf("longest time without a ping reply across the cut: %v, want under 300 ms", worst)
+	}
+	f := <-fileDone
+	if !f.Intact {
+		t.Errorf("transfer across the cut: %v", f)
+	}
+	t.Logf("longest ping gap %v; transfer %v", worst, f)
+	if s := eps[0].tunnel.Status().Peers[0].Paths[0].State; s != "down" {
+		t.Errorf("the cut path is %s", s)
+	}
+}

@@ -1,0 +1,283 @@
+package tunnel
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"braid/internal/sched"
+	"braid/internal/tunnel/path"
+	"braid/internal/tunnel/reorder"
+	"braid/internal/tunnel/session"
+	"braid/internal/wire/mpath"
+)
+
+// Handshake and session timing.
+const (
+	handshakeRetry = 500 * time.Millisecond // resend an unanswered initiation
+	rekeyAfter     = 2 * time.Minute        // the initiator starts a new handshake
+	rejectAfter    = 3 * time.Minute        // a session older than this is not used to send
+	keepPrevious   = 10 * time.Second       // how long the previous session still opens packets
+)
+
+// peer is one remote site: its paths, sessions, reorder buffer and scheduler.
+type peer struct {
+	t      *Tunnel
+	name   string
+	pub    session.PublicKey
+	routes []netip.Prefix
+
+	cur   atomic.Pointer[liveSession] // the session packets are sent with
+	txSeq atomic.Uint32               // data sequence for the peer's reorder buffer
+
+	mu       sync.Mutex // guards what follows
+	paths    []*peerPath
+	snap     []sched.Path // scratch for the scheduler
+	sch      scheduler
+	prev     *liveSession // still opens packets for keepPrevious after a rekey
+	pending  *liveSession // made as responder, used to send once the initiator is heard on it
+	hs       *session.Initiator
+	hsIndex  uint32
+	hsSent   int64
+	lastInit session.Timestamp // newest initiation accepted from the peer
+	rb       *reorder.Buffer[*packetBuf]
+	released []*packetBuf
+}
+
+// liveSession is a session with its birth time.
+type liveSession struct {
+	s       *session.Session
+	created int64
+}
+
+// peerPath is one path to the peer.
+type peerPath struct {
+	id       uint8
+	up       *uplink
+	remote   netip.AddrPort
+	weight   float64
+	capacity uint64
+	est      *path.Estimator
+	admin    bool // operator set it down
+
+	// receive counters reported to the peer in probe replies
+	rxBytes   uint64
+	rxPackets uint32
+
+	txBytes, txPackets, txDrops atomic.Uint64
+}
+
+// scheduler is what the tunnel needs of a path scheduler.
+type scheduler interface {
+	Pick(now int64, paths []sched.Path, size int) (int, bool)
+}
+
+// newScheduler returns the named scheduler. The default is paced when every path's capacity is
+// known, and weighted round robin otherwise: pacing at a guessed capacity would cap a faster path
+// at the guess.
+func newScheduler(name string, paths []PathConfig) (scheduler, error) {
+	if name == "" {
+		name = "paced"
+		for _, pc := range paths {
+			if pc.Capacity == 0 {
+				name = "wrr"
+			}
+		}
+	}
+	switch name {
+	case "paced":
+		return sched.NewPaced(sched.PacedConfig{}.Defaults())
+	case "wrr":
+		return &sched.WRR{}, nil
+	case "minrtt":
+		return &sched.MinRTT{}, nil
+	}
+	return nil, fmt.Errorf("tunnel: unknown scheduler %q (paced, wrr or minrtt)", name)
+}
+
+func newPeer(t *Tunnel, pc PeerConfig, now int64) (*peer, error) {
+	if pc.PublicKey.IsZero() {
+		return nil, fmt.Errorf("tunnel: peer %s has no public key", pc.Name)
+	}
+	sch, err := newScheduler(t.o.Scheduler, pc.Paths)
+	if err != nil {
+		return nil, err
+	}
+	p := &peer{t: t, name: pc.Name, pub: pc.PublicKey, routes: pc.Routes, sch: sch}
+	p.txSeq.Store(randUint32())
+	if t.o.Reorder {
+		if p.rb, err = reorder.New[*packetBuf](t.o.ReorderCfg); err != nil {
+			return nil, fmt.Errorf("tunnel: peer %s: %w", pc.Name, err)
+		}
+	}
+	if len(pc.Paths) == 0 || len(pc.Paths) > 254 {
+		return nil, fmt.Errorf("tunnel: peer %s has %d paths (1 to 254)", pc.Name, len(pc.Paths))
+	}
+	for i, cfg := range pc.Paths {
+		u := t.uplinks[cfg.Uplink]
+		if u == nil {
+			return nil, fmt.Errorf("tunnel: peer %s path %d: no uplink %q", pc.Name, i+1, cfg.Uplink)
+		}
+		p.paths = append(p.paths, &peerPath{
+			id: uint8(i), up: u, remote: cfg.Remote, weight: cfg.Weight, capacity: cfg.Capacity,
+			est: path.New(t.o.Path, now),
+		})
+	}
+	p.snap = make([]sched.Path, len(p.paths))
+	return p, nil
+}
+
+// pathFrom returns the path that arrives on uplink u from src.
+func (p *peer) pathFrom(u *uplink, src netip.AddrPort) *peerPath {
+	src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
+	for _, pp := range p.paths {
+		if pp.up == u && pp.remote == src {
+			return pp
+		}
+	}
+	return nil
+}
+
+// pacer is a scheduler that can say when a path will have room.
+type pacer interface {
+	Next(now int64, paths []sched.Path, size int) (index int, at int64, ok bool)
+}
+
+// pick chooses the path for a packet of size bytes; it returns nil when none is usable. With a
+// pacing scheduler it may return a time at which to send instead (wait > 0): the caller sleeps
+// and asks again, which paces the device reader to the paths' capacity.
+func (p *peer) pick(now int64, size int) (pp *peerPath, wait int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.snapshotLocked(now)
+	if pc, ok := p.sch.(pacer); ok {
+		i, at, ok := pc.Next(now, p.snap, size)
+		if !ok {
+			return nil, 0
+		}
+		if at > now {
+			return nil, at - now
+		}
+		return p.paths[i], 0
+	}
+	i, ok := p.sch.Pick(now, p.snap, size)
+	if !ok {
+		return nil, 0
+	}
+	return p.paths[i], 0
+}
+
+// snapshotLocked fills p.snap for the scheduler. A path that is still Up but has gone quiet
+// for longer than a probe round trip should take is avoided while another path is fresh: a
+// path that has just died would otherwise swallow data until the estimator declares it down.
+func (p *peer) snapshotLocked(now int64) {
+	fresh := false
+	for i, pp := range p.paths {
+		s := pp.est.Snapshot()
+		up := s.State == path.Up && !pp.admin
+		quiet := up && now-s.LastHeard > p.quietAfter(s)
+		p.snap[i] = sched.Path{
+			ID: i, Up: up && !quiet, Weight: pp.weight,
+			Capacity: float64(pp.capacity), SRTT: s.SRTT, RTTVar: s.RTTVar,
+		}
+		fresh = fresh || (up && !quiet)
+	}
+	if !fresh { // every live path is quiet: use them all rather than none
+		for i, pp := range p.paths {
+			s := pp.est.Snapshot()
+			p.snap[i].Up = s.State == path.Up && !pp.admin
+		}
+	}
+}
+
+// quietAfter is how long a path may stay unheard before it is avoided: one probe interval plus
+// a round trip with its variation, plus a little slack for the probe timer.
+func (p *peer) quietAfter(s path.Snapshot) int64 {
+	return int64(p.t.o.Path.ProbeInterval + s.SRTT + 4*s.RTTVar + 5*time.Millisecond)
+}
+
+// handshake starts (or repeats) an initiation on every path when one is due.
+func (p *peer) handshake(now int64) {
+	p.mu.Lock()
+	cur := p.cur.Load()
+	need := cur == nil || time.Duration(now-cur.created) > rekeyAfter
+	if !need || (p.hs != nil && time.Duration(now-p.hsSent) < handshakeRetry) {
+		p.mu.Unlock()
+		return
+	}
+	if p.hs != nil {
+		p.t.dropIndex(p.hsIndex)
+	}
+	idx := p.t.reserveIndex(p)
+	hs, msg, err := session.Initiate(p.t.priv, p.pub, idx, time.Now())
+	if err != nil {
+		p.t.dropIndex(idx)
+		p.mu.Unlock()
+		p.t.log.Error("handshake", "peer", p.name, "err", err)
+		return
+	}
+	p.hs, p.hsIndex, p.hsSent = hs, idx, now
+	paths := append([]*peerPath(nil), p.paths...)
+	p.mu.Unlock()
+	p.t.stats.HandshakesSent.Add(1)
+	for _, pp := range paths {
+		p.t.sendClear(pp, 0, mpath.TypeHandshakeInit, msg)
+	}
+}
+
+// installInitiated makes the session of a completed initiation current.
+func (p *peer) installInitiated(now int64, k session.Keys, remoteIdx uint32) {
+	p.mu.Lock()
+	s := session.New(k, p.hsIndex, remoteIdx)
+	p.t.setSession(p.hsIndex, s, p)
+	p.hs = nil
+	p.rotateLocked(&liveSession{s: s, created: now})
+	p.mu.Unlock()
+	p.t.log.Info("session up", "peer", p.name, "role", "initiator")
+}
+
+// rotateLocked makes ls current and keeps the one before it for keepPrevious.
+func (p *peer) rotateLocked(ls *liveSession) {
+	if old := p.prev; old != nil {
+		p.t.dropIndex(old.s.LocalIndex)
+	}
+	p.prev = p.cur.Swap(ls)
+	if p.pending != nil && p.pending != ls {
+		p.t.dropIndex(p.pending.s.LocalIndex)
+	}
+	p.pending = nil
+}
+
+// confirm is called when a packet opened with s: a pending responder session becomes current.
+func (p *peer) confirm(s *session.Session) {
+	p.mu.Lock()
+	if p.pending != nil && p.pending.s == s {
+		p.rotateLocked(p.pending)
+		p.t.log.Info("session up", "peer", p.name, "role", "responder")
+	}
+	p.mu.Unlock()
+}
+
+// expire drops sessions past their time.
+func (p *peer) expire(now int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.prev != nil && time.Duration(now-p.prev.created) > rejectAfter+keepPrevious {
+		p.t.dropIndex(p.prev.s.LocalIndex)
+		p.prev = nil
+	}
+	if cur := p.cur.Load(); cur != nil && time.Duration(now-cur.created) > rejectAfter {
+		p.t.dropIndex(cur.s.LocalIndex)
+		p.cur.Store(nil)
+	}
+}
+
+func randUint32() uint32 {
+	var b [4]byte
+	rand.Read(b[:])
+	return binary.BigEndian.Uint32(b[:])
+}

@@ -1,0 +1,147 @@
+package tunnel
+
+import (
+	"sync/atomic"
+	"time"
+
+	"braid/internal/tunnel/path"
+)
+
+// Counters are the tunnel's packet counters; drops are counted by reason, never logged one by
+// one.
+type Counters struct {
+	RxPackets, RxBytes atomic.Uint64 // datagrams received on all uplinks
+	TxPackets, TxBytes atomic.Uint64 // datagrams sent
+	Delivered          atomic.Uint64 // inner packets written to the device
+
+	DropNoRoute        atomic.Uint64 // inner destination in no peer's routes
+	DropNoSession      atomic.Uint64 // no session with the peer yet
+	DropNoPath         atomic.Uint64 // every path to the peer is down
+	DropSend           atomic.Uint64 // a path's socket buffer was full or the send failed
+	DropBadGRE         atomic.Uint64 // truncated, wrong version, reserved bits, or not braid's GRE
+	DropBadHeader      atomic.Uint64 // braid header or message malformed
+	DropUnknownSession atomic.Uint64 // no session has the packet's key (index)
+	DropReplay         atomic.Uint64 // counter (or handshake) replayed or too old
+	DropAuth           atomic.Uint64 // did not authenticate: wrong key or tampered
+	DropUnknownPath    atomic.Uint64 // authenticated, from an address that is none of the peer's paths
+	DropBadInner       atomic.Uint64 // inner packet neither IPv4 nor IPv6
+	DropSpoofed        atomic.Uint64 // inner source outside the peer's routes
+	DropHandshake      atomic.Uint64 // handshake message refused
+	DropDevice         atomic.Uint64 // the device refused a write
+
+	HandshakesSent, HandshakesDone atomic.Uint64
+}
+
+// Status is a snapshot of the tunnel for `braid status` and the metrics endpoint.
+type Status struct {
+	PublicKey string
+	Uptime    time.Duration
+	Counters  map[string]uint64
+	Peers     []PeerStatus
+}
+
+// PeerStatus describes one peer.
+type PeerStatus struct {
+	Name        string
+	Session     bool
+	SessionAge  time.Duration
+	ReorderHold time.Duration
+	Paths       []PathStatus
+}
+
+// PathStatus describes one path to a peer.
+type PathStatus struct {
+	ID                     int
+	Uplink                 string
+	Remote                 string
+	State                  string
+	AdminDown              bool
+	RTT, RTTVar            time.Duration
+	Loss                   float64
+	Rate                   float64 // delivery rate measured by the peer, bit/s
+	TxPackets, TxBytes     uint64
+	TxDrops                uint64
+	RxPackets, RxBytes     uint64
+	ProbesSent, ProbesLost uint64
+}
+
+// Status returns a snapshot.
+func (t *Tunnel) Status() Status {
+	now := t.now()
+	st := Status{PublicKey: t.pub.String(), Uptime: time.Since(t.start), Counters: t.stats.snapshot()}
+	for _, p := range t.peers {
+		ps := PeerStatus{Name: p.name}
+		if cur := p.cur.Load(); cur != nil {
+			ps.Session, ps.SessionAge = true, time.Duration(now-cur.created)
+		}
+		p.mu.Lock()
+		if p.rb != nil {
+			ps.ReorderHold = p.rb.Hold()
+		}
+		for _, pp := range p.paths {
+			s := pp.est.Snapshot()
+			ps.Paths = append(ps.Paths, PathStatus{
+				ID: int(pp.id) + 1, Uplink: pp.up.name, Remote: pp.remote.String(),
+				State: stateName(s.State, pp.admin), AdminDown: pp.admin,
+				RTT: s.SRTT, RTTVar: s.RTTVar, Loss: s.Loss, Rate: s.DeliveryRate,
+				TxPackets: pp.txPackets.Load(), TxBytes: pp.txBytes.Load(), TxDrops: pp.txDrops.Load(),
+				RxPackets: uint64(pp.rxPackets), RxBytes: pp.rxBytes,
+				ProbesSent: s.ProbesSent, ProbesLost: s.ProbesLost,
+			})
+		}
+		p.mu.Unlock()
+		st.Peers = append(st.Peers, ps)
+	}
+	return st
+}
+
+func stateName(s path.State, admin bool) string {
+	if admin {
+		return "admin-down"
+	}
+	return s.String()
+}
+
+func (c *Counters) snapshot() map[string]uint64 {
+	return map[string]uint64{
+		"rx_packets": c.RxPackets.Load(), "rx_bytes": c.RxBytes.Load(),
+		"tx_packets": c.TxPackets.Load(), "tx_bytes": c.TxBytes.Load(), "delivered": c.Delivered.Load(),
+		"drop_no_route": c.DropNoRoute.Load(), "drop_no_session": c.DropNoSession.Load(),
+		"drop_no_path": c.DropNoPath.Load(), "drop_send": c.DropSend.Load(),
+		"drop_bad_gre": c.DropBadGRE.Load(), "drop_bad_header": c.DropBadHeader.Load(),
+		"drop_unknown_session": c.DropUnknownSession.Load(), "drop_replay": c.DropReplay.Load(),
+		"drop_auth": c.DropAuth.Load(), "drop_unknown_path": c.DropUnknownPath.Load(),
+		"drop_bad_inner": c.DropBadInner.Load(), "drop_spoofed": c.DropSpoofed.Load(),
+		"drop_handshake": c.DropHandshake.Load(), "drop_device": c.DropDevice.Load(),
+		"handshakes_sent": c.HandshakesSent.Load(), "handshakes_done": c.HandshakesDone.Load(),
+	}
+}
+
+// SetAdminDown takes a path out of use (true) or back (false); it is effective for the next
+// packet. peerName and id (1-based) name the path.
+func (t *Tunnel) SetAdminDown(peerName string, id int, down bool) bool {
+	for _, p := range t.peers {
+		if p.name != peerName || id < 1 || id > len(p.paths) {
+			continue
+		}
+		p.mu.Lock()
+		p.paths[id-1].admin = down
+		p.mu.Unlock()
+		return true
+	}
+	return false
+}
+
+// SetWeight sets a path's weight (0: from measured capacity); effective for the next packet.
+func (t *Tunnel) SetWeight(peerName string, id int, w float64) bool {
+	for _, p := range t.peers {
+		if p.name != peerName || id < 1 || id > len(p.paths) {
+			continue
+		}
+		p.mu.Lock()
+		p.paths[id-1].weight = w
+		p.mu.Unlock()
+		return true
+	}
+	return false
+}

@@ -1,0 +1,266 @@
+// Package tunnel is braid's multipath L3 tunnel (MPT-GRE and beyond): IP packets read from a
+// TUN device are sealed and spread over several UDP paths to a peer site in GRE-in-UDP, put back
+// in order at the far side and written to its TUN device. Every path is probed, also when the
+// tunnel is idle, so a dead path is noticed in milliseconds and a live one comes back by itself.
+//
+// The wire format is in docs/tunnel-wire.md. This package is the control side and the packet
+// loops; the pure pieces live in session (keys, handshake, sealing), path (liveness and RTT),
+// reorder (the receive buffer) and sched (path choice).
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"braid/internal/tunnel/path"
+	"braid/internal/tunnel/reorder"
+	"braid/internal/tunnel/session"
+	"braid/internal/wire/gre"
+	"braid/internal/wire/mpath"
+)
+
+// Device is the tunnel's TUN interface: one IP packet per call.
+type Device interface {
+	Read(b []byte) (int, error)
+	Write(b []byte) (int, error)
+	Close() error
+}
+
+// Conn is one uplink's UDP socket. Send never blocks: a full buffer is an error the tunnel
+// counts as a drop on that path.
+type Conn interface {
+	ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error)
+	Send(b []byte, dst netip.AddrPort) error
+	Close() error
+}
+
+// Uplink is one of the site's own paths: a socket bound to one of its addresses.
+type Uplink struct {
+	Name string
+	Conn Conn
+}
+
+// PeerConfig is one remote site.
+type PeerConfig struct {
+	Name      string
+	PublicKey session.PublicKey
+	Routes    []netip.Prefix // inner destinations sent to this peer (and inner sources accepted from it)
+	Paths     []PathConfig
+}
+
+// PathConfig is one path to a peer: a local uplink and the peer's address on it.
+type PathConfig struct {
+	Uplink   string
+	Remote   netip.AddrPort
+	Weight   float64 // 0: from measured capacity
+	Capacity uint64  // bit/s hint for the scheduler; 0 unknown
+}
+
+// Options configure a tunnel.
+type Options struct {
+	PrivateKey session.PrivateKey
+	Device     Device
+	MTU        int // of the TUN device: the largest inner packet
+	Uplinks    []Uplink
+	Peers      []PeerConfig
+	Path       path.Config
+	Reorder    bool
+	ReorderCfg reorder.Config
+	Scheduler  string // "paced" (default), "wrr", "minrtt"
+	Logger     *slog.Logger
+}
+
+// Overhead is what the tunnel adds to an inner packet, before the outer IP and UDP headers.
+const Overhead = headroom + session.Overhead
+
+// headroom is the space kept in front of an inner packet for the headers written in place.
+const headroom = greLen + mpath.HeaderLen + mpath.DataPrefixLen
+
+const greLen = 8 // GRE with the K bit
+
+// Tunnel is a running multipath tunnel.
+type Tunnel struct {
+	o       Options
+	log     *slog.Logger
+	priv    session.PrivateKey
+	pub     session.PublicKey
+	uplinks map[string]*uplink
+	peers   []*peer
+	routes  []route // longest prefix first
+
+	mu       sync.Mutex // guards sessions
+	sessions map[uint32]*sessionRef
+
+	stats   Counters
+	start   time.Time
+	closing atomic.Bool
+	wg      sync.WaitGroup
+}
+
+type uplink struct {
+	name string
+	conn Conn
+}
+
+type route struct {
+	prefix netip.Prefix
+	peer   *peer
+}
+
+type sessionRef struct {
+	s    *session.Session
+	peer *peer
+}
+
+// New checks the options and prepares a tunnel; Run starts it.
+func New(o Options) (*Tunnel, error) {
+	if o.PrivateKey.IsZero() {
+		return nil, errors.New("tunnel: no private key (run 'braid keygen')")
+	}
+	if o.Device == nil {
+		return nil, errors.New("tunnel: no device")
+	}
+	if o.MTU == 0 {
+		o.MTU = 1400
+	}
+	if o.MTU < 576 || o.MTU > 65535-Overhead-48 {
+		return nil, fmt.Errorf("tunnel: MTU %d outside 576..%d", o.MTU, 65535-Overhead-48)
+	}
+	o.Path = o.Path.WithDefaults()
+	if err := o.Path.Validate(); err != nil {
+		return nil, fmt.Errorf("tunnel: %w", err)
+	}
+	o.ReorderCfg = o.ReorderCfg.Defaults()
+	if err := o.ReorderCfg.Validate(); err != nil {
+		return nil, fmt.Errorf("tunnel: %w", err)
+	}
+	t := &Tunnel{
+		o: o, log: o.Logger, priv: o.PrivateKey, pub: o.PrivateKey.Public(),
+		uplinks: map[string]*uplink{}, sessions: map[uint32]*sessionRef{}, start: time.Now(),
+	}
+	if t.log == nil {
+		t.log = slog.New(slog.DiscardHandler)
+	}
+	for _, u := range o.Uplinks {
+		if _, dup := t.uplinks[u.Name]; dup {
+			return nil, fmt.Errorf("tunnel: uplink %q twice", u.Name)
+		}
+		t.uplinks[u.Name] = &uplink{name: u.Name, conn: u.Conn}
+	}
+	now := t.now()
+	for _, pc := range o.Peers {
+		p, err := newPeer(t, pc, now)
+		if err != nil {
+			return nil, err
+		}
+		t.peers = append(t.peers, p)
+		for _, r := range pc.Routes {
+			t.routes = append(t.routes, route{prefix: r.Masked(), peer: p})
+		}
+	}
+	// Longest prefix first, so the first match is the best.
+	for i := 1; i < len(t.routes); i++ {
+		for j := i; j > 0 && t.routes[j].prefix.Bits() > t.routes[j-1].prefix.Bits(); j-- {
+			t.routes[j], t.routes[j-1] = t.routes[j-1], t.routes[j]
+		}
+	}
+	return t, nil
+}
+
+// now is the tunnel's monotonic clock in nanoseconds.
+func (t *Tunnel) now() int64 { return int64(time.Since(t.start)) + 1 }
+
+// micros is the timestamp carried in packets: the monotonic clock in microseconds, wrapping.
+func (t *Tunnel) micros(now int64) uint32 { return uint32(now / 1000) }
+
+// Run moves packets until ctx ends or the device fails, then closes the device and sockets.
+func (t *Tunnel) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1+len(t.uplinks))
+	t.wg.Go(func() { errc <- t.readDevice() })
+	for _, u := range t.uplinks {
+		t.wg.Go(func() { errc <- t.readUplink(u) })
+	}
+	t.wg.Go(func() { t.timers(ctx) })
+	t.log.Info("tunnel up", "peers", len(t.peers), "uplinks", len(t.uplinks), "mtu", t.o.MTU, "public_key", t.pub.String())
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	t.closing.Store(true)
+	cancel()
+	t.o.Device.Close()
+	for _, u := range t.uplinks {
+		u.conn.Close()
+	}
+	t.wg.Wait()
+	t.log.Info("tunnel down")
+	if err != nil && !t.isClosedErr(err) {
+		return err
+	}
+	return nil
+}
+
+func (t *Tunnel) isClosedErr(err error) bool { return t.closing.Load() || err == nil }
+
+// lookup returns the peer whose routes hold dst.
+func (t *Tunnel) lookup(dst netip.Addr) *peer {
+	for _, r := range t.routes {
+		if r.prefix.Contains(dst) {
+			return r.peer
+		}
+	}
+	return nil
+}
+
+// newIndex allocates a receiver index for a session of p.
+func (t *Tunnel) newIndex(p *peer, s func(idx uint32) *session.Session) (*session.Session, uint32) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for {
+		idx := randUint32()
+		if idx == 0 {
+			continue
+		}
+		if _, used := t.sessions[idx]; used {
+			continue
+		}
+		sess := s(idx)
+		t.sessions[idx] = &sessionRef{s: sess, peer: p}
+		return sess, idx
+	}
+}
+
+func (t *Tunnel) reserveIndex(p *peer) uint32 {
+	_, idx := t.newIndex(p, func(uint32) *session.Session { return nil })
+	return idx
+}
+
+func (t *Tunnel) setSession(idx uint32, s *session.Session, p *peer) {
+	t.mu.Lock()
+	t.sessions[idx] = &sessionRef{s: s, peer: p}
+	t.mu.Unlock()
+}
+
+func (t *Tunnel) dropIndex(idx uint32) {
+	t.mu.Lock()
+	delete(t.sessions, idx)
+	t.mu.Unlock()
+}
+
+func (t *Tunnel) sessionFor(idx uint32) *sessionRef {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.sessions[idx]
+}
+
+// greBraid is the GRE header of every braid-mode packet but the key.
+var greBraid = gre.Header{KeyPresent: true, Protocol: gre.ProtoBraid}
