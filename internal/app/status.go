@@ -1,0 +1,84 @@
+package app
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"text/tabwriter"
+	"time"
+
+	"braid/internal/config"
+	"braid/internal/metrics"
+	"braid/internal/units"
+)
+
+func init() {
+	commands["status"] = command{summary: "show a running role's state: paths, RTT, loss, rate, bytes", run: runStatus}
+}
+
+const statusDoc = `Usage: braid status [--addr HOST:PORT] [--json]
+
+Reads the status endpoint of a running braid role (its 'metrics' address) and prints it as a
+table: for the tunnel, every peer with its session and every path with its state, round-trip
+time, loss, delivery rate and counters, then the tunnel's drop counters by reason.
+
+Example:
+  braid status
+  braid status --addr 127.0.0.1:9473 --json
+`
+
+func runStatus(e env, args []string) int {
+	fs := newFlags(e, "braid status", statusDoc)
+	addr := fs.String("addr", config.TunnelDefaults().Metrics.String(), "the role's status `ADDRESS`")
+	asJSON := fs.Bool("json", false, "print the raw JSON")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	client := http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Get("http://" + *addr + "/status")
+	if err != nil {
+		fmt.Fprintf(e.stderr, "braid status: is a braid role running with metrics on %s? %v\n", *addr, err)
+		return exitError
+	}
+	defer resp.Body.Close()
+	var doc statusReport
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+		fmt.Fprintf(e.stderr, "braid status: %s: %v\n", *addr, err)
+		return exitError
+	}
+	if *asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(doc)
+		return exitOK
+	}
+	if doc.Tunnel == nil {
+		fmt.Fprintf(e.stdout, "role %s\n", doc.Role)
+		return exitOK
+	}
+	st := doc.Tunnel
+	fmt.Fprintf(e.stdout, "tunnel, public key %s, up %s\n", st.PublicKey, st.Uptime.Round(time.Second))
+	for _, p := range st.Peers {
+		session := "no session"
+		if p.Session {
+			session = "session " + p.SessionAge.Round(time.Second).String() + " old"
+		}
+		fmt.Fprintf(e.stdout, "\npeer %s: %s, reorder hold %v\n", p.Name, session, p.ReorderHold)
+		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "PATH\tUPLINK\tREMOTE\tSTATE\tRTT\tLOSS\tRATE\tTX\tRX\tTX DROPS")
+		for _, pa := range p.Paths {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.1f ms\t%.1f %%\t%s\t%d B\t%d B\t%d\n", pa.ID, pa.Uplink, pa.Remote, pa.State,
+				float64(pa.RTT)/1e6, 100*pa.Loss, units.FormatRate(uint64(pa.Rate)), pa.TxBytes, pa.RxBytes, pa.TxDrops)
+		}
+		tw.Flush()
+	}
+	fmt.Fprintln(e.stdout)
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	for _, k := range metrics.SortedKeys(st.Counters) {
+		if v := st.Counters[k]; v != 0 {
+			fmt.Fprintf(tw, "%s\t%d\n", k, v)
+		}
+	}
+	tw.Flush()
+	return exitOK
+}

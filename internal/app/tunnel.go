@@ -1,0 +1,447 @@
+package app
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"braid/internal/config"
+	"braid/internal/metrics"
+	"braid/internal/sock"
+	"braid/internal/tun"
+	"braid/internal/tunnel"
+	"braid/internal/tunnel/path"
+	"braid/internal/tunnel/reorder"
+
+	"github.com/vishvananda/netlink"
+)
+
+func init() {
+	commands["tunnel"] = command{summary: "multipath L3 tunnel between sites (MPT-GRE): run it, or change its paths", run: runTunnel}
+}
+
+const tunnelDoc = `Usage: braid tunnel --config FILE [--log-format text|json] [--verbose]
+       braid tunnel check --config FILE
+       braid tunnel path up|down PEER PATH [--control SOCKET]
+       braid tunnel path weight PEER PATH WEIGHT [--control SOCKET]
+
+braid tunnel carries the IP packets of a TUN interface to other sites over several UDP paths at
+once (GRE-in-UDP, RFC 8086), so that one flow gets the sum of the paths and survives the loss of
+any of them. Packets are sealed with ChaCha20-Poly1305 under keys from a Noise IK handshake
+between the sites' X25519 keys ('braid keygen'); every path is probed every 50 ms, also when the
+tunnel is idle, and a silent path is taken out of use within 300 ms and comes back by itself.
+
+The site file's [tunnel] section describes the TUN interface, the site's uplinks and its peers
+(see the example in internal/config/testdata/site-a.toml). 'check' validates it and exits. The
+running tunnel serves its status and Prometheus metrics on the 'metrics' address ('braid status'
+reads it) and takes path changes on its 'control' socket; a change applies to the next packet.
+
+Example:
+  braid keygen --out /etc/braid/site-a.key
+  braid tunnel check --config /etc/braid/site.toml
+  braid tunnel --config /etc/braid/site.toml
+  braid tunnel path down site-b 2
+  braid status
+`
+
+func runTunnel(e env, args []string) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "check":
+			return tunnelCheck(e, args[1:])
+		case "path":
+			return tunnelPath(e, args[1:])
+		case "run":
+			args = args[1:]
+		}
+	}
+	fs := newFlags(e, "braid tunnel", tunnelDoc)
+	file := fs.String("config", "", "the site `FILE` (TOML)")
+	format := fs.String("log-format", "text", "log format: text or json")
+	verbose := fs.Bool("verbose", false, "log debug messages too")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if *file == "" || fs.NArg() > 0 {
+		fmt.Fprintln(e.stderr, "braid tunnel: expected --config FILE (see 'braid tunnel --help')")
+		return exitUsage
+	}
+	log, err := newLogger(e, *format, *verbose)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "braid tunnel: %v\n", err)
+		return exitUsage
+	}
+	cfg, err := loadTunnelConfig(*file)
+	if err != nil {
+		return configFail(e, "tunnel", err)
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	if err := serveTunnel(ctx, cfg, log); err != nil {
+		fmt.Fprintf(e.stderr, "braid tunnel: %v\n", err)
+		return exitError
+	}
+	return exitOK
+}
+
+func newLogger(e env, format string, verbose bool) (*slog.Logger, error) {
+	o := &slog.HandlerOptions{Level: slog.LevelInfo}
+	if verbose {
+		o.Level = slog.LevelDebug
+	}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(e.stderr, o)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(e.stderr, o)), nil
+	}
+	return nil, fmt.Errorf("log format %q is not text or json", format)
+}
+
+// systemEnv is the machine as config validation sees it.
+type systemEnv struct{}
+
+func (systemEnv) InterfaceExists(name string) bool {
+	_, err := net.InterfaceByName(name)
+	return err == nil
+}
+
+func (systemEnv) ReadFile(name string) ([]byte, error) { return os.ReadFile(name) }
+
+func loadTunnelConfig(file string) (*config.Tunnel, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	return config.LoadTunnel(file, data, systemEnv{})
+}
+
+// configFail prints a config error, one problem per line.
+func configFail(e env, role string, err error) int {
+	fmt.Fprintf(e.stderr, "braid %s: the configuration is not valid:\n", role)
+	var joined interface{ Unwrap() []error }
+	if errors.As(err, &joined) {
+		for _, x := range joined.Unwrap() {
+			fmt.Fprintf(e.stderr, "  %v\n", x)
+		}
+	} else {
+		fmt.Fprintf(e.stderr, "  %v\n", err)
+	}
+	return exitError
+}
+
+func tunnelCheck(e env, args []string) int {
+	fs := newFlags(e, "braid tunnel check", tunnelDoc)
+	file := fs.String("config", "", "the site `FILE` (TOML)")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if *file == "" {
+		fmt.Fprintln(e.stderr, "braid tunnel check: expected --config FILE")
+		return exitUsage
+	}
+	cfg, err := loadTunnelConfig(*file)
+	if err != nil {
+		return configFail(e, "tunnel", err)
+	}
+	fmt.Fprintf(e.stdout, "%s: valid: mode %s, %d uplinks, %d peers\n", *file, cfg.Mode, len(cfg.Uplinks), len(cfg.Peers))
+	return exitOK
+}
+
+// tunnelMTU derives the TUN MTU from the uplinks: the smallest interface MTU less the outer
+// IP and UDP headers and the tunnel's own overhead.
+func tunnelMTU(cfg *config.Tunnel) int {
+	if cfg.MTU != 0 {
+		return cfg.MTU
+	}
+	mtu := 0
+	for _, u := range cfg.Uplinks {
+		link := 1500
+		if u.Interface != "" {
+			if ifc, err := net.InterfaceByName(u.Interface); err == nil {
+				link = ifc.MTU
+			}
+		}
+		outer := 20 + 8
+		if u.Address.Is6() {
+			outer = 40 + 8
+		}
+		if m := link - outer - tunnel.Overhead; mtu == 0 || m < mtu {
+			mtu = m
+		}
+	}
+	return max(mtu, 1280)
+}
+
+// serveTunnel builds the tunnel from cfg in this process's network namespace and runs it until
+// ctx ends.
+func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) error {
+	if cfg.Mode != config.ModeBraid {
+		return fmt.Errorf("mode %q: this braid runs the tunnel in braid mode only; use mode = \"braid\" on both sites", cfg.Mode)
+	}
+	mtu := tunnelMTU(cfg)
+	dev, err := tun.Open(cfg.Interface)
+	if err != nil {
+		return err
+	}
+	nl, err := netlink.NewHandle()
+	if err != nil {
+		dev.Close()
+		return fmt.Errorf("netlink: %w", err)
+	}
+	defer nl.Close()
+	if err := tun.Configure(nl, cfg.Interface, mtu, cfg.Addresses); err != nil {
+		dev.Close()
+		return err
+	}
+	o := tunnel.Options{
+		PrivateKey: cfg.Braid.PrivateKey, Device: dev, MTU: mtu, Logger: log,
+		Path:    path.Config{ProbeInterval: cfg.Braid.ProbeInterval, DownAfter: cfg.Braid.DownAfter},
+		Reorder: cfg.Braid.Reorder.Enabled,
+		ReorderCfg: reorder.Config{MaxPackets: cfg.Braid.Reorder.MaxPackets, MaxBytes: cfg.Braid.Reorder.MaxBytes,
+			MaxHold: cfg.Braid.Reorder.MaxHold},
+		Scheduler: string(cfg.Scheduler),
+	}
+	if cfg.Scheduler == config.SchedulerPaced {
+		for _, u := range cfg.Uplinks {
+			if u.Capacity == 0 {
+				// Pacing at a guessed rate would cap a faster uplink at the guess.
+				log.Warn("paced scheduling needs the capacity of every uplink; using weighted round robin", "uplink", u.Name)
+				o.Scheduler = string(config.SchedulerWRR)
+				break
+			}
+		}
+	}
+	closeAll := func() {
+		dev.Close()
+		for _, u := range o.Uplinks {
+			u.Conn.Close()
+		}
+	}
+	uplinks := map[string]config.Uplink{}
+	for _, u := range cfg.Uplinks {
+		c, err := sock.Listen(u.Socket(cfg.Port), u.Interface)
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("uplink %s: %w", u.Name, err)
+		}
+		o.Uplinks = append(o.Uplinks, tunnel.Uplink{Name: u.Name, Conn: c})
+		uplinks[u.Name] = u
+	}
+	for _, p := range cfg.Peers {
+		pc := tunnel.PeerConfig{Name: p.Name, PublicKey: p.PublicKey, Routes: p.Routes}
+		for _, pp := range p.Paths {
+			u := uplinks[pp.Uplink]
+			w := pp.Weight
+			if w == 0 {
+				w = u.Weight
+			}
+			pc.Paths = append(pc.Paths, tunnel.PathConfig{Uplink: pp.Uplink, Remote: pp.Remote, Weight: float64(w), Capacity: u.Capacity})
+		}
+		o.Peers = append(o.Peers, pc)
+		for _, r := range p.Routes {
+			if err := tun.AddRoute(nl, cfg.Interface, r); err != nil {
+				closeAll()
+				return err
+			}
+		}
+	}
+	t, err := tunnel.New(o)
+	if err != nil {
+		closeAll()
+		return err
+	}
+	if cfg.Metrics.IsValid() {
+		srv, err := metrics.Listen(cfg.Metrics.String(), tunnelSource{t})
+		if err != nil {
+			closeAll()
+			return err
+		}
+		defer srv.Close()
+		log.Info("status and metrics", "addr", srv.Addr())
+	}
+	if cfg.Control != "" {
+		stop, err := serveTunnelControl(ctx, cfg.Control, t)
+		if err != nil {
+			closeAll()
+			return err
+		}
+		defer stop()
+	}
+	return t.Run(ctx)
+}
+
+// tunnelSource exposes a tunnel's status and metrics.
+type tunnelSource struct{ t *tunnel.Tunnel }
+
+func (s tunnelSource) StatusJSON() any {
+	return statusReport{Role: "tunnel", Tunnel: ptr(s.t.Status())}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func (s tunnelSource) WriteMetrics(w *metrics.Writer) {
+	st := s.t.Status()
+	for _, k := range metrics.SortedKeys(st.Counters) {
+		w.Sample("braid_tunnel_"+k+"_total", metrics.Counter, "Tunnel counter "+k+".", float64(st.Counters[k]))
+	}
+	type pathMetric struct {
+		name, help string
+		kind       metrics.Kind
+		value      func(tunnel.PathStatus) float64
+	}
+	for _, m := range []pathMetric{
+		{"braid_tunnel_path_up", "Whether the path is up (1) or not (0).", metrics.Gauge, func(p tunnel.PathStatus) float64 { return b2f(p.State == "up") }},
+		{"braid_tunnel_path_rtt_seconds", "Smoothed round-trip time of the path.", metrics.Gauge, func(p tunnel.PathStatus) float64 { return p.RTT.Seconds() }},
+		{"braid_tunnel_path_loss_ratio", "Probe loss of the path, 0 to 1.", metrics.Gauge, func(p tunnel.PathStatus) float64 { return p.Loss }},
+		{"braid_tunnel_path_rate_bits_per_second", "Delivery rate measured by the peer.", metrics.Gauge, func(p tunnel.PathStatus) float64 { return p.Rate }},
+		{"braid_tunnel_path_tx_bytes_total", "Bytes sent on the path.", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.TxBytes) }},
+		{"braid_tunnel_path_tx_packets_total", "Packets sent on the path.", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.TxPackets) }},
+		{"braid_tunnel_path_tx_drops_total", "Packets not sent: the path's socket buffer was full.", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.TxDrops) }},
+		{"braid_tunnel_path_rx_bytes_total", "Bytes received on the path.", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.RxBytes) }},
+		{"braid_tunnel_path_rx_packets_total", "Packets received on the path.", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.RxPackets) }},
+	} {
+		for _, ps := range st.Peers {
+			for _, p := range ps.Paths {
+				w.Sample(m.name, m.kind, m.help, m.value(p), "peer", ps.Name, "path", strconv.Itoa(p.ID), "uplink", p.Uplink, "remote", p.Remote)
+			}
+		}
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// statusReport is what /status returns: the role and its status.
+type statusReport struct {
+	Role   string         `json:"role"`
+	Tunnel *tunnel.Status `json:"tunnel,omitempty"`
+}
+
+// pathRequest is one request on the tunnel's control socket.
+type pathRequest struct {
+	Action string  `json:"action"` // up, down, weight
+	Peer   string  `json:"peer"`
+	Path   int     `json:"path"`
+	Weight float64 `json:"weight,omitempty"`
+}
+
+type pathReply struct {
+	Error string `json:"error,omitempty"`
+}
+
+func serveTunnelControl(ctx context.Context, sockPath string, t *tunnel.Tunnel) (stop func(), err error) {
+	if err := os.MkdirAll(filepath.Dir(sockPath), 0o755); err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	os.Remove(sockPath)
+	ln, err := net.Listen("unix", sockPath)
+	if err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	os.Chmod(sockPath, 0o600)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				var req pathRequest
+				var rep pathReply
+				if err := json.NewDecoder(bufio.NewReader(c)).Decode(&req); err != nil {
+					rep.Error = "bad request: " + err.Error()
+				} else if err := applyPath(t, req); err != nil {
+					rep.Error = err.Error()
+				}
+				json.NewEncoder(c).Encode(rep)
+			})
+		}
+	})
+	ctx, cancel := context.WithCancel(ctx)
+	wg.Go(func() { <-ctx.Done(); ln.Close() })
+	return func() { cancel(); wg.Wait(); os.Remove(sockPath) }, nil
+}
+
+func applyPath(t *tunnel.Tunnel, r pathRequest) error {
+	var ok bool
+	switch r.Action {
+	case "up", "down":
+		ok = t.SetAdminDown(r.Peer, r.Path, r.Action == "down")
+	case "weight":
+		if r.Weight < 0 {
+			return fmt.Errorf("weight %g is negative", r.Weight)
+		}
+		ok = t.SetWeight(r.Peer, r.Path, r.Weight)
+	default:
+		return fmt.Errorf("action %q is not up, down or weight", r.Action)
+	}
+	if !ok {
+		return fmt.Errorf("no path %d to a peer %q", r.Path, r.Peer)
+	}
+	return nil
+}
+
+func tunnelPath(e env, args []string) int {
+	fs := newFlags(e, "braid tunnel path", tunnelDoc)
+	control := fs.String("control", config.TunnelDefaults().Control, "the tunnel's control `SOCKET`")
+	pos, _, done, code := parseInterspersed(e, fs, args)
+	if done {
+		return code
+	}
+	var req pathRequest
+	switch {
+	case len(pos) == 3 && (pos[0] == "up" || pos[0] == "down"):
+	case len(pos) == 4 && pos[0] == "weight":
+		w, err := strconv.ParseFloat(pos[3], 64)
+		if err != nil || w < 0 {
+			fmt.Fprintf(e.stderr, "braid tunnel path weight: %q is not a weight (0 or more; 0 = from measured capacity)\n", pos[3])
+			return exitUsage
+		}
+		req.Weight = w
+	default:
+		fmt.Fprintln(e.stderr, "braid tunnel path: expected up|down PEER PATH, or weight PEER PATH WEIGHT")
+		return exitUsage
+	}
+	n, err := strconv.Atoi(pos[2])
+	if err != nil || n < 1 {
+		fmt.Fprintf(e.stderr, "braid tunnel path: path %q is not a path number (1, 2, ...)\n", pos[2])
+		return exitUsage
+	}
+	req.Action, req.Peer, req.Path = pos[0], pos[1], n
+	c, err := net.DialTimeout("unix", *control, 3*time.Second)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "braid tunnel path: is the tunnel running? %v\n", err)
+		return exitError
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	json.NewEncoder(c).Encode(req)
+	var rep pathReply
+	if err := json.NewDecoder(c).Decode(&rep); err != nil {
+		fmt.Fprintf(e.stderr, "braid tunnel path: %v\n", err)
+		return exitError
+	}
+	if rep.Error != "" {
+		fmt.Fprintf(e.stderr, "braid tunnel path: %s\n", rep.Error)
+		return exitError
+	}
+	fmt.Fprintf(e.stdout, "peer %s path %d: %s done\n", req.Peer, req.Path, req.Action)
+	return exitOK
+}
