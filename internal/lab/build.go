@@ -61,7 +61,13 @@ func (l *Lab) buildLink(spec topo.Link, seed uint64) (*Link, error) {
 		}
 	}
 	lk := &Link{Spec: spec, Offload: offload, shape: [2]topo.Shape{spec.AB, spec.BA}}
-	lk.emu = emu.NewLink(files[0], files[1], offload, spec.MTU, spec.AB, spec.BA, seed)
+	el, err := emu.NewLink(files[0], files[1], offload, spec.MTU, spec.AB, spec.BA, seed)
+	if err != nil {
+		files[0].Close()
+		files[1].Close()
+		return nil, err
+	}
+	lk.emu = el
 	return lk, nil
 }
 

@@ -68,11 +68,14 @@ func (t *Tunnel) sendData(b []byte, n int) {
 		return
 	}
 	now := t.now()
-	pp, wait := p.pick(now, n+Overhead)
+	// The scheduler paces in bytes on the wire: count the outer IPv6 and UDP headers too (the
+	// larger case), so that a path is never fed faster than its capacity.
+	wire := n + Overhead + 48
+	pp, wait := p.pick(now, wire)
 	for pp == nil && wait > 0 && !t.closing.Load() {
 		sleep(wait)
 		now = t.now()
-		pp, wait = p.pick(now, n+Overhead)
+		pp, wait = p.pick(now, wire)
 	}
 	if pp == nil {
 		t.stats.DropNoPath.Add(1)

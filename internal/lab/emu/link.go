@@ -2,6 +2,7 @@ package emu
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"runtime"
 	"sync"
@@ -38,10 +39,12 @@ type Link struct {
 	wg     sync.WaitGroup
 	closed atomic.Bool
 	once   sync.Once
+	stop   int // eventfd that wakes the readers on Close
 }
 
 type direction struct {
 	in, out *os.File
+	inFd    int // in's descriptor, read directly on the reader's own thread
 	vnet    bool
 	shaper  *Shaper                    // owned by the reader goroutine
 	next    atomic.Pointer[topo.Shape] // a new shape for the reader to take
@@ -53,17 +56,30 @@ type direction struct {
 
 // NewLink starts moving packets between the TUN devices a and b (opened with the same offload
 // setting), shaping a→b with ab and b→a with ba. It owns the files and closes them on Close.
-func NewLink(a, b *os.File, offload bool, mtu int, ab, ba topo.Shape, seed uint64) *Link {
-	l := &Link{a: a, b: b, vnet: offload}
+func NewLink(a, b *os.File, offload bool, mtu int, ab, ba topo.Shape, seed uint64) (*Link, error) {
+	stop, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("emu: eventfd: %w", err)
+	}
+	l := &Link{a: a, b: b, vnet: offload, stop: stop}
 	l.dirs[0] = &direction{in: a, out: b, vnet: offload, shaper: NewShaper(ab, mtu, seed), closed: &l.closed}
 	l.dirs[1] = &direction{in: b, out: a, vnet: offload, shaper: NewShaper(ba, mtu, seed+1), closed: &l.closed}
 	for _, d := range l.dirs {
 		d.q.init()
+		d.inFd = fdOf(d.in)
 		l.wg.Add(2)
-		go func() { defer l.wg.Done(); d.read() }()
+		go func() { defer l.wg.Done(); d.read(stop) }()
 		go func() { defer l.wg.Done(); d.write() }()
 	}
-	return l
+	return l, nil
+}
+
+func fdOf(f *os.File) int {
+	fd := -1
+	if raw, err := f.SyscallConn(); err == nil {
+		raw.Control(func(x uintptr) { fd = int(x) })
+	}
+	return fd
 }
 
 // SetShape changes the shape of direction dir (0: A to B, 1: B to A) while traffic flows.
@@ -97,11 +113,16 @@ func (l *Link) Close() error {
 	var err error
 	l.once.Do(func() {
 		l.closed.Store(true)
-		err = errors.Join(l.a.Close(), l.b.Close())
+		var one [8]byte
+		one[0] = 1
+		unix.Write(l.stop, one[:]) // wakes the readers' poll
 		for _, d := range l.dirs {
 			d.q.close()
 		}
 		l.wg.Wait()
+		// Only now, with no reader left on the descriptors, close them.
+		err = errors.Join(l.a.Close(), l.b.Close())
+		unix.Close(l.stop)
 	})
 	return err
 }
@@ -111,12 +132,30 @@ var epoch = time.Now()
 
 func nanotime() int64 { return int64(time.Since(epoch)) }
 
-func (d *direction) read() {
+// read takes packets from the TUN device on its own OS thread, straight from the descriptor:
+// the arrival time of a packet is when it is read, so a reader delayed by the runtime's scheduler
+// would see a burst that never was, and fill the emulated queue with it.
+func (d *direction) read(stop int) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	buf := make([]byte, vnetHdrLen+65536)
+	fds := []unix.PollFd{{Fd: int32(d.inFd), Events: unix.POLLIN}, {Fd: int32(stop), Events: unix.POLLIN}}
 	for {
-		n, err := d.in.Read(buf)
-		if err != nil {
-			if d.closed.Load() || errors.Is(err, os.ErrClosed) {
+		n, err := unix.Read(d.inFd, buf)
+		if err == unix.EAGAIN || err == unix.EINTR {
+			if d.closed.Load() {
+				return
+			}
+			if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
+				return
+			}
+			if fds[1].Revents != 0 {
+				return
+			}
+			continue
+		}
+		if err != nil || n <= 0 {
+			if d.closed.Load() {
 				return
 			}
 			// A TUN device that is going away (its peer namespace deleted) fails reads until it
