@@ -1,0 +1,150 @@
+package tunnel_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"braid/internal/lab/labtest"
+	"braid/internal/lab/topo"
+	"braid/internal/tunnel"
+	"braid/internal/wire/mpath"
+)
+
+// recorder wraps an uplink's Conn and keeps a copy of the data packets it sends; while swallow
+// is set it keeps the next data packet instead of sending it.
+type recorder struct {
+	tunnel.Conn
+	mu      sync.Mutex
+	data    [][]byte
+	swallow bool
+	kept    []byte
+}
+
+func (r *recorder) Send(b []byte, dst netip.AddrPort) error {
+	if len(b) > 20 && b[8] == mpath.TypeData {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.swallow {
+			r.swallow, r.kept = false, bytes.Clone(b)
+			return nil
+		}
+		r.data = append(r.data, bytes.Clone(b))
+	}
+	return r.Conn.Send(b, dst)
+}
+
+func (r *recorder) swallowNext() {
+	r.mu.Lock()
+	r.swallow = true
+	r.mu.Unlock()
+}
+
+func (r *recorder) swallowed() []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.kept
+}
+
+func (r *recorder) last() []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.data) == 0 {
+		return nil
+	}
+	return r.data[len(r.data)-1]
+}
+
+// Packets from strangers, truncated, with a GRE version or flag braid does not handle, with an
+// unknown session, tampered, replayed or oversized are dropped, counted by reason, and never
+// reach the device.
+func TestTunnelBadInput(t *testing.T) {
+	l := labtest.Up(t, multiPath(1, topo.Shape{Delay: time.Millisecond}))
+	var rec *recorder
+	eps := startTunnels(t, l, 4, func(side int, o *tunnel.Options) {
+		if side == 0 {
+			rec = &recorder{Conn: o.Uplinks[0].Conn}
+			o.Uplinks[0].Conn = rec
+		}
+	})
+	waitUp(t, eps)
+	addr := serve(t, eps[1].host, eps[1].inner4)
+	// Some real traffic, so that there is a data packet to tamper with and replay.
+	ctx := t.Context()
+	rec.swallowNext() // the SYN: never delivered, so its counter is fresh at b
+	conn, err := eps[0].host.Dial(ctx, "tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	time.Sleep(500 * time.Millisecond) // let the connection's last packets cross
+	real, fresh := rec.last(), rec.swallowed()
+	if real == nil || fresh == nil {
+		t.Fatal("no data packet was recorded")
+	}
+	before := eps[1].tunnel.Status().Counters
+	// An attacker on a's network: another port on a's uplink address.
+	pc, err := eps[0].host.ListenPacket("udp", "10.9.0.1:5555")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	to := net.UDPAddrFromAddrPort(netip.MustParseAddrPort("10.9.0.2:4754"))
+	braidGRE := func(key uint32) []byte {
+		b := []byte{0x20, 0x00, 0x88, 0xb5, 0, 0, 0, 0}
+		binary.BigEndian.PutUint32(b[4:], key)
+		return b
+	}
+	tampered := bytes.Clone(fresh)
+	tampered[len(tampered)-20] ^= 0x55
+	cases := []struct {
+		name    string
+		pkt     []byte
+		counter string
+	}{
+		{"truncated", []byte{0x20, 0x00, 0x88}, "drop_bad_gre"},
+		{"GRE version 1", []byte{0x20, 0x01, 0x88, 0xb5, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, "drop_bad_gre"},
+		{"GRE routing bit", []byte{0x60, 0x00, 0x88, 0xb5, 0, 0, 0, 1}, "drop_bad_gre"},
+		{"plain GRE, no key", append([]byte{0x00, 0x00, 0x08, 0x00}, make([]byte, 40)...), "drop_bad_gre"},
+		{"unknown message type", append(braidGRE(1), append([]byte{99, 0, 0, 0}, make([]byte, 40)...)...), "drop_bad_header"},
+		{"unknown session", append(braidGRE(12345), append([]byte{mpath.TypeData, 0, 0, 0}, make([]byte, 60)...)...), "drop_unknown_session"},
+		{"garbage handshake", append(braidGRE(0), append([]byte{mpath.TypeHandshakeInit, 0, 0, 0}, make([]byte, 8+112)...)...), "drop_handshake"},
+		{"tampered", tampered, "drop_auth"},
+		{"replayed", real, "drop_replay"},
+		{"authentic, from an address that is no path", fresh, "drop_unknown_path"},
+		{"oversized", append(braidGRE(12345), make([]byte, 60000)...), "drop_bad_header"},
+	}
+	for _, c := range cases {
+		if _, err := pc.WriteTo(c.pkt, to); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	var after map[string]uint64
+	for time.Now().Before(deadline) {
+		after = eps[1].tunnel.Status().Counters
+		all := true
+		for _, c := range cases {
+			if after[c.counter] <= before[c.counter] {
+				all = false
+			}
+		}
+		if all {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, c := range cases {
+		if after[c.counter] <= before[c.counter] {
+			t.Errorf("%s: counter %s did not move (%d)", c.name, c.counter, after[c.counter])
+		}
+	}
+	// Probes and their replies keep flowing, so compare deliveries, which only data makes.
+	if d := after["delivered"] - before["delivered"]; d != 0 {
+		t.Errorf("%d inner packets were delivered from the attacker's datagrams", d)
+	}
+}
