@@ -25,13 +25,17 @@ test: deps
 	$(GO) test $(TESTFLAGS) ./...
 	@./scripts/check-clean.sh
 
-# Macro benchmarks; results are written to bench/BENCH.md.
+# Macro benchmarks; each driver writes its section, bench/BENCH.md is their concatenation.
+BENCHES := emulator tunnel
 bench: build
-	$(GO) run ./bench/emulator -braid $(BIN) -runs 5 -out bench/BENCH.md
+	@mkdir -p bench/out
+	$(foreach b,$(BENCHES),$(GO) run ./bench/$(b) -braid $(BIN) -runs 5 -out bench/out/$(b).md &&) true
+	cat $(foreach b,$(BENCHES),bench/out/$(b).md) > bench/BENCH.md
 
 # One short run of every benchmark, so that none rots (CI runs it).
 bench-smoke: build
-	$(GO) run ./bench/emulator -braid $(BIN) -runs 1 -quick -out /dev/null
+	@mkdir -p bench/out/smoke
+	$(foreach b,$(BENCHES),$(GO) run ./bench/$(b) -braid $(BIN) -runs 1 -quick -out bench/out/smoke/$(b).md &&) true
 
 # Explore every codec's fuzz target for FUZZTIME each (seeds alone run in 'make test').
 FUZZTIME ?= 30s

@@ -9,7 +9,7 @@
 //     traffic runs in child processes (braid traffic), so this process's CPU time is the
 //     emulator's alone; machine CPU comes from /proc/stat.
 //
-// Usage: go run ./bench/emulator -braid bin/braid -runs 5 -out bench/BENCH.md
+// Usage: go run ./bench/emulator -braid bin/braid -runs 5 -out bench/out/emulator.md
 package main
 
 import (
@@ -45,7 +45,7 @@ func main() {
 	braid := flag.String("braid", "bin/braid", "path of the braid binary (runs the traffic tools)")
 	runs := flag.Int("runs", 5, "runs per figure; the tables show medians")
 	quick := flag.Bool("quick", false, "short measurements: a smoke run")
-	out := flag.String("out", "bench/BENCH.md", "where to write the results (Markdown)")
+	out := flag.String("out", "bench/out/emulator.md", "where to write this section (Markdown)")
 	flag.Parse()
 	log.SetFlags(0)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
@@ -53,11 +53,11 @@ func main() {
 
 	var md bytes.Buffer
 	w := io.MultiWriter(os.Stdout, &md)
-	fmt.Fprintf(&md, "# braid benchmarks\n\nWritten by `make bench` (`go run ./bench/emulator -braid bin/braid -runs %d`). Do not edit by hand.\n\n", *runs)
+	fmt.Fprint(&md, "# braid benchmarks\n\nWritten by `make bench` (each section by its driver under bench/, named in it). Do not edit by hand.\n\n")
 	fmt.Fprintf(&md, "- date: %s\n- machine: %d cores, %s, kernel %s\n- links emulated by: %s\n- runs: %d per figure, medians shown\n\n",
 		time.Now().UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), runtime.GOARCH, kernel(), lab.EmulatorName, *runs)
 
-	fmt.Fprintln(w, "## Link emulator accuracy\n\nMeasured value as a ratio to the configured value (1.000 is exact). Goodput counts TCP\npayload against a rate of IP bytes, so its ceiling is 1448/1500 = 0.965 with 1500-byte packets.")
+	fmt.Fprintf(w, "## Link emulator accuracy\n\n`go run ./bench/emulator -braid bin/braid -runs %d`. Measured value as a ratio to the configured\nvalue (1.000 is exact). Goodput counts TCP payload against a rate of IP bytes, so its ceiling is 1448/1500 = 0.965 with 1500-byte packets.\n", *runs)
 	fmt.Fprintln(w)
 	accuracy(ctx, w, *runs, *quick)
 	fmt.Fprintln(w, "\n## Link emulator CPU\n\nOne TCP flow for each rate, 5 ms one-way delay. Baseline: the same flow over a veth pair\nshaped by the kernel's TBF (no delay: this kernel has no netem). CPU is the machine's busy time\nover wall time, in cores; the emulator column is this process alone.")
@@ -65,7 +65,7 @@ func main() {
 	cpu(ctx, w, *braid, *runs, *quick)
 	if *out != "" {
 		if err := os.WriteFile(*out, md.Bytes(), 0o644); err != nil {
-			log.Fatal(err)
+			fatal(err)
 		}
 	}
 }
@@ -80,7 +80,7 @@ func accuracy(ctx context.Context, w io.Writer, runs int, quick bool) {
 		for range runs {
 			r, err := c.Run(ctx, scenario.Options{Quick: quick})
 			if err != nil {
-				log.Fatalf("%s: %v", c.Name, err)
+				fatalf("%s: %v", c.Name, err)
 			}
 			rows = append(rows, r)
 			if r.OK {
@@ -103,7 +103,7 @@ type cpuResult struct {
 
 func cpu(ctx context.Context, w io.Writer, braid string, runs int, quick bool) {
 	if _, err := os.Stat(braid); err != nil {
-		log.Fatalf("braid binary: %v (run 'make build')", err)
+		fatalf("braid binary: %v (run 'make build')", err)
 	}
 	dur := 8 * time.Second
 	if quick {
@@ -152,17 +152,17 @@ func measure(ctx context.Context, braid string, rate uint64, dur time.Duration, 
 	}
 	l, err := lab.Up(ctx, tp, lab.Options{OwnSignals: false})
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	defer l.Close()
 	if baseline {
 		if err := vethTBF(ctx, l, rate); err != nil {
-			log.Fatalf("baseline: %v", err)
+			fatalf("baseline: %v", err)
 		}
 	}
 	srv := exec.Command(braid, "traffic", "serve", "--listen", "10.99.0.2:5201", "--udp", "10.99.0.2:5201")
 	if err := l.Host("b").Start(srv); err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	defer func() { srv.Process.Signal(syscall.SIGTERM); srv.Wait() }()
 	waitListening(ctx, l)
@@ -173,16 +173,16 @@ func measure(ctx context.Context, braid string, rate uint64, dur time.Duration, 
 	client.Stderr = os.Stderr
 	before, selfBefore, t0 := machineBusy(), selfCPU(), time.Now()
 	if err := l.Host("a").Start(client); err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	if err := client.Wait(); err != nil {
-		log.Fatalf("braid traffic bulk: %v", err)
+		fatalf("braid traffic bulk: %v", err)
 	}
 	wall := time.Since(t0).Seconds()
 	after, selfAfter := machineBusy(), selfCPU()
 	var res traffic.BulkResult
 	if err := json.Unmarshal(cli.Bytes(), &res); err != nil {
-		log.Fatalf("braid traffic bulk --json: %v: %q", err, cli.String())
+		fatalf("braid traffic bulk --json: %v: %q", err, cli.String())
 	}
 	return cpuResult{goodput: res.Steady, machine: (after - before) / wall, self: (selfAfter - selfBefore).Seconds() / wall, retransmits: res.Retransmits}
 }
@@ -196,7 +196,7 @@ func waitListening(ctx context.Context, l *lab.Lab) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	log.Fatal("traffic server did not start")
+	fatal("traffic server did not start")
 }
 
 // vethTBF joins hosts a and b of a pair lab with a veth pair, shaped with TBF at rate on both
@@ -247,7 +247,7 @@ func netnsFd(h *lab.Host) (int, error) {
 func machineBusy() float64 {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
 	f := strings.Fields(line)[1:]
@@ -283,4 +283,16 @@ func kernel() string {
 
 func prefixNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// fatal and fatalf remove every lab of this process before exiting, so a failed run leaves
+// nothing behind (log.Fatal would skip the deferred Close calls).
+func fatal(v ...any) {
+	lab.CloseAll()
+	log.Fatal(v...)
+}
+
+func fatalf(format string, v ...any) {
+	lab.CloseAll()
+	log.Fatalf(format, v...)
 }

@@ -87,8 +87,16 @@ func NewServer(tcp net.Listener, udp net.PacketConn, opts ...ServerOption) *Serv
 	for _, o := range opts {
 		o(&s.cfg)
 	}
+	// A measuring receiver must not be where datagrams are lost: ask for a large buffer (the
+	// kernel caps it at net.core.rmem_max unless we may force it).
+	if u, ok := udp.(interface{ SetReadBuffer(int) error }); ok {
+		u.SetReadBuffer(udpReadBuffer)
+	}
 	return s
 }
+
+// udpReadBuffer is the receive buffer the server asks for its UDP socket.
+const udpReadBuffer = 8 << 20
 
 // Stats returns a snapshot of the server's counters.
 func (s *Server) Stats() Stats {
