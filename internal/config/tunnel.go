@@ -37,8 +37,8 @@
 //	                          # mpt mode measures no RTT)
 //	probe_interval = "50ms"   # braid mode: probe every path this often, also when idle
 //	                          # (default 50ms, 1ms..1m)
-//	down_after = "300ms"      # braid mode: a path without a reply for this long is down; at
-//	                          # least 2 × probe_interval (default 300ms, or 6 × probe_interval
+//	down_after = "250ms"      # braid mode: a path without a reply for this long is down; at
+//	                          # least 2 × probe_interval (default 250ms, or 5 × probe_interval
 //	                          # when only probe_interval is given)
 //	reorder = true            # braid mode: put packets back in order at the receiver (default)
 //	reorder_max_packets = 1024 # braid mode: reorder buffer bound per peer, 1..1048576
@@ -255,13 +255,13 @@ func TunnelDefaults() Tunnel {
 }
 
 // BraidDefaults returns the defaults of braid mode's settings: probes every 50 ms, a path is
-// down after 300 ms without replies (some 6 lost probes, well under a second of failover), and
+// down after 250 ms without replies (some 5 lost probes, well under a second of failover), and
 // a reorder buffer of 1024 packets, 4 MiB and at most 100 ms of hold, which keeps a loss from
 // stalling TCP the way MPT's 300 ms does (tunnels.md section 3).
 func BraidDefaults() BraidSettings {
 	return BraidSettings{
 		ProbeInterval: 50 * time.Millisecond,
-		DownAfter:     300 * time.Millisecond,
+		DownAfter:     250 * time.Millisecond,
 		Reorder: Reorder{
 			Enabled:    true,
 			MaxPackets: 1024,
@@ -538,7 +538,7 @@ func (l *loader) braid(b *BraidSettings, f *fileTunnel) {
 	}
 	probeSet := l.duration(obj, p+"probe_interval", "probe_interval", f.ProbeInterval, &b.ProbeInterval)
 	if !l.duration(obj, p+"down_after", "down_after", f.DownAfter, &b.DownAfter) && probeSet {
-		b.DownAfter = 6 * b.ProbeInterval
+		b.DownAfter = 5 * b.ProbeInterval
 	}
 	if f.Reorder != nil {
 		b.Reorder.Enabled = *f.Reorder

@@ -154,8 +154,8 @@ func TestLoadExamples(t *testing.T) {
 	if b.Mode != ModeBraid || b.Interface != "braid0" || b.Port != 4754 || b.Scheduler != SchedulerPaced || b.MTU != 1400 {
 		t.Errorf("site-b tunnel defaults: %+v", b)
 	}
-	if b.Braid.ProbeInterval != 20*ms || b.Braid.DownAfter != 120*ms {
-		t.Errorf("site-b probe %v, down after %v; want 20ms, 120ms (6 × probe_interval)", b.Braid.ProbeInterval, b.Braid.DownAfter)
+	if b.Braid.ProbeInterval != 20*ms || b.Braid.DownAfter != 100*ms {
+		t.Errorf("site-b probe %v, down after %v; want 20ms, 100ms (5 × probe_interval)", b.Braid.ProbeInterval, b.Braid.DownAfter)
 	}
 	if b.Braid.PrivateKey.Public() != mustPub(t, pubB) || b.Peers[0].PublicKey != mustPub(t, pubA) {
 		t.Error("site-b keys")
@@ -193,7 +193,7 @@ func TestTunnelDefaults(t *testing.T) {
 		d.MTU != 0 || d.Metrics != ap("127.0.0.1:9473") || d.Control != "/run/braid/tunnel.sock" {
 		t.Errorf("TunnelDefaults: %+v", d)
 	}
-	if d.Braid == nil || d.Braid.ProbeInterval != 50*ms || d.Braid.DownAfter != 300*ms ||
+	if d.Braid == nil || d.Braid.ProbeInterval != 50*ms || d.Braid.DownAfter != 250*ms ||
 		d.Braid.Reorder != (Reorder{Enabled: true, MaxPackets: 1024, MaxBytes: 4 << 20, MaxHold: 100 * ms}) {
 		t.Errorf("TunnelDefaults().Braid: %+v", d.Braid)
 	}

@@ -341,3 +341,30 @@ func TestTunnelFailover(t *testing.T) {
 		t.Errorf("the cut path is %s", s)
 	}
 }
+
+// A host whose interface MTU is larger than the tunnel's still gets a working TCP connection
+// across it: the tunnel clamps the MSS of SYNs, so no segment is too large for the tunnel.
+func TestTunnelClampsMSS(t *testing.T) {
+	l := labtest.Up(t, multiPath(1, topo.Shape{Delay: time.Millisecond}))
+	eps := startTunnels(t, l, 4, nil)
+	waitUp(t, eps)
+	// Pretend the hosts think the tunnel carries 9000-byte packets: only the clamp keeps TCP
+	// segments within the tunnel's 1400.
+	for _, ep := range eps {
+		nl := ep.host.NS.Netlink()
+		dev, err := nl.LinkByName("braid0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nl.LinkSetMTU(dev, 9000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addr := serve(t, eps[1].host, eps[1].inner4)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	f, err := traffic.File(ctx, eps[0].host.Dial, addr, traffic.FileOptions{Size: 1 << 20, Seed: 2})
+	if err != nil || !f.Intact {
+		t.Fatalf("transfer with host MTU 9000 over a 1400 tunnel: %v %v", err, f)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"braid/internal/tunnel/session"
 	"braid/internal/wire/gre"
 	"braid/internal/wire/mpath"
+	"braid/internal/wire/pkt"
 
 	"golang.org/x/sys/unix"
 )
@@ -36,7 +37,7 @@ func putBuf(b *packetBuf) { bufPool.Put(b) }
 func (t *Tunnel) readDevice() error {
 	pb := getBuf()
 	defer putBuf(pb)
-	limit := headroom + t.o.MTU
+	limit := headroom + t.o.MTU + 1 // one byte more than the MTU shows an oversized packet
 	for {
 		n, err := t.o.Device.Read(pb.b[headroom:limit])
 		if err != nil {
@@ -45,6 +46,10 @@ func (t *Tunnel) readDevice() error {
 			}
 			return err
 		}
+		if n > t.o.MTU {
+			t.stats.DropTooBig.Add(1) // the device's MTU was raised past the tunnel's
+			continue
+		}
 		t.sendData(pb.b, n)
 	}
 }
@@ -52,15 +57,22 @@ func (t *Tunnel) readDevice() error {
 // sendData seals the inner packet at b[headroom:headroom+n] in place and sends it.
 func (t *Tunnel) sendData(b []byte, n int) {
 	inner := b[headroom : headroom+n]
-	dst, ok := innerDst(inner)
-	if !ok {
+	if _, err := mpath.InnerVersion(inner); err != nil {
 		t.stats.DropBadInner.Add(1)
 		return
 	}
+	dst, _ := innerDst(inner)
 	p := t.lookup(dst)
 	if p == nil {
 		t.stats.DropNoRoute.Add(1)
 		return
+	}
+	// TCP through the tunnel must never need fragmentation: clamp the MSS of SYNs to what the
+	// tunnel MTU carries (each side clamps what it sends, so both directions are covered).
+	if dst.Is4() {
+		pkt.ClampMSS(inner, uint16(t.o.MTU-40))
+	} else {
+		pkt.ClampMSS(inner, uint16(t.o.MTU-60))
 	}
 	ls := p.cur.Load()
 	if ls == nil {

@@ -28,6 +28,7 @@ type Counters struct {
 	DropSpoofed        atomic.Uint64 // inner source outside the peer's routes
 	DropHandshake      atomic.Uint64 // handshake message refused
 	DropDevice         atomic.Uint64 // the device refused a write
+	DropTooBig         atomic.Uint64 // a packet from the device larger than the tunnel MTU
 
 	HandshakesSent, HandshakesDone atomic.Uint64
 }
@@ -112,7 +113,7 @@ func (c *Counters) snapshot() map[string]uint64 {
 		"drop_unknown_session": c.DropUnknownSession.Load(), "drop_replay": c.DropReplay.Load(),
 		"drop_auth": c.DropAuth.Load(), "drop_unknown_path": c.DropUnknownPath.Load(),
 		"drop_bad_inner": c.DropBadInner.Load(), "drop_spoofed": c.DropSpoofed.Load(),
-		"drop_handshake": c.DropHandshake.Load(), "drop_device": c.DropDevice.Load(),
+		"drop_handshake": c.DropHandshake.Load(), "drop_device": c.DropDevice.Load(), "drop_too_big": c.DropTooBig.Load(),
 		"handshakes_sent": c.HandshakesSent.Load(), "handshakes_done": c.HandshakesDone.Load(),
 	}
 }

@@ -7,7 +7,7 @@
 // with its sample settings; glorytun notices a dead path in about 500 ms, but only while
 // traffic flows, so an idle tunnel never notices. Here every path is probed every
 // ProbeInterval (50 ms) whether or not it carries data, and a path from which nothing at all
-// (no probe reply, no packet) has been heard for DownAfter (300 ms) is Down.
+// (no probe reply, no packet) has been heard for DownAfter (250 ms) is Down.
 //
 // Not flapping. A path goes Down on silence only, never on loss: a path that answers every
 // other probe is Up and lossy, the scheduler's business. Silence is measured with more
@@ -111,7 +111,7 @@ type Config struct {
 }
 
 // WithDefaults returns c with every zero field set: probes every 50 ms (10 ms while the path
-// is quiet or confirming, at most ProbeInterval, at least 4 ms), Down after 300 ms of
+// is quiet or confirming, at most ProbeInterval, at least 4 ms), Down after 250 ms of
 // silence, Up after 3 answers in a row.
 func (c Config) WithDefaults() Config {
 	if c.ProbeInterval == 0 {
@@ -124,7 +124,7 @@ func (c Config) WithDefaults() Config {
 		}
 	}
 	if c.DownAfter == 0 {
-		c.DownAfter = 300 * time.Millisecond
+		c.DownAfter = 250 * time.Millisecond
 	}
 	if c.UpAfter == 0 {
 		c.UpAfter = 3

@@ -147,7 +147,7 @@ func blackhole(from, to int64) func(int64) bool {
 
 func TestConfig(t *testing.T) {
 	d := Config{}.WithDefaults()
-	want := Config{ProbeInterval: 50 * time.Millisecond, FastProbeInterval: 10 * time.Millisecond, DownAfter: 300 * time.Millisecond, UpAfter: 3}
+	want := Config{ProbeInterval: 50 * time.Millisecond, FastProbeInterval: 10 * time.Millisecond, DownAfter: 250 * time.Millisecond, UpAfter: 3}
 	if d != want {
 		t.Fatalf("defaults %+v, want %+v", d, want)
 	}
@@ -229,9 +229,10 @@ func TestBlackholeIdle(t *testing.T) {
 		recoverBy   time.Duration // Up again after the blackhole ends
 		expectProbe bool
 	}{
-		{"defaults 20ms", Config{}, 20 * time.Millisecond, 0, 250 * time.Millisecond, 350 * time.Millisecond, 100 * time.Millisecond, true},
-		{"defaults 1ms", Config{}, time.Millisecond, 0, 250 * time.Millisecond, 350 * time.Millisecond, 100 * time.Millisecond, true},
-		{"defaults 100ms hold 5ms", Config{}, 100 * time.Millisecond, 5 * time.Millisecond, 250 * time.Millisecond, 350 * time.Millisecond, 180 * time.Millisecond, true},
+		// The bound: a silent path is down within 300 ms with the defaults.
+		{"defaults 20ms", Config{}, 20 * time.Millisecond, 0, 200 * time.Millisecond, 300 * time.Millisecond, 100 * time.Millisecond, true},
+		{"defaults 1ms", Config{}, time.Millisecond, 0, 200 * time.Millisecond, 300 * time.Millisecond, 100 * time.Millisecond, true},
+		{"defaults 100ms hold 5ms", Config{}, 100 * time.Millisecond, 5 * time.Millisecond, 200 * time.Millisecond, 300 * time.Millisecond, 180 * time.Millisecond, true},
 		{"fast", Config{ProbeInterval: 10 * time.Millisecond, DownAfter: 50 * time.Millisecond}, 5 * time.Millisecond, 0, 40 * time.Millisecond, 60 * time.Millisecond, 40 * time.Millisecond, true},
 		{"slow", Config{ProbeInterval: time.Second, DownAfter: 3 * time.Second, UpAfter: 2}, 20 * time.Millisecond, 0, 2 * time.Second, 3*time.Second + time.Second, 1300 * time.Millisecond, true},
 	} {
@@ -773,7 +774,7 @@ func TestNextDeadline(t *testing.T) {
 	if d := e.NextDeadline(); d != now+100*ms {
 		t.Fatalf("probe timeout: %v, want %v", time.Duration(d), time.Duration(now+100*ms))
 	}
-	e.lastHeard = now - 250*ms
+	e.lastHeard = now - 200*ms
 	if d := e.NextDeadline(); d != now+50*ms {
 		t.Fatalf("silence: %v, want %v", time.Duration(d), time.Duration(now+50*ms))
 	}
