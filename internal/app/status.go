@@ -9,6 +9,7 @@ import (
 
 	"braid/internal/config"
 	"braid/internal/metrics"
+	"braid/internal/tunnel"
 	"braid/internal/units"
 )
 
@@ -52,6 +53,10 @@ func runStatus(e env, args []string) int {
 		enc.Encode(doc)
 		return exitOK
 	}
+	if doc.MPT != nil {
+		printMPTStatus(e, doc.MPT)
+		return exitOK
+	}
 	if doc.Tunnel == nil {
 		fmt.Fprintf(e.stdout, "role %s\n", doc.Role)
 		return exitOK
@@ -81,4 +86,23 @@ func runStatus(e env, args []string) int {
 	}
 	tw.Flush()
 	return exitOK
+}
+
+func printMPTStatus(e env, st *tunnel.MPTStatus) {
+	fmt.Fprintf(e.stdout, "tunnel in mpt mode (IPv%d connection), up %s, reordering %v\n\n", st.IPVersion, st.Uptime.Round(time.Second), st.Reorder)
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "PATH\tUPLINK\tREMOTE\tSTATE\tWEIGHT\tLAST HEARD\tTX\tRX\tKEEPALIVES OUT/IN")
+	for _, p := range st.Paths {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%v ago\t%d B\t%d B\t%d/%d\n", p.ID, p.Uplink, p.Remote, p.State, p.Weight,
+			p.SinceReceive.Round(time.Millisecond), p.TxBytes, p.RxBytes, p.KeepalivesSent, p.KeepalivesReceived)
+	}
+	tw.Flush()
+	fmt.Fprintln(e.stdout)
+	tw = tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	for _, k := range metrics.SortedKeys(st.Counters) {
+		if v := st.Counters[k]; v != 0 {
+			fmt.Fprintf(tw, "%s\t%d\n", k, v)
+		}
+	}
+	tw.Flush()
 }

@@ -185,8 +185,8 @@ func tunnelMTU(cfg *config.Tunnel) int {
 // serveTunnel builds the tunnel from cfg in this process's network namespace and runs it until
 // ctx ends.
 func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) error {
-	if cfg.Mode != config.ModeBraid {
-		return fmt.Errorf("mode %q: this braid runs the tunnel in braid mode only; use mode = \"braid\" on both sites", cfg.Mode)
+	if cfg.Mode == config.ModeMPT && len(cfg.Peers) != 1 {
+		return fmt.Errorf("mode mpt carries one connection: the site file has %d peers (run one braid tunnel per MPT connection, each with its own interface)", len(cfg.Peers))
 	}
 	mtu := tunnelMTU(cfg)
 	dev, err := tun.Open(cfg.Interface)
@@ -199,12 +199,82 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 		return fmt.Errorf("netlink: %w", err)
 	}
 	defer nl.Close()
-	if err := tun.Configure(nl, cfg.Interface, mtu, cfg.Addresses); err != nil {
+	var uplinks []tunnel.Uplink
+	closeAll := func() {
 		dev.Close()
+		for _, u := range uplinks {
+			u.Conn.Close()
+		}
+	}
+	if err := tun.Configure(nl, cfg.Interface, mtu, cfg.Addresses); err != nil {
+		closeAll()
 		return err
 	}
+	byName := map[string]config.Uplink{}
+	for _, u := range cfg.Uplinks {
+		c, err := sock.Listen(u.Socket(cfg.Port), u.Interface)
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("uplink %s: %w", u.Name, err)
+		}
+		uplinks = append(uplinks, tunnel.Uplink{Name: u.Name, Conn: c})
+		byName[u.Name] = u
+	}
+	for _, p := range cfg.Peers {
+		for _, r := range p.Routes {
+			if err := tun.AddRoute(nl, cfg.Interface, r); err != nil {
+				closeAll()
+				return err
+			}
+		}
+	}
+	var (
+		run    func(context.Context) error
+		src    metrics.Source
+		mutate func(pathRequest) error
+	)
+	if cfg.Mode == config.ModeMPT {
+		t, err := tunnel.NewMPT(mptOptions(cfg, dev, mtu, uplinks, byName, log))
+		if err != nil {
+			closeAll()
+			return err
+		}
+		run, src = t.Run, mptSource{t}
+		mutate = func(pathRequest) error {
+			return errors.New("mode mpt has no runtime path control; change the site file and restart")
+		}
+	} else {
+		t, err := tunnel.New(braidOptions(cfg, dev, mtu, uplinks, byName, log))
+		if err != nil {
+			closeAll()
+			return err
+		}
+		run, src = t.Run, tunnelSource{t}
+		mutate = func(r pathRequest) error { return applyPath(t, r) }
+	}
+	if cfg.Metrics.IsValid() {
+		srv, err := metrics.Listen(cfg.Metrics.String(), src)
+		if err != nil {
+			closeAll()
+			return err
+		}
+		defer srv.Close()
+		log.Info("status and metrics", "addr", srv.Addr())
+	}
+	if cfg.Control != "" {
+		stop, err := serveTunnelControl(ctx, cfg.Control, mutate)
+		if err != nil {
+			closeAll()
+			return err
+		}
+		defer stop()
+	}
+	return run(ctx)
+}
+
+func braidOptions(cfg *config.Tunnel, dev tunnel.Device, mtu int, uplinks []tunnel.Uplink, byName map[string]config.Uplink, log *slog.Logger) tunnel.Options {
 	o := tunnel.Options{
-		PrivateKey: cfg.Braid.PrivateKey, Device: dev, MTU: mtu, Logger: log,
+		PrivateKey: cfg.Braid.PrivateKey, Device: dev, MTU: mtu, Logger: log, Uplinks: uplinks,
 		Path:    path.Config{ProbeInterval: cfg.Braid.ProbeInterval, DownAfter: cfg.Braid.DownAfter},
 		Reorder: cfg.Braid.Reorder.Enabled,
 		ReorderCfg: reorder.Config{MaxPackets: cfg.Braid.Reorder.MaxPackets, MaxBytes: cfg.Braid.Reorder.MaxBytes,
@@ -221,26 +291,10 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 			}
 		}
 	}
-	closeAll := func() {
-		dev.Close()
-		for _, u := range o.Uplinks {
-			u.Conn.Close()
-		}
-	}
-	uplinks := map[string]config.Uplink{}
-	for _, u := range cfg.Uplinks {
-		c, err := sock.Listen(u.Socket(cfg.Port), u.Interface)
-		if err != nil {
-			closeAll()
-			return fmt.Errorf("uplink %s: %w", u.Name, err)
-		}
-		o.Uplinks = append(o.Uplinks, tunnel.Uplink{Name: u.Name, Conn: c})
-		uplinks[u.Name] = u
-	}
 	for _, p := range cfg.Peers {
 		pc := tunnel.PeerConfig{Name: p.Name, PublicKey: p.PublicKey, Routes: p.Routes}
 		for _, pp := range p.Paths {
-			u := uplinks[pp.Uplink]
+			u := byName[pp.Uplink]
 			w := pp.Weight
 			if w == 0 {
 				w = u.Weight
@@ -248,36 +302,30 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 			pc.Paths = append(pc.Paths, tunnel.PathConfig{Uplink: pp.Uplink, Remote: pp.Remote, Weight: float64(w), Capacity: u.Capacity})
 		}
 		o.Peers = append(o.Peers, pc)
-		for _, r := range p.Routes {
-			if err := tun.AddRoute(nl, cfg.Interface, r); err != nil {
-				closeAll()
-				return err
-			}
+	}
+	return o
+}
+
+func mptOptions(cfg *config.Tunnel, dev tunnel.Device, mtu int, uplinks []tunnel.Uplink, byName map[string]config.Uplink, log *slog.Logger) tunnel.MPTOptions {
+	p := cfg.Peers[0]
+	ipv := 4
+	if p.MPT.RemoteTunnelIP.Is6() {
+		ipv = 6
+	}
+	o := tunnel.MPTOptions{
+		Device: dev, MTU: mtu, Uplinks: uplinks, Logger: log, IPVersion: ipv, Routes: p.Routes,
+		ReorderWindow: p.MPT.ReorderWindow, MaxBuffDelay: p.MPT.MaxBuffDelay,
+		Keepalive: p.MPT.Keepalive, DeadTime: p.MPT.DeadTime,
+		LocalTunnelIP: p.MPT.LocalTunnelIP, RemoteTunnelIP: p.MPT.RemoteTunnelIP,
+	}
+	for _, pp := range p.Paths {
+		w := pp.Weight
+		if w == 0 {
+			w = byName[pp.Uplink].Weight
 		}
+		o.Paths = append(o.Paths, tunnel.MPTPath{Uplink: pp.Uplink, Remote: pp.Remote, Weight: w})
 	}
-	t, err := tunnel.New(o)
-	if err != nil {
-		closeAll()
-		return err
-	}
-	if cfg.Metrics.IsValid() {
-		srv, err := metrics.Listen(cfg.Metrics.String(), tunnelSource{t})
-		if err != nil {
-			closeAll()
-			return err
-		}
-		defer srv.Close()
-		log.Info("status and metrics", "addr", srv.Addr())
-	}
-	if cfg.Control != "" {
-		stop, err := serveTunnelControl(ctx, cfg.Control, t)
-		if err != nil {
-			closeAll()
-			return err
-		}
-		defer stop()
-	}
-	return t.Run(ctx)
+	return o
 }
 
 // tunnelSource exposes a tunnel's status and metrics.
@@ -327,8 +375,24 @@ func b2f(b bool) float64 {
 
 // statusReport is what /status returns: the role and its status.
 type statusReport struct {
-	Role   string         `json:"role"`
-	Tunnel *tunnel.Status `json:"tunnel,omitempty"`
+	Role   string            `json:"role"`
+	Tunnel *tunnel.Status    `json:"tunnel,omitempty"`
+	MPT    *tunnel.MPTStatus `json:"mpt,omitempty"`
+}
+
+// mptSource exposes an mpt-mode tunnel's status and metrics.
+type mptSource struct{ t *tunnel.MPTTunnel }
+
+func (s mptSource) StatusJSON() any { return statusReport{Role: "tunnel", MPT: ptr(s.t.Status())} }
+
+func (s mptSource) WriteMetrics(w *metrics.Writer) {
+	st := s.t.Status()
+	for _, k := range metrics.SortedKeys(st.Counters) {
+		w.Sample("braid_tunnel_mpt_"+k+"_total", metrics.Counter, "MPT-mode tunnel counter "+k+".", float64(st.Counters[k]))
+	}
+	for _, p := range st.Paths {
+		w.Sample("braid_tunnel_mpt_path_up", metrics.Gauge, "Whether the path is up (1) or not (0).", b2f(p.State == "up"), "path", strconv.Itoa(p.ID), "uplink", p.Uplink, "remote", p.Remote)
+	}
 }
 
 // pathRequest is one request on the tunnel's control socket.
@@ -343,7 +407,7 @@ type pathReply struct {
 	Error string `json:"error,omitempty"`
 }
 
-func serveTunnelControl(ctx context.Context, sockPath string, t *tunnel.Tunnel) (stop func(), err error) {
+func serveTunnelControl(ctx context.Context, sockPath string, apply func(pathRequest) error) (stop func(), err error) {
 	if err := os.MkdirAll(filepath.Dir(sockPath), 0o755); err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
@@ -367,7 +431,7 @@ func serveTunnelControl(ctx context.Context, sockPath string, t *tunnel.Tunnel) 
 				var rep pathReply
 				if err := json.NewDecoder(bufio.NewReader(c)).Decode(&req); err != nil {
 					rep.Error = "bad request: " + err.Error()
-				} else if err := applyPath(t, req); err != nil {
+				} else if err := apply(req); err != nil {
 					rep.Error = err.Error()
 				}
 				json.NewEncoder(c).Encode(rep)

@@ -159,3 +159,58 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// mpt mode through the command line: two braid endpoints speaking MPT's protocol.
+func TestTunnelCommandMPT(t *testing.T) {
+	labtest.Require(t)
+	tp := &topo.Topology{Name: "tunmpt", Hosts: []topo.Host{{Name: "a"}, {Name: "b"}}}
+	for i := range 2 {
+		tp.Links = append(tp.Links, topo.Link{
+			A: topo.Endpoint{Host: "a", Addrs: []netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.9.%d.1/24", i))}},
+			B: topo.Endpoint{Host: "b", Addrs: []netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.9.%d.2/24", i))}},
+		})
+	}
+	l := labtest.Up(t, tp)
+	t.Setenv("BRAID_TEST_MAIN", "1")
+	self, _ := os.Executable()
+	dir := t.TempDir()
+	for side, h := range []string{"a", "b"} {
+		var b strings.Builder
+		fmt.Fprintf(&b, "[tunnel]\nmode = \"mpt\"\naddress = [\"10.255.0.%d/24\"]\ncontrol = %q\n", side+1, filepath.Join(dir, h+".sock"))
+		for i := range 2 {
+			fmt.Fprintf(&b, "[[tunnel.uplink]]\nname = \"up%d\"\ninterface = \"eth%d\"\naddress = \"10.9.%d.%d\"\n", i, i, i, side+1)
+		}
+		fmt.Fprintf(&b, "[[tunnel.peer]]\nname = \"other\"\nroutes = [\"10.255.0.%d/32\"]\nreorder_window = 64\nkeepalive = \"100ms\"\nremote_tunnel_ip = \"10.255.0.%d\"\n", 2-side, 2-side)
+		for i := range 2 {
+			fmt.Fprintf(&b, "[[tunnel.peer.path]]\nuplink = \"up%d\"\nremote = \"10.9.%d.%d:4754\"\n", i, i, 2-side)
+		}
+		file := filepath.Join(dir, h+".toml")
+		os.WriteFile(file, []byte(b.String()), 0o600)
+		cmd := exec.Command(self, "tunnel", "--config", file)
+		if err := l.Host(h).Start(cmd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stop, err := scenario.StartServer(ctx, l.Host("b"), "0.0.0.0:5201")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	var f traffic.FileResult
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if f, err = traffic.File(ctx, l.Host("a").Dial, "10.255.0.2:5201", traffic.FileOptions{Size: 2 << 20, Seed: 4}); err == nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil || !f.Intact {
+		t.Fatalf("file over the mpt tunnel: %v %v", err, f)
+	}
+	out, _ := l.Host("a").Run(ctx, self, "status")
+	if !strings.Contains(string(out), "mpt mode") || strings.Count(string(out), " up ") < 2 {
+		t.Errorf("status of the mpt tunnel:\n%s", out)
+	}
+}
