@@ -108,7 +108,7 @@ func GoodputCheck(rate uint64) Check {
 		err := withPair(ctx, o, topo.Shape{Rate: rate, Delay: 5 * time.Millisecond}, func(l *lab.Lab) error {
 			dur := 10 * time.Second
 			if o.Quick {
-				dur = 4 * time.Second
+				dur = 6 * time.Second // five steady samples: one slow second does not decide
 			}
 			res, err := traffic.Bulk(ctx, l.Host("a").Dial, pairServer, traffic.BulkOptions{Duration: dur})
 			if err != nil {
