@@ -31,6 +31,7 @@ func init() {
 
 const tunnelDoc = `Usage: braid tunnel --config FILE [--log-format text|json] [--verbose]
        braid tunnel check --config FILE
+       braid tunnel import-mpt --interface interface.conf [--out FILE] CONNECTION.conf...
        braid tunnel path up|down PEER PATH [--control SOCKET]
        braid tunnel path weight PEER PATH WEIGHT [--control SOCKET]
 
@@ -41,7 +42,8 @@ between the sites' X25519 keys ('braid keygen'); every path is probed every 50 m
 tunnel is idle, and a silent path is taken out of use within 300 ms and comes back by itself.
 
 The site file's [tunnel] section describes the TUN interface, the site's uplinks and its peers
-(see the example in internal/config/testdata/site-a.toml). 'check' validates it and exits. The
+(see the example in internal/config/testdata/site-a.toml). 'check' validates it and exits;
+'import-mpt' writes one from an MPT daemon's configuration (mode "mpt", to interoperate). The
 running tunnel serves its status and Prometheus metrics on the 'metrics' address ('braid status'
 reads it) and takes path changes on its 'control' socket; a change applies to the next packet.
 
@@ -58,6 +60,8 @@ func runTunnel(e env, args []string) int {
 		switch args[0] {
 		case "check":
 			return tunnelCheck(e, args[1:])
+		case "import-mpt":
+			return tunnelImportMPT(e, args[1:])
 		case "path":
 			return tunnelPath(e, args[1:])
 		case "run":
