@@ -30,7 +30,7 @@ BENCHES := emulator tunnel
 bench: build
 	@mkdir -p bench/out
 	$(foreach b,$(BENCHES),$(GO) run ./bench/$(b) -braid $(BIN) -runs 5 -out bench/out/$(b).md &&) true
-	cat $(foreach b,$(BENCHES),bench/out/$(b).md) > bench/BENCH.md
+	for f in $(foreach b,$(BENCHES),bench/out/$(b).md); do cat $$f; echo; done > bench/BENCH.md
 
 # One short run of every benchmark, so that none rots (CI runs it).
 bench-smoke: build
