@@ -80,9 +80,9 @@ func (t *Tunnel) sendData(b []byte, n int) {
 		return
 	}
 	now := t.now()
-	// The scheduler paces in bytes on the wire: count the outer IPv6 and UDP headers too (the
-	// larger case), so that a path is never fed faster than its capacity.
-	wire := n + Overhead + 48
+	// The scheduler paces in bytes on the wire: count the outer IP and UDP headers too, so
+	// that a path is never fed faster than its capacity.
+	wire := n + Overhead + p.outer
 	pp, wait := p.pick(now, wire)
 	for pp == nil && wait > 0 && !t.closing.Load() {
 		sleep(wait)

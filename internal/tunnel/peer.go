@@ -46,6 +46,7 @@ type peer struct {
 	lastInit session.Timestamp // newest initiation accepted from the peer
 	rb       *reorder.Buffer[*packetBuf]
 	released []*packetBuf
+	outer    int // outer IP and UDP header bytes: 28, or 48 when a path is IPv6
 }
 
 // liveSession is a session with its birth time.
@@ -128,6 +129,12 @@ func newPeer(t *Tunnel, pc PeerConfig, now int64) (*peer, error) {
 		})
 	}
 	p.snap = make([]sched.Path, len(p.paths))
+	p.outer = 20 + 8
+	for _, pp := range p.paths {
+		if !pp.remote.Addr().Unmap().Is4() {
+			p.outer = 40 + 8
+		}
+	}
 	return p, nil
 }
 
@@ -195,9 +202,8 @@ func (p *peer) snapshotLocked(now int64) {
 }
 
 // paceShare is the part of a path's configured capacity the tunnel paces to: a little below
-// the line rate, so that the bottleneck's queue stays short (tunnel users' experience with
-// paced tunnels: rates some 5-10 % below capacity keep shaped links loss-free).
-const paceShare = 0.96
+// the line rate, so that the bottleneck's queue drains between bursts.
+const paceShare = 0.99
 
 // quietAfter is how long a path may stay unheard before it is avoided: one probe interval plus
 // a round trip with its variation, plus a little slack for the probe timer.
