@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"braid/internal/lab"
+	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 	"braid/internal/tunnel/session"
@@ -140,7 +141,8 @@ func tunnelRun(ctx context.Context, braid string, dur time.Duration, reorder boo
 	keys := []session.PrivateKey{ka, kb}
 	for i, h := range []string{"a", "b"} {
 		file := filepath.Join(dir, h+".toml")
-		os.WriteFile(file, site(dir, i, keys[i], keys[1-i].Public(), reorder), 0o600)
+		os.WriteFile(file, scenario.SiteFile(scenario.SiteSpec{Side: i, Own: keys[i], Peer: keys[1-i].Public(), Paths: 2, Outer: 4,
+			Capacities: rates, Reorder: &reorder, Control: filepath.Join(dir, fmt.Sprintf("ctl%d.sock", i))}), 0o600)
 		cmd := exec.Command(braid, "tunnel", "--config", file)
 		logf, _ := os.Create(filepath.Join(dir, h+".log"))
 		defer logf.Close()
@@ -163,20 +165,6 @@ func tunnelRun(ctx context.Context, braid string, dur time.Duration, reorder boo
 		return 0
 	}
 	return bulk(ctx, l, braid, "10.255.0.2:5201", dur)
-}
-
-func site(dir string, side int, own session.PrivateKey, peer session.PublicKey, reorder bool) []byte {
-	var b strings.Builder
-	fmt.Fprintf(&b, "[tunnel]\nprivate_key = %q\naddress = [\"10.255.0.%d/24\"]\nreorder = %v\n", own.String(), side+1, reorder)
-	fmt.Fprintf(&b, "control = %q\n", filepath.Join(dir, fmt.Sprintf("ctl%d.sock", side)))
-	for i, r := range rates {
-		fmt.Fprintf(&b, "[[tunnel.uplink]]\nname = \"up%d\"\ninterface = \"eth%d\"\naddress = \"10.9.%d.%d\"\ncapacity = %d\n", i, i, i, side+1, r)
-	}
-	fmt.Fprintf(&b, "[[tunnel.peer]]\nname = \"peer\"\npublic_key = %q\nroutes = [\"10.255.0.%d/32\"]\n", peer.String(), 2-side)
-	for i := range rates {
-		fmt.Fprintf(&b, "[[tunnel.peer.path]]\nuplink = \"up%d\"\nremote = \"10.9.%d.%d:4754\"\n", i, i, 2-side)
-	}
-	return []byte(b.String())
 }
 
 func waitTunnel(ctx context.Context, l *lab.Lab) bool {

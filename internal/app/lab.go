@@ -43,6 +43,7 @@ Commands:
   link HOST1 HOST2 [--rate R] [--delay D] [--jitter J] [--loss L] [--down|--up]
                  change a link of the running lab while traffic flows
   run SCENARIO   run a built-in experiment and print its table
+  repro PAPER    reproduce a paper's experiment (mptgre), its figures printed beside braid's
   demo           the main demonstration: two sites, two uplinks each, each path measured
 
 Names: namespaces are called braid-<id>-<host>, where <id> is a random run ID.
@@ -59,7 +60,7 @@ Run 'braid lab <command> --help' for the manual of each command.
 func runLab(e env, args []string) int {
 	return dispatch(e, "lab", labDoc, map[string]func(env, []string) int{
 		"up": labUp, "down": labDown, "status": labStatus, "exec": labExec,
-		"link": labLink, "run": labRun, "demo": labDemo,
+		"link": labLink, "run": labRun, "repro": labRun, "demo": labDemo,
 	}, args)
 }
 
@@ -541,14 +542,18 @@ func labLink(e env, args []string) int {
 	return exitOK
 }
 
-const labRunDoc = `Usage: braid lab run SCENARIO [--quick] [--json]
+const labRunDoc = `Usage: braid lab run SCENARIO [--quick]
+       braid lab repro SCENARIO [--quick]
 
 Runs a built-in experiment on a lab it builds for itself, prints its table and removes the lab.
+'repro' is the same command, named for the experiments that reproduce a paper (mptgre): they
+print the paper's figures beside braid's. --quick shortens every measurement (a smoke run).
 
 Scenarios:
 %s
 Example:
   braid lab run accuracy --quick
+  braid lab repro mptgre
 `
 
 func labRun(e env, args []string) int {

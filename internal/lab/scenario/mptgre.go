@@ -1,0 +1,283 @@
+package scenario
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"braid/internal/lab"
+	"braid/internal/lab/topo"
+	"braid/internal/traffic"
+	"braid/internal/tunnel/session"
+)
+
+// The MPT-GRE paper (Szilágyi et al.) measured, between two servers joined by two Gigabit
+// Ethernet paths: iperf3 TCP throughput for 30 s, 10 times, over 1 and 2 paths, for the four
+// combinations of inner and outer IP version; a 2 GB download's time; and the daemon's CPU use.
+// Its figures, from the text (the plots are not in the text):
+const (
+	paperOnePath  = 0.92e9 // bit/s, one path, all combinations alike
+	paperTwoPaths = 1.84e9 // bit/s, two paths
+	paperFile44   = 10.85  // seconds for 2 GB, IPv4 over IPv4, two paths
+	paperFile66   = 13.0   // seconds for 2 GB, IPv6 over IPv6, two paths ("around 13")
+	paperFileOne  = 19.0   // seconds for 2 GB over one path
+	paperCPU66    = 0.15   // of an 8-thread i7-3770K, IPv6 over IPv6, two paths (the worst case)
+)
+
+func init() {
+	register(Scenario{Name: "mptgre", Summary: "the MPT-GRE paper's measurements: 1 and 2 paths of 1 Gbit/s, four IP combinations, 2 GB transfer, CPU", Run: runMPTGRE})
+}
+
+// combo is an inner/outer IP version pair.
+type combo struct{ inner, outer int }
+
+func (c combo) String() string { return fmt.Sprintf("IPv%d over IPv%d", c.inner, c.outer) }
+
+// mptgreTopology: hosts a and b joined by two 1 Gbit/s links with 0.1 ms one-way delay (a
+// Gigabit LAN), IPv4 and IPv6 on each.
+func mptgreTopology() *topo.Topology {
+	tp := &topo.Topology{Name: "mptgre", Hosts: []topo.Host{{Name: "a"}, {Name: "b"}}}
+	for i := range 2 {
+		s := topo.Shape{Rate: 1e9, Delay: 100 * time.Microsecond}
+		tp.Links = append(tp.Links, topo.Link{
+			A:  topo.Endpoint{Host: "a", Addrs: []netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.9.%d.1/24", i)), netip.MustParsePrefix(fmt.Sprintf("fd09:%d::1/64", i))}},
+			B:  topo.Endpoint{Host: "b", Addrs: []netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.9.%d.2/24", i)), netip.MustParsePrefix(fmt.Sprintf("fd09:%d::2/64", i))}},
+			AB: s, BA: s,
+		})
+	}
+	return tp
+}
+
+// mptgreRun is what one configuration measured.
+type mptgreRun struct {
+	throughput []float64 // bit/s per run
+	cpu        []float64 // cores used by the two tunnel processes together, per run
+	fileTime   time.Duration
+	fileIntact bool
+}
+
+func runMPTGRE(ctx context.Context, w io.Writer, o Options) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	runs, dur, fileSize := 10, 30*time.Second, int64(2e9)
+	if o.Quick {
+		runs, dur, fileSize = 1, 3*time.Second, 100e6
+	}
+	fmt.Fprintf(w, "braid lab repro mptgre: two 1 Gbit/s paths (0.1 ms one way), TCP for %v x %d runs,\n"+
+		"a %.1f GB transfer, CPU of both tunnel processes; the paper's figures beside.\n\n", dur, runs, float64(fileSize)/1e9)
+	combos := []combo{{4, 4}, {6, 4}, {4, 6}, {6, 6}}
+	results := map[string]*mptgreRun{}
+	for _, c := range combos {
+		for _, paths := range []int{1, 2} {
+			r, err := mptgreMeasure(ctx, self, o, c, paths, runs, dur, fileSize)
+			if err != nil {
+				return fmt.Errorf("%v, %d paths: %w", c, paths, err)
+			}
+			results[fmt.Sprintf("%v/%d", c, paths)] = r
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "combination\tpaths\tthroughput (median)\tpaper\tratio\t%.1f GB down\tpaper (2 GB)\tintact\tCPU (2 tunnels)\t\n", float64(fileSize)/1e9)
+	for _, c := range combos {
+		for _, paths := range []int{1, 2} {
+			r := results[fmt.Sprintf("%v/%d", c, paths)]
+			paper, paperFile := paperOnePath, "-"
+			if paths == 2 {
+				paper = paperTwoPaths
+			}
+			switch {
+			case paths == 1:
+				paperFile = fmt.Sprintf("%.0f s", paperFileOne)
+			case c == combo{4, 4}:
+				paperFile = fmt.Sprintf("%.2f s", paperFile44)
+			case c == combo{6, 6}:
+				paperFile = fmt.Sprintf("%.0f s", paperFile66)
+			}
+			t := medianOf(r.throughput)
+			fmt.Fprintf(tw, "%v\t%d\t%.0f Mbit/s\t%.0f Mbit/s\t%.2f\t%.1f s\t%s\t%s\t%.0f %% of a core\t\n", c, paths, t/1e6, paper/1e6,
+				t/paper, r.fileTime.Seconds(), paperFile, yesNo(r.fileIntact), 100*medianOf(r.cpu))
+		}
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\nThe paper: %.2f and %.2f Gbit/s over 1 and 2 paths, a 2 GB download in %.2f s (IPv4/IPv4) and about\n"+
+		"%.0f s (IPv6/IPv6) over two paths and %.0f s over one, CPU at most %.0f %% of an 8-thread i7-3770K. Here: 2 cores\n"+
+		"shared by both sites, both tunnels, the traffic and the link emulator; transfer sizes are scaled when\n"+
+		"--quick. braid's tunnel is encrypted; MPT's is not.\n"+
+		"links emulated by: %s\n", paperOnePath/1e9, paperTwoPaths/1e9, paperFile44, paperFile66, paperFileOne, 100*paperCPU66, lab.EmulatorName)
+	return nil
+}
+
+// mptgreMeasure brings up the lab, runs `braid tunnel` on a and b over the first paths links,
+// and measures.
+func mptgreMeasure(ctx context.Context, self string, o Options, c combo, paths, runs int, dur time.Duration, fileSize int64) (*mptgreRun, error) {
+	l, err := lab.Up(ctx, mptgreTopology(), lab.Options{Logger: o.Logger, OwnSignals: true, Seed: o.Seed})
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close()
+	dir, err := os.MkdirTemp("", "braid-repro-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	ka, err := session.GenerateKey()
+	if err != nil {
+		return nil, err
+	}
+	kb, err := session.GenerateKey()
+	if err != nil {
+		return nil, err
+	}
+	keys := [2]session.PrivateKey{ka, kb}
+	var procs [2]*exec.Cmd
+	for i, h := range []string{"a", "b"} {
+		file := filepath.Join(dir, h+".toml")
+		site := SiteFile(SiteSpec{Side: i, Own: keys[i], Peer: keys[1-i].Public(), Paths: paths, Outer: c.outer,
+			Capacities: []uint64{1e9, 1e9}, Control: filepath.Join(dir, h+".sock")})
+		if err := os.WriteFile(file, site, 0o600); err != nil {
+			return nil, err
+		}
+		cmd := exec.Command(self, "tunnel", "--config", file)
+		if err := l.Host(h).Start(cmd); err != nil {
+			return nil, err
+		}
+		procs[i] = cmd
+	}
+	inner := SiteInner(1, c.inner)
+	stop, err := StartServer(ctx, l.Host("b"), netip.AddrPortFrom(inner, 5201).String())
+	for deadline := time.Now().Add(10 * time.Second); err != nil && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond) // the tunnel process has not configured braid0 yet
+		stop, err = StartServer(ctx, l.Host("b"), netip.AddrPortFrom(inner, 5201).String())
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	addr := netip.AddrPortFrom(inner, 5201).String()
+	if err := waitReachable(ctx, l.Host("a"), addr); err != nil {
+		return nil, err
+	}
+	r := &mptgreRun{}
+	for range runs {
+		before := procCPU(procs[0].Process.Pid) + procCPU(procs[1].Process.Pid)
+		t0 := time.Now()
+		res, err := traffic.Bulk(ctx, l.Host("a").Dial, addr, traffic.BulkOptions{Duration: dur})
+		if err != nil {
+			return nil, err
+		}
+		used := procCPU(procs[0].Process.Pid) + procCPU(procs[1].Process.Pid) - before
+		r.throughput = append(r.throughput, res.Steady)
+		r.cpu = append(r.cpu, used.Seconds()/time.Since(t0).Seconds())
+	}
+	f, err := traffic.File(ctx, l.Host("a").Dial, addr, traffic.FileOptions{Size: fileSize, Seed: 20, Reverse: true})
+	if err != nil {
+		return nil, err
+	}
+	r.fileTime, r.fileIntact = f.Duration, f.Intact
+	for _, p := range procs {
+		p.Process.Signal(syscall.SIGTERM)
+		p.Wait()
+	}
+	return r, nil
+}
+
+func waitReachable(ctx context.Context, h *lab.Host, addr string) error {
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		c, err := h.Dial(dctx, "tcp", addr)
+		cancel()
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("scenario: %s not reachable through the tunnel within 15 s", addr)
+}
+
+// procCPU returns the user and system CPU time of a process so far.
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
+}
+
+func medianOf(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+// SiteSpec describes one side of a two-site tunnel between lab hosts a (Side 0) and b (Side 1)
+// joined by links whose subnets are 10.9.<i>.0/24 and fd09:<i>::/64 (a is .1/::1, b .2/::2).
+type SiteSpec struct {
+	Side       int
+	Own        session.PrivateKey
+	Peer       session.PublicKey
+	Paths      int      // links used, from the first
+	Outer      int      // 4 or 6: the paths' address family
+	Capacities []uint64 // of the uplinks, bit/s, by link (missing or 0: unknown)
+	Reorder    *bool    // nil: the default
+	Control    string   // control socket
+}
+
+// SiteInner returns the tunnel address of a side: 10.255.0.<side+1> or fd00:ff::<side+1>.
+func SiteInner(side, version int) netip.Addr {
+	if version == 6 {
+		return netip.MustParseAddr(fmt.Sprintf("fd00:ff::%d", side+1))
+	}
+	return netip.MustParseAddr(fmt.Sprintf("10.255.0.%d", side+1))
+}
+
+// SiteFile writes the site file of one side.
+func SiteFile(s SiteSpec) []byte {
+	var b strings.Builder
+	other := 1 - s.Side
+	fmt.Fprintf(&b, "[tunnel]\nprivate_key = %q\naddress = [\"%s/24\", \"%s/64\"]\n", s.Own.String(), SiteInner(s.Side, 4), SiteInner(s.Side, 6))
+	fmt.Fprintf(&b, "control = %q\n", s.Control)
+	if s.Reorder != nil {
+		fmt.Fprintf(&b, "reorder = %v\n", *s.Reorder)
+	}
+	addr := func(link, side int) string {
+		if s.Outer == 6 {
+			return fmt.Sprintf("fd09:%d::%d", link, side+1)
+		}
+		return fmt.Sprintf("10.9.%d.%d", link, side+1)
+	}
+	for i := range s.Paths {
+		fmt.Fprintf(&b, "[[tunnel.uplink]]\nname = \"up%d\"\ninterface = \"eth%d\"\naddress = %q\n", i, i, addr(i, s.Side))
+		if i < len(s.Capacities) && s.Capacities[i] > 0 {
+			fmt.Fprintf(&b, "capacity = %d\n", s.Capacities[i])
+		}
+	}
+	fmt.Fprintf(&b, "[[tunnel.peer]]\nname = \"peer\"\npublic_key = %q\nroutes = [\"%s/32\", \"%s/128\"]\n", s.Peer.String(), SiteInner(other, 4), SiteInner(other, 6))
+	for i := range s.Paths {
+		fmt.Fprintf(&b, "[[tunnel.peer.path]]\nuplink = \"up%d\"\nremote = %q\n", i, netip.AddrPortFrom(netip.MustParseAddr(addr(i, other)), TunnelPort).String())
+	}
+	return []byte(b.String())
+}
