@@ -105,7 +105,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -686,7 +685,7 @@ func (l *loader) prefixes(obj, path, key string, v any) []netip.Prefix {
 	case []any:
 		list = v
 	default:
-		l.fail(obj, path, "%s must be a string or a list of strings, not %s", key, tomlType(v))
+		l.fail(obj, path, "%s must be a string or a list of strings, not %s", key, tomlfile.TypeName(v))
 		return nil
 	}
 	out := make([]netip.Prefix, 0, len(list))
@@ -697,7 +696,7 @@ func (l *loader) prefixes(obj, path, key string, v any) []netip.Prefix {
 		}
 		s, ok := e.(string)
 		if !ok {
-			l.fail(obj, p, "%s must be a string, not %s", k, tomlType(e))
+			l.fail(obj, p, "%s must be a string, not %s", k, tomlfile.TypeName(e))
 			out = append(out, netip.Prefix{})
 			continue
 		}
@@ -748,35 +747,11 @@ func (l *loader) duration(obj, path, key string, v any, d *time.Duration) bool {
 // numberOrString returns a TOML string as is and a TOML number in decimal notation, which the
 // unit parsers read in the unit a bare number has (milliseconds, bit/s, bytes).
 func (l *loader) numberOrString(obj, path, key string, v any) (string, bool) {
-	switch v := v.(type) {
-	case string:
-		return v, true
-	case int64:
-		return strconv.FormatInt(v, 10), true
-	case float64:
-		return strconv.FormatFloat(v, 'f', -1, 64), true
+	if s, ok := tomlfile.NumberText(v); ok {
+		return s, true
 	}
-	l.fail(obj, path, "%s must be a string or a number, not %s", key, tomlType(v))
+	l.fail(obj, path, "%s must be a string or a number, not %s", key, tomlfile.TypeName(v))
 	return "", false
-}
-
-// tomlType names the TOML type of a decoded value for error messages.
-func tomlType(v any) string {
-	switch v.(type) {
-	case string:
-		return "a string"
-	case int64:
-		return "an integer"
-	case float64:
-		return "a float"
-	case bool:
-		return "a boolean"
-	case []any:
-		return "an array"
-	case map[string]any:
-		return "a table"
-	}
-	return "a date or time"
 }
 
 // objName names an uplink or peer by its name, or by its position from 1 when it has none.

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	toml "github.com/pelletier/go-toml/v2"
@@ -266,4 +267,37 @@ func joinKey(path, key string) string {
 		return key
 	}
 	return path + "." + key
+}
+
+// TypeName names the TOML type of a decoded value, for error messages ("a string").
+func TypeName(v any) string {
+	switch v.(type) {
+	case string:
+		return "a string"
+	case int64:
+		return "an integer"
+	case float64:
+		return "a float"
+	case bool:
+		return "a boolean"
+	case []any:
+		return "an array"
+	case map[string]any:
+		return "a table"
+	}
+	return "a date or time"
+}
+
+// NumberText returns a TOML string as is and a TOML number in decimal notation, so that values
+// with units may be written either way ("50mbit" or 50000000); ok is false for other types.
+func NumberText(v any) (string, bool) {
+	switch v := v.(type) {
+	case string:
+		return v, true
+	case int64:
+		return strconv.FormatInt(v, 10), true
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64), true
+	}
+	return "", false
 }

@@ -55,7 +55,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 
 	"braid/internal/config/tomlfile"
@@ -219,7 +218,7 @@ func (c *converter) addrs(key string, v any) []netip.Prefix {
 	case []any:
 		list = v
 	default:
-		c.fail(fmt.Sprintf("%s must be a string or a list of strings, not %s", key, tomlType(v)), key)
+		c.fail(fmt.Sprintf("%s must be a string or a list of strings, not %s", key, tomlfile.TypeName(v)), key)
 		return nil
 	}
 	var out []netip.Prefix
@@ -230,7 +229,7 @@ func (c *converter) addrs(key string, v any) []netip.Prefix {
 		}
 		s, ok := a.(string)
 		if !ok {
-			c.fail(fmt.Sprintf("%s must be a string, not %s", k, tomlType(a)), k)
+			c.fail(fmt.Sprintf("%s must be a string, not %s", k, tomlfile.TypeName(a)), k)
 			continue
 		}
 		p, err := netip.ParsePrefix(s)
@@ -250,9 +249,9 @@ func (c *converter) shape(s *Shape, f *fileShape, prefix string) {
 		if v == nil {
 			return
 		}
-		str, ok := numberOrString(v)
+		str, ok := tomlfile.NumberText(v)
 		if !ok {
-			c.fail(fmt.Sprintf("%s must be a string or a number, not %s", key, tomlType(v)), prefix+key)
+			c.fail(fmt.Sprintf("%s must be a string or a number, not %s", key, tomlfile.TypeName(v)), prefix+key)
 			return
 		}
 		if err := parse(str); err != nil {
@@ -304,39 +303,6 @@ func (c *converter) route(f fileRoute) Route {
 		r.Dst = p
 	}
 	return r
-}
-
-// numberOrString returns a TOML string as is and a TOML number in decimal notation, which the
-// unit parsers read in the unit a bare number has (bit/s, milliseconds, percent, bytes).
-func numberOrString(v any) (string, bool) {
-	switch v := v.(type) {
-	case string:
-		return v, true
-	case int64:
-		return strconv.FormatInt(v, 10), true
-	case float64:
-		return strconv.FormatFloat(v, 'f', -1, 64), true
-	}
-	return "", false
-}
-
-// tomlType names the TOML type of a decoded value for error messages.
-func tomlType(v any) string {
-	switch v.(type) {
-	case string:
-		return "a string"
-	case int64:
-		return "an integer"
-	case float64:
-		return "a float"
-	case bool:
-		return "a boolean"
-	case []any:
-		return "an array"
-	case map[string]any:
-		return "a table"
-	}
-	return "a date or time"
 }
 
 // defaultName derives a topology name from a file name: "Two_Sites.toml" becomes "two-sites".
