@@ -190,6 +190,11 @@ func TestTunnelIntegrity(t *testing.T) {
 					if u.LossPercent > 1 {
 						t.Errorf("udp to %s: %v", inner, u)
 					}
+					// UDP content, checked datagram by datagram through an echo.
+					echoed, corrupt, err := scenario.UDPIntegrity(ctx, eps[0].host, eps[1].host, inner, 2000, 1200)
+					if err != nil || corrupt != 0 || echoed < 1980 {
+						t.Errorf("udp echo to %s: %d of 2000 back, %d changed, %v", inner, echoed, corrupt, err)
+					}
 				}
 				st := eps[0].tunnel.Status()
 				for _, p := range st.Peers[0].Paths {
