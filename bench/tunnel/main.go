@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -96,18 +95,13 @@ func main() {
 	}
 }
 
-// topology: a and b joined by two links.
+// topology: a and b joined by the two rate-limited links.
 func topology() *topo.Topology {
-	tp := &topo.Topology{Name: "tunbench", Hosts: []topo.Host{{Name: "a"}, {Name: "b"}}}
-	for i, r := range rates {
-		s := topo.Shape{Rate: r, Delay: 5 * time.Millisecond}
-		tp.Links = append(tp.Links, topo.Link{
-			A:  topo.Endpoint{Host: "a", Addrs: []netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.9.%d.1/24", i))}},
-			B:  topo.Endpoint{Host: "b", Addrs: []netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.9.%d.2/24", i))}},
-			AB: s, BA: s,
-		})
+	var shapes []topo.Shape
+	for _, r := range rates {
+		shapes = append(shapes, topo.Shape{Rate: r, Delay: 5 * time.Millisecond})
 	}
-	return tp
+	return scenario.ParallelLinks("tunbench", shapes...)
 }
 
 func up(ctx context.Context) *lab.Lab {

@@ -9,48 +9,26 @@ import (
 
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
+	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
-	"braid/internal/sock"
 	"braid/internal/traffic"
-	"braid/internal/tun"
 	"braid/internal/tunnel"
 	"braid/internal/tunnel/session"
 
 	"github.com/vishvananda/netlink"
 )
 
-// runTunnel starts a tunnel in host h with one uplink per local address and the given peers.
+// runTunnel starts a tunnel in host h (scenario.StartTunnel) until the test ends.
 func runTunnel(t *testing.T, h *lab.Host, priv session.PrivateKey, inner netip.Prefix, locals []netip.Addr, peers []tunnel.PeerConfig) *tunnel.Tunnel {
 	t.Helper()
-	o := tunnel.Options{PrivateKey: priv, MTU: 1400, Reorder: true, Peers: peers}
-	for _, a := range locals {
-		var c *sock.Conn
-		if err := h.NS.Do(func() (err error) { c, err = sock.Listen(netip.AddrPortFrom(a, tunnelPort), ""); return err }); err != nil {
-			t.Fatal(err)
-		}
-		o.Uplinks = append(o.Uplinks, tunnel.Uplink{Name: a.String(), Conn: c})
-	}
-	var dev *tun.Device
-	if err := h.NS.Do(func() (err error) { dev, err = tun.Open("braid0"); return err }); err != nil {
-		t.Fatal(err)
-	}
-	if err := tun.Configure(h.NS.Netlink(), "braid0", o.MTU, []netip.Prefix{inner}); err != nil {
-		t.Fatal(err)
-	}
-	o.Device = dev
-	tn, err := tunnel.New(o)
+	tn, stop, err := scenario.StartTunnel(context.Background(), h, []netip.Prefix{inner}, locals,
+		tunnel.Options{PrivateKey: priv, Reorder: true, Peers: peers})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- tn.Run(ctx) }()
 	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			t.Errorf("tunnel in %s did not stop", h.Name)
+		if err := stop(); err != nil {
+			t.Errorf("tunnel in %s: %v", h.Name, err)
 		}
 	})
 	return tn

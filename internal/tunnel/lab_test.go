@@ -11,25 +11,18 @@ import (
 	"braid/internal/lab/labtest"
 	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
-	"braid/internal/sock"
 	"braid/internal/traffic"
-	"braid/internal/tun"
 	"braid/internal/tunnel"
 	"braid/internal/tunnel/session"
 )
 
-// multiPath is two hosts a and b joined by n links; link i has a 10.9.i.0/24 and fd09:i::/64
-// subnet, a is .1 and b is .2 on each.
+// multiPath is scenario.ParallelLinks with n links shaped s.
 func multiPath(n int, s topo.Shape) *topo.Topology {
-	tp := &topo.Topology{Name: "tun", Hosts: []topo.Host{{Name: "a"}, {Name: "b"}}}
-	for i := range n {
-		tp.Links = append(tp.Links, topo.Link{
-			A:  topo.Endpoint{Host: "a", Addrs: []netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.9.%d.1/24", i)), netip.MustParsePrefix(fmt.Sprintf("fd09:%d::1/64", i))}},
-			B:  topo.Endpoint{Host: "b", Addrs: []netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.9.%d.2/24", i)), netip.MustParsePrefix(fmt.Sprintf("fd09:%d::2/64", i))}},
-			AB: s, BA: s,
-		})
+	shapes := make([]topo.Shape, n)
+	for i := range shapes {
+		shapes[i] = s
 	}
-	return tp
+	return scenario.ParallelLinks("tun", shapes...)
 }
 
 // endpoint is one side of a tunnel under test.
@@ -40,8 +33,6 @@ type endpoint struct {
 	inner4 netip.Addr
 	inner6 netip.Addr
 }
-
-const tunnelPort = 4754
 
 // startTunnels runs a tunnel on a and b over every link, with outer addresses of the given
 // family (4 or 6). Inner addresses: a 10.255.0.1 / fd00:ff::1, b 10.255.0.2 / fd00:ff::2.
@@ -58,57 +49,32 @@ func startTunnels(t *testing.T, l *lab.Lab, outer int, mutate func(side int, o *
 	}
 	for i, ep := range eps {
 		other := eps[1-i]
-		opts := tunnel.Options{PrivateKey: ep.priv, MTU: 1400, Reorder: true}
 		peer := tunnel.PeerConfig{Name: "peer", PublicKey: other.priv.Public(),
 			Routes: []netip.Prefix{netip.PrefixFrom(other.inner4, 32), netip.PrefixFrom(other.inner6, 128)}}
-		for j, lk := range l.Links() {
+		var locals []netip.Addr
+		for _, lk := range l.Links() {
 			local, remote := lk.Spec.A, lk.Spec.B
 			if i == 1 {
 				local, remote = remote, local
 			}
 			la, ra := pickFamily(local.Addrs, outer), pickFamily(remote.Addrs, outer)
-			var c *sock.Conn
-			err := ep.host.NS.Do(func() (err error) {
-				c, err = sock.Listen(netip.AddrPortFrom(la, tunnelPort), "")
-				return err
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			name := fmt.Sprintf("up%d", j)
-			opts.Uplinks = append(opts.Uplinks, tunnel.Uplink{Name: name, Conn: c})
-			peer.Paths = append(peer.Paths, tunnel.PathConfig{Uplink: name, Remote: netip.AddrPortFrom(ra, tunnelPort)})
+			locals = append(locals, la)
+			peer.Paths = append(peer.Paths, tunnel.PathConfig{Uplink: la.String(), Remote: netip.AddrPortFrom(ra, scenario.TunnelPort)})
 		}
-		opts.Peers = []tunnel.PeerConfig{peer}
-		var dev *tun.Device
-		if err := ep.host.NS.Do(func() (err error) { dev, err = tun.Open("braid0"); return err }); err != nil {
-			t.Fatal(err)
-		}
-		nl := ep.host.NS.Netlink()
-		if err := tun.Configure(nl, "braid0", opts.MTU, []netip.Prefix{netip.PrefixFrom(ep.inner4, 24), netip.PrefixFrom(ep.inner6, 64)}); err != nil {
-			t.Fatal(err)
-		}
-		opts.Device = dev
+		var adjust []func(*tunnel.Options)
 		if mutate != nil {
-			mutate(i, &opts)
+			adjust = append(adjust, func(o *tunnel.Options) { mutate(i, o) })
 		}
-		tn, err := tunnel.New(opts)
+		tn, stop, err := scenario.StartTunnel(context.Background(), ep.host,
+			[]netip.Prefix{netip.PrefixFrom(ep.inner4, 24), netip.PrefixFrom(ep.inner6, 64)}, locals,
+			tunnel.Options{PrivateKey: ep.priv, MTU: 1400, Reorder: true, Peers: []tunnel.PeerConfig{peer}}, adjust...)
 		if err != nil {
 			t.Fatal(err)
 		}
 		ep.tunnel = tn
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- tn.Run(ctx) }()
 		t.Cleanup(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("tunnel %s: %v", ep.host.Name, err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Errorf("tunnel %s did not stop within 10 s", ep.host.Name)
+			if err := stop(); err != nil {
+				t.Errorf("tunnel in %s: %v", ep.host.Name, err)
 			}
 		})
 	}
@@ -262,58 +228,6 @@ func TestTunnelBlackholeDetected(t *testing.T) {
 	}
 }
 
-// ping sends a UDP echo request every 10 ms from a to b over the tunnel for d and returns the
-// longest time without a reply.
-func ping(t *testing.T, ctx context.Context, eps [2]*endpoint, d time.Duration) time.Duration {
-	t.Helper()
-	pc, err := eps[1].host.ListenPacket("udp", netip.AddrPortFrom(eps[1].inner4, 7).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			pc.WriteTo(buf[:n], from)
-		}
-	}()
-	c, err := eps[0].host.Dial(ctx, "udp", netip.AddrPortFrom(eps[1].inner4, 7).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	got := make(chan time.Time, 1024)
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			if _, err := c.Read(buf); err != nil {
-				close(got)
-				return
-			}
-			got <- time.Now()
-		}
-	}()
-	start := time.Now()
-	last := start
-	var worst time.Duration
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for time.Since(start) < d {
-		select {
-		case at := <-got:
-			worst = max(worst, at.Sub(last))
-			last = at
-		case <-tick.C:
-			c.Write([]byte("ping"))
-		}
-	}
-	return max(worst, time.Since(last))
-}
-
 // Cutting one of two paths during a TCP transfer keeps the transfer alive and intact, and a
 // 10 ms ping through the tunnel never goes more than 300 ms without a reply.
 func TestTunnelFailover(t *testing.T) {
@@ -333,7 +247,10 @@ func TestTunnelFailover(t *testing.T) {
 		}
 		fileDone <- f
 	}()
-	worst := ping(t, ctx, eps, 3*time.Second)
+	worst, err := scenario.Ping(ctx, eps[0].host, eps[1].host, eps[1].inner4, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if worst > 300*time.Millisecond {
 		t.Errorf("longest time without a ping reply across the cut: %v, want under 300 ms", worst)
 	}

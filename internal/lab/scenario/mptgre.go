@@ -43,12 +43,12 @@ type combo struct{ inner, outer int }
 
 func (c combo) String() string { return fmt.Sprintf("IPv%d over IPv%d", c.inner, c.outer) }
 
-// mptgreTopology: hosts a and b joined by two 1 Gbit/s links with 0.1 ms one-way delay (a
-// Gigabit LAN), IPv4 and IPv6 on each.
-func mptgreTopology() *topo.Topology {
-	tp := &topo.Topology{Name: "mptgre", Hosts: []topo.Host{{Name: "a"}, {Name: "b"}}}
-	for i := range 2 {
-		s := topo.Shape{Rate: 1e9, Delay: 100 * time.Microsecond}
+// ParallelLinks is two hosts a and b joined by one link per shape; link i has the subnets
+// 10.9.<i>.0/24 and fd09:<i>::/64, a is .1/::1 and b .2/::2 on each (the addressing SiteFile
+// uses). Each shape applies to both directions.
+func ParallelLinks(name string, shapes ...topo.Shape) *topo.Topology {
+	tp := &topo.Topology{Name: name, Hosts: []topo.Host{{Name: "a"}, {Name: "b"}}}
+	for i, s := range shapes {
 		tp.Links = append(tp.Links, topo.Link{
 			A:  topo.Endpoint{Host: "a", Addrs: []netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.9.%d.1/24", i)), netip.MustParsePrefix(fmt.Sprintf("fd09:%d::1/64", i))}},
 			B:  topo.Endpoint{Host: "b", Addrs: []netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.9.%d.2/24", i)), netip.MustParsePrefix(fmt.Sprintf("fd09:%d::2/64", i))}},
@@ -57,6 +57,9 @@ func mptgreTopology() *topo.Topology {
 	}
 	return tp
 }
+
+// gigabitLAN is one path of the paper's testbed: 1 Gbit/s, 0.1 ms one way.
+var gigabitLAN = topo.Shape{Rate: 1e9, Delay: 100 * time.Microsecond}
 
 // mptgreRun is what one configuration measured.
 type mptgreRun struct {
@@ -122,7 +125,7 @@ func runMPTGRE(ctx context.Context, w io.Writer, o Options) error {
 // mptgreMeasure brings up the lab, runs `braid tunnel` on a and b over the first paths links,
 // and measures.
 func mptgreMeasure(ctx context.Context, self string, o Options, c combo, paths, runs int, dur time.Duration, fileSize int64) (*mptgreRun, error) {
-	l, err := lab.Up(ctx, mptgreTopology(), lab.Options{Logger: o.Logger, OwnSignals: true, Seed: o.Seed})
+	l, err := lab.Up(ctx, ParallelLinks("mptgre", gigabitLAN, gigabitLAN), lab.Options{Logger: o.Logger, OwnSignals: true, Seed: o.Seed})
 	if err != nil {
 		return nil, err
 	}

@@ -17,8 +17,9 @@ const TunnelPort = 4754
 
 // StartTunnel runs a braid tunnel inside host h: a TUN device "braid0" with address inner, one
 // uplink socket per local address (named by the address), and the given options (peers,
-// scheduler...). stop ends it and waits.
-func StartTunnel(ctx context.Context, h *lab.Host, inner []netip.Prefix, locals []netip.Addr, o tunnel.Options) (t *tunnel.Tunnel, stop func(), err error) {
+// scheduler...). adjust, if given, sees the options last, with the device and sockets in place
+// (tests wrap a socket there). stop ends the tunnel, waits for it and returns what Run returned.
+func StartTunnel(ctx context.Context, h *lab.Host, inner []netip.Prefix, locals []netip.Addr, o tunnel.Options, adjust ...func(*tunnel.Options)) (t *tunnel.Tunnel, stop func() error, err error) {
 	if o.MTU == 0 {
 		o.MTU = 1400
 	}
@@ -48,6 +49,9 @@ func StartTunnel(ctx context.Context, h *lab.Host, inner []netip.Prefix, locals 
 		closeAll()
 		return nil, nil, err
 	}
+	for _, fn := range adjust {
+		fn(&o)
+	}
 	t, err = tunnel.New(o)
 	if err != nil {
 		closeAll()
@@ -56,7 +60,7 @@ func StartTunnel(ctx context.Context, h *lab.Host, inner []netip.Prefix, locals 
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- t.Run(ctx) }()
-	return t, func() { cancel(); <-done }, nil
+	return t, func() error { cancel(); return <-done }, nil
 }
 
 // WaitTunnel waits until every path of every peer of t is up.
