@@ -25,8 +25,7 @@ const BufferSize = 8 << 20
 // Conn is one path's UDP socket.
 type Conn struct {
 	*net.UDPConn
-	raw   syscall.RawConn
-	local netip.AddrPort
+	raw syscall.RawConn
 }
 
 // Listen opens a UDP socket on local, bound to device when it is not empty.
@@ -67,11 +66,8 @@ func Listen(local netip.AddrPort, device string) (*Conn, error) {
 		u.Close()
 		return nil, fmt.Errorf("sock: %w", err)
 	}
-	return &Conn{UDPConn: u, raw: raw, local: u.LocalAddr().(*net.UDPAddr).AddrPort()}, nil
+	return &Conn{UDPConn: u, raw: raw}, nil
 }
-
-// LocalAddr returns the bound address.
-func (c *Conn) Local() netip.AddrPort { return c.local }
 
 // Send writes one datagram to dst without blocking: a full buffer returns ErrWouldBlock at once.
 func (c *Conn) Send(b []byte, dst netip.AddrPort) error {

@@ -22,6 +22,8 @@ const (
 	rekeyAfter     = 2 * time.Minute        // the initiator starts a new handshake
 	rejectAfter    = 3 * time.Minute        // a session older than this is not used to send
 	keepPrevious   = 10 * time.Second       // how long the previous session still opens packets
+	// rekeyAfterMessages starts a new handshake long before the session's counter runs out.
+	rekeyAfterMessages = session.RejectAfterMessages - 1<<32
 )
 
 // peer is one remote site: its paths, sessions, reorder buffer and scheduler.
@@ -215,7 +217,7 @@ func (p *peer) quietAfter(s path.Snapshot) int64 {
 func (p *peer) handshake(now int64) {
 	p.mu.Lock()
 	cur := p.cur.Load()
-	need := cur == nil || time.Duration(now-cur.created) > rekeyAfter
+	need := cur == nil || time.Duration(now-cur.created) > rekeyAfter || cur.s.Sent() > rekeyAfterMessages
 	if !need || (p.hs != nil && time.Duration(now-p.hsSent) < handshakeRetry) {
 		p.mu.Unlock()
 		return

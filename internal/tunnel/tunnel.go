@@ -203,13 +203,8 @@ func (t *Tunnel) Run(ctx context.Context) error {
 	}
 	t.wg.Wait()
 	t.log.Info("tunnel down")
-	if err != nil && !t.isClosedErr(err) {
-		return err
-	}
-	return nil
+	return err // the loops return nil when they stop because of closing
 }
-
-func (t *Tunnel) isClosedErr(err error) bool { return t.closing.Load() || err == nil }
 
 // lookup returns the peer whose routes hold dst.
 func (t *Tunnel) lookup(dst netip.Addr) *peer {
@@ -221,27 +216,18 @@ func (t *Tunnel) lookup(dst netip.Addr) *peer {
 	return nil
 }
 
-// newIndex allocates a receiver index for a session of p.
-func (t *Tunnel) newIndex(p *peer, s func(idx uint32) *session.Session) (*session.Session, uint32) {
+// reserveIndex allocates an unused, non-zero receiver index for a session of p; the session
+// itself is set once the handshake has made it (setSession).
+func (t *Tunnel) reserveIndex(p *peer) uint32 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for {
 		idx := randUint32()
-		if idx == 0 {
-			continue
+		if _, used := t.sessions[idx]; idx != 0 && !used {
+			t.sessions[idx] = &sessionRef{peer: p}
+			return idx
 		}
-		if _, used := t.sessions[idx]; used {
-			continue
-		}
-		sess := s(idx)
-		t.sessions[idx] = &sessionRef{s: sess, peer: p}
-		return sess, idx
 	}
-}
-
-func (t *Tunnel) reserveIndex(p *peer) uint32 {
-	_, idx := t.newIndex(p, func(uint32) *session.Session { return nil })
-	return idx
 }
 
 func (t *Tunnel) setSession(idx uint32, s *session.Session, p *peer) {

@@ -2,7 +2,6 @@ package session
 
 import (
 	"crypto/cipher"
-	"encoding/binary"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -57,14 +56,6 @@ func (s *Session) Sent() uint64 { return s.counter.Load() }
 
 // NonceSize is the length of the nonce that Seal and Open take.
 const NonceSize = chacha20poly1305.NonceSize
-
-// Nonce writes the nonce for counter into n: 4 zero bytes, then counter big-endian. Any 12 bytes
-// that contain the counter work as well: the tunnel uses its packet header, which holds the
-// counter, so that the nonce needs no buffer of its own.
-func Nonce(n []byte, counter uint64) {
-	clear(n[:4])
-	binary.BigEndian.PutUint64(n[4:NonceSize], counter)
-}
 
 // Seal appends the sealed plaintext (with its tag) to dst. nonce (NonceSize bytes) must be
 // unique for the session, which holds when it contains the counter from NextCounter; aad is the

@@ -2,6 +2,7 @@ package session
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"math/rand/v2"
 	"testing"
@@ -247,4 +248,11 @@ func BenchmarkSeal1400(b *testing.B) {
 		Nonce(hdr[8:], c)
 		a.Seal(buf[:0], hdr[8:], hdr, plain)
 	}
+}
+
+// Nonce writes a nonce for counter into n: 4 zero bytes, then counter big-endian. (The tunnel
+// uses its 12-byte packet header, which holds the counter, instead.)
+func Nonce(n []byte, counter uint64) {
+	clear(n[:4])
+	binary.BigEndian.PutUint64(n[4:NonceSize], counter)
 }

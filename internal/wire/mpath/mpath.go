@@ -67,7 +67,7 @@ type Header struct {
 	Type    uint8
 	Path    uint8  // the sender's path ID
 	Flags   uint16 // none defined: Decode rejects any
-	Counter uint64 // AEAD nonce (4 zero bytes || Counter) and replay window position
+	Counter uint64 // per session and direction: makes the header (the AEAD nonce) unique; replay window position
 }
 
 // Decode overwrites h with the header at the start of b and returns HeaderLen; the sealed
