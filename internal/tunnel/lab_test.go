@@ -221,6 +221,7 @@ func TestTunnelBlackholeDetected(t *testing.T) {
 	if downAfter == 0 || downAfter > 300*time.Millisecond {
 		t.Errorf("silent path declared down after %v, want within 300 ms", downAfter)
 	}
+	t.Logf("silent path declared down %v after the cut", downAfter)
 	lk.Restore()
 	waitUp(t, eps)
 	if s := eps[0].tunnel.Status().Peers[0].Paths[0].State; s != "up" {
