@@ -70,10 +70,17 @@ func runStatus(e env, args []string) int {
 		}
 		fmt.Fprintf(e.stdout, "\npeer %s: %s, reorder hold %v\n", p.Name, session, p.ReorderHold)
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "PATH\tUPLINK\tREMOTE\tSTATE\tRTT\tLOSS\tRATE\tTX\tRX\tTX DROPS")
+		fmt.Fprintln(tw, "PATH\tUPLINK\tREMOTE\tSTATE\tRTT\tLOSS\tRATE\tCAPACITY\tTX\tRX\tTX DROPS")
 		for _, pa := range p.Paths {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.1f ms\t%.1f %%\t%s\t%d B\t%d B\t%d\n", pa.ID, pa.Uplink, pa.Remote, pa.State,
-				float64(pa.RTT)/1e6, 100*pa.Loss, units.FormatRate(uint64(pa.Rate)), pa.TxBytes, pa.RxBytes, pa.TxDrops)
+			capacity := "configured " + units.FormatRate(uint64(pa.Capacity))
+			switch {
+			case pa.CapacityPhase != "":
+				capacity = units.FormatRate(uint64(pa.Capacity)) + " (" + pa.CapacityPhase + ")"
+			case pa.Capacity == 0:
+				capacity = "-"
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.1f ms\t%.1f %%\t%s\t%s\t%d B\t%d B\t%d\n", pa.ID, pa.Uplink, pa.Remote, pa.State,
+				float64(pa.RTT)/1e6, 100*pa.Loss, units.FormatRate(uint64(pa.Rate)), capacity, pa.TxBytes, pa.RxBytes, pa.TxDrops)
 		}
 		tw.Flush()
 	}

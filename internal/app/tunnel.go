@@ -356,6 +356,7 @@ func (s tunnelSource) WriteMetrics(w *metrics.Writer) {
 		{"braid_tunnel_path_rtt_seconds", "Smoothed round-trip time of the path.", metrics.Gauge, func(p tunnel.PathStatus) float64 { return p.RTT.Seconds() }},
 		{"braid_tunnel_path_loss_ratio", "Probe loss of the path, 0 to 1.", metrics.Gauge, func(p tunnel.PathStatus) float64 { return p.Loss }},
 		{"braid_tunnel_path_rate_bits_per_second", "Delivery rate measured by the peer.", metrics.Gauge, func(p tunnel.PathStatus) float64 { return p.Rate }},
+		{"braid_tunnel_path_capacity_bits_per_second", "Capacity the path is scheduled for: configured, or measured.", metrics.Gauge, func(p tunnel.PathStatus) float64 { return p.Capacity }},
 		{"braid_tunnel_path_tx_bytes_total", "Bytes sent on the path.", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.TxBytes) }},
 		{"braid_tunnel_path_tx_packets_total", "Packets sent on the path.", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.TxPackets) }},
 		{"braid_tunnel_path_tx_drops_total", "Packets not sent: the path's socket buffer was full.", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.TxDrops) }},

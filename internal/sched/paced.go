@@ -49,8 +49,8 @@ func (c PacedConfig) Validate() error {
 	return nil
 }
 
-// Paced is the default scheduler. Each path has a token bucket refilled at its Capacity
-// (DefaultCapacity when unknown) holding at most one burst, so over any interval of length t
+// Paced is the default scheduler. Each path has a token bucket refilled at its PaceRate (else
+// its Capacity, else DefaultCapacity) holding at most one burst, so over any interval of length t
 // a path is sent at most burst + Capacity·t: a shaped link never builds a standing queue and
 // never drops for lack of pacing. Among the Up paths whose bucket holds the packet, the one
 // with the largest deficit is chosen: the deficit is smooth weighted round robin counted in
@@ -110,7 +110,10 @@ func (s *Paced) Next(now int64, paths []Path, size int) (index int, at int64, ok
 			st.deficit = 0
 			continue
 		}
-		capacity := paths[i].Capacity
+		capacity := paths[i].PaceRate
+		if !(capacity > 0) || math.IsInf(capacity, 0) {
+			capacity = paths[i].Capacity
+		}
 		if !(capacity > 0) || math.IsInf(capacity, 0) {
 			capacity = s.cfg.DefaultCapacity
 		}

@@ -27,7 +27,10 @@ type Path struct {
 	// Weight is the configured share (MPT's weight_out). 0 means: use Capacity.
 	Weight float64
 	// Capacity is the path's rate in bit/s, configured or measured; 0 means unknown.
-	Capacity     float64
+	Capacity float64
+	// PaceRate is the rate in bit/s a pacing scheduler sends the path at: a measured capacity
+	// times the estimator's probing or draining gain (Capacity.PacingRate). 0 means Capacity.
+	PaceRate     float64
 	SRTT, RTTVar time.Duration
 	InFlight     int // bytes sent and not yet known to have arrived or been lost
 }

@@ -257,6 +257,7 @@ func (t *Tunnel) receive(u *uplink, src netip.AddrPort, pb *packetBuf, n int) bo
 		}
 		p.mu.Lock()
 		pp.est.OnReply(now, r.Seq, r.Timestamp, r.Hold, path.Feedback(r.Feedback))
+		pp.sampleCapacityLocked(now, p.outer)
 		p.mu.Unlock()
 	case mpath.TypeFeedback:
 		// Feedback rides in probe replies for now; a lone one is accepted and ignored.
@@ -323,7 +324,7 @@ func (t *Tunnel) write(pkt []byte) {
 func (t *Tunnel) reply(p *peer, pp *peerPath, pr mpath.Probe) {
 	r := mpath.ProbeReply{Seq: pr.Seq, Timestamp: pr.Timestamp}
 	p.mu.Lock()
-	r.Feedback = mpath.Feedback{Bytes: pp.rxBytes, Packets: pp.rxPackets}
+	r.Feedback = mpath.Feedback{Bytes: pp.rxBytes, Packets: pp.rxPackets, Time: t.micros(t.now())}
 	if p.rb != nil {
 		st := p.rb.Stats()
 		r.Feedback.ReorderPackets = uint32(st.Packets)

@@ -67,6 +67,15 @@ type peerPath struct {
 	est      *path.Estimator
 	admin    bool // operator set it down
 
+	// measured capacity, when none is configured: fed one sample per delivery-rate window
+	capEst  *sched.Capacity
+	capN    uint64 // the estimator's RateSamples when the last sample was taken
+	capAt   int64  // and the time and bytes sent then, for the send rate of the window
+	capSent uint64
+	capPkts uint64
+	capBits float64       // delivered over the estimator's windows since the last sample
+	capWin  time.Duration // and their length
+
 	// receive counters reported to the peer in probe replies
 	rxBytes   uint64
 	rxPackets uint32
@@ -79,19 +88,12 @@ type scheduler interface {
 	Pick(now int64, paths []sched.Path, size int) (int, bool)
 }
 
-// newScheduler returns the named scheduler. The default is paced when every path's capacity is
-// known, and weighted round robin otherwise: pacing at a guessed capacity would cap a faster path
-// at the guess.
-func newScheduler(name string, paths []PathConfig) (scheduler, error) {
-	if name == "" {
-		name = "paced"
-		for _, pc := range paths {
-			if pc.Capacity == 0 {
-				name = "wrr"
-			}
-		}
-	}
+// newScheduler returns the named scheduler; the default is paced, at the configured capacity
+// of a path or else at its measured one.
+func newScheduler(name string) (scheduler, error) {
 	switch name {
+	case "":
+		fallthrough
 	case "paced":
 		return sched.NewPaced(sched.PacedConfig{}.Defaults())
 	case "wrr":
@@ -106,7 +108,7 @@ func newPeer(t *Tunnel, pc PeerConfig, now int64) (*peer, error) {
 	if pc.PublicKey.IsZero() {
 		return nil, fmt.Errorf("tunnel: peer %s has no public key", pc.Name)
 	}
-	sch, err := newScheduler(t.o.Scheduler, pc.Paths)
+	sch, err := newScheduler(t.o.Scheduler)
 	if err != nil {
 		return nil, err
 	}
@@ -125,10 +127,16 @@ func newPeer(t *Tunnel, pc PeerConfig, now int64) (*peer, error) {
 		if u == nil {
 			return nil, fmt.Errorf("tunnel: peer %s path %d: no uplink %q", pc.Name, i+1, cfg.Uplink)
 		}
-		p.paths = append(p.paths, &peerPath{
+		pp := &peerPath{
 			id: uint8(i), up: u, remote: cfg.Remote, weight: cfg.Weight, capacity: cfg.Capacity,
-			est: path.New(t.o.Path, now),
-		})
+			est: path.New(t.o.Path, now), capAt: now,
+		}
+		if cfg.Capacity == 0 {
+			if pp.capEst, err = sched.NewCapacity(t.o.CapacityCfg); err != nil {
+				return nil, fmt.Errorf("tunnel: peer %s: %w", pc.Name, err)
+			}
+		}
+		p.paths = append(p.paths, pp)
 	}
 	p.snap = make([]sched.Path, len(p.paths))
 	p.outer = 20 + 8
@@ -139,6 +147,38 @@ func newPeer(t *Tunnel, pc PeerConfig, now int64) (*peer, error) {
 	}
 	return p, nil
 }
+
+// sampleCapacityLocked gives the path's capacity estimator one sample per capacityWindow:
+// the delivery rate over the estimator's windows of that span, with what was sent on the path
+// meanwhile. Both are counted as the scheduler paces, in IP bytes on the wire: the peer
+// reports datagram payloads, and every datagram also carries outer IP and UDP headers.
+func (pp *peerPath) sampleCapacityLocked(now int64, outer int) {
+	if pp.capEst == nil {
+		return
+	}
+	s := pp.est.Snapshot()
+	if s.RateSamples == pp.capN {
+		return
+	}
+	pp.capN = s.RateSamples
+	pp.capBits += s.DeliveryRate * s.RateWindow.Seconds()
+	pp.capWin += s.RateWindow
+	if pp.capWin < capacityWindow {
+		return
+	}
+	sent, pkts := pp.txBytes.Load(), pp.txPackets.Load()
+	if dt, b := now-pp.capAt, sent-pp.capSent; dt > 0 && b > 0 {
+		wire := float64(b+(pkts-pp.capPkts)*uint64(outer)) / float64(b)
+		pp.capEst.OnSample(pp.capBits/pp.capWin.Seconds()*wire, float64(b)*wire*8*1e9/float64(dt),
+			int64(pp.capWin), int64(s.SRTT), int64(s.MinRTT))
+	}
+	pp.capAt, pp.capSent, pp.capPkts, pp.capBits, pp.capWin = now, sent, pkts, 0, 0
+}
+
+// capacityWindow is the shortest span of one capacity sample: the peer's delivery windows are
+// timed by its clock, but when its receive loop runs late a 100 ms window is off by a few
+// per cent, and the estimate, a maximum, would take the high ones.
+const capacityWindow = 300 * time.Millisecond
 
 // pathFrom returns the path that arrives on uplink u from src.
 func (p *peer) pathFrom(u *uplink, src netip.AddrPort) *peerPath {
@@ -191,7 +231,10 @@ func (p *peer) snapshotLocked(now int64) {
 		quiet := up && now-s.LastHeard > p.quietAfter(s)
 		p.snap[i] = sched.Path{
 			ID: i, Up: up && !quiet, Weight: pp.weight,
-			Capacity: float64(pp.capacity) * paceShare, SRTT: s.SRTT, RTTVar: s.RTTVar,
+			Capacity: float64(pp.capacity), SRTT: s.SRTT, RTTVar: s.RTTVar,
+		}
+		if pp.capEst != nil {
+			p.snap[i].Capacity, p.snap[i].PaceRate = pp.capEst.Estimate(), pp.capEst.PacingRate()
 		}
 		fresh = fresh || (up && !quiet)
 	}
@@ -202,10 +245,6 @@ func (p *peer) snapshotLocked(now int64) {
 		}
 	}
 }
-
-// paceShare is the part of a path's configured capacity the tunnel paces to: a little below
-// the line rate, so that the bottleneck's queue drains between bursts.
-const paceShare = 0.99
 
 // quietAfter is how long a path may stay unheard before it is avoided: one probe interval plus
 // a round trip with its variation, plus a little slack for the probe timer.

@@ -52,14 +52,18 @@ type PeerStatus struct {
 
 // PathStatus describes one path to a peer.
 type PathStatus struct {
-	ID                     int
-	Uplink                 string
-	Remote                 string
-	State                  string
-	AdminDown              bool
-	RTT, RTTVar            time.Duration
-	Loss                   float64
-	Rate                   float64 // delivery rate measured by the peer, bit/s
+	ID          int
+	Uplink      string
+	Remote      string
+	State       string
+	AdminDown   bool
+	RTT, RTTVar time.Duration
+	Loss        float64
+	Rate        float64 // delivery rate measured by the peer, bit/s
+	// Capacity is the rate the path is scheduled for, bit/s: configured, or measured (then
+	// CapacityPhase names the estimator's phase: startup, drain or cruise).
+	Capacity               float64
+	CapacityPhase          string `json:",omitempty"`
 	TxPackets, TxBytes     uint64
 	TxDrops                uint64
 	RxPackets, RxBytes     uint64
@@ -81,7 +85,12 @@ func (t *Tunnel) Status() Status {
 		}
 		for _, pp := range p.paths {
 			s := pp.est.Snapshot()
+			capacity, phase := float64(pp.capacity), ""
+			if pp.capEst != nil {
+				capacity, phase = pp.capEst.Estimate(), pp.capEst.Phase().String()
+			}
 			ps.Paths = append(ps.Paths, PathStatus{
+				Capacity: capacity, CapacityPhase: phase,
 				ID: int(pp.id) + 1, Uplink: pp.up.name, Remote: pp.remote.String(),
 				State: stateName(s.State, pp.admin), AdminDown: pp.admin,
 				RTT: s.SRTT, RTTVar: s.RTTVar, Loss: s.Loss, Rate: s.DeliveryRate,

@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"braid/internal/sched"
 	"braid/internal/tunnel/path"
 	"braid/internal/tunnel/reorder"
 	"braid/internal/tunnel/session"
@@ -73,7 +74,9 @@ type Options struct {
 	Reorder    bool
 	ReorderCfg reorder.Config
 	Scheduler  string // "paced" (default), "wrr", "minrtt"
-	Logger     *slog.Logger
+	// CapacityCfg tunes the capacity estimator of paths with no configured capacity.
+	CapacityCfg sched.CapacityConfig
+	Logger      *slog.Logger
 }
 
 // Overhead is what the tunnel adds to an inner packet, before the outer IP and UDP headers.
@@ -138,6 +141,10 @@ func New(o Options) (*Tunnel, error) {
 	}
 	o.ReorderCfg = o.ReorderCfg.Defaults()
 	if err := o.ReorderCfg.Validate(); err != nil {
+		return nil, fmt.Errorf("tunnel: %w", err)
+	}
+	o.CapacityCfg = o.CapacityCfg.Defaults()
+	if err := o.CapacityCfg.Validate(); err != nil {
 		return nil, fmt.Errorf("tunnel: %w", err)
 	}
 	t := &Tunnel{

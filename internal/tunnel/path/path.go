@@ -195,6 +195,7 @@ func (s State) String() string {
 type Feedback struct {
 	Bytes                                     uint64
 	Packets, Lost, ReorderPackets, ReorderKiB uint32
+	Time                                      uint32 // the peer's clock when it read them, µs (wraps)
 }
 
 // Snapshot is a copy of a path's state for schedulers and status output.
@@ -216,8 +217,13 @@ type Snapshot struct {
 	// a probe does in Loss, so that a busy path's estimate follows its latest feedback.
 	ForwardLoss float64
 	// DeliveryRate is the rate in bit/s at which the peer received bytes on this path, over
-	// the last window of at least 2 × ProbeInterval between feedbacks; 0 until measured.
+	// the last window of at least 2 × ProbeInterval between feedbacks, timed by the peer's
+	// clock (so that queueing on the way back does not stretch or shrink the window); 0
+	// until measured.
 	DeliveryRate float64
+	// RateSamples counts DeliveryRate measurements; RateWindow is the length of the latest.
+	RateSamples uint64
+	RateWindow  time.Duration
 	// Local counters, from OnSend and OnReceive.
 	BytesSent, BytesReceived     uint64
 	PacketsSent, PacketsReceived uint64
@@ -292,12 +298,13 @@ type Estimator struct {
 	fbSeq       uint32 // probe seq of the reply that carried fb
 	fbSeqHave   bool
 	cand        Feedback // counters that went backwards: a restart if the next ones agree
-	candAt      int64
 	candHave    bool
 	winBytes    uint64 // rate window start
-	winAt       int64
+	winAt       uint32 // the peer's clock, µs
 	winRestart  bool
 	rate        float64
+	rateN       uint64
+	rateWin     int64
 	restarts    uint64
 	reorderPkts uint32
 	reorderKiB  uint32
@@ -564,34 +571,37 @@ func (e *Estimator) OnFeedback(now int64, fb Feedback) {
 	e.reorderPkts, e.reorderKiB = fb.ReorderPackets, fb.ReorderKiB
 	if !e.fbHave {
 		e.fb, e.fbHave = fb, true
-		e.startWindow(now, fb)
+		e.startWindow(fb)
 		return
 	}
 	if backwards(e.fb, fb) {
 		if !e.candHave || backwards(e.cand, fb) {
-			e.cand, e.candAt, e.candHave = fb, now, true
+			e.cand, e.candHave = fb, true
 			return
 		}
 		e.restarts++
 		e.fb = e.cand
-		e.startWindow(e.candAt, e.cand)
+		e.startWindow(e.cand)
 	}
 	e.candHave = false
 	if e.winRestart {
-		e.startWindow(now, fb)
+		e.startWindow(fb)
 	}
 	if n := uint64(fb.Packets-e.fb.Packets) + uint64(fb.Lost-e.fb.Lost); n > 0 {
 		e.forwardLossSample(float64(fb.Lost-e.fb.Lost)/float64(n), n)
 	}
-	if dt := now - e.winAt; dt >= 2*int64(e.cfg.ProbeInterval) {
+	// A window longer than half the clock's wrap (35 min) is not measured.
+	if dt := int64(fb.Time-e.winAt) * 1000; dt >= 2*int64(e.cfg.ProbeInterval) && dt < 1<<31*1000 {
 		e.rate = float64(fb.Bytes-e.winBytes) * 8 * 1e9 / float64(dt)
-		e.winBytes, e.winAt = fb.Bytes, now
+		e.rateN++
+		e.rateWin = dt
+		e.winBytes, e.winAt = fb.Bytes, fb.Time
 	}
 	e.fb = fb
 }
 
-func (e *Estimator) startWindow(now int64, fb Feedback) {
-	e.winBytes, e.winAt, e.winRestart = fb.Bytes, now, false
+func (e *Estimator) startWindow(fb Feedback) {
+	e.winBytes, e.winAt, e.winRestart = fb.Bytes, fb.Time, false
 }
 
 // backwards reports whether to looks older than from: a counter decreased (serial-number
@@ -706,6 +716,8 @@ func (e *Estimator) Snapshot() Snapshot {
 		Loss:               e.loss,
 		ForwardLoss:        e.fwdLoss,
 		DeliveryRate:       e.rate,
+		RateSamples:        e.rateN,
+		RateWindow:         time.Duration(e.rateWin),
 		BytesSent:          e.bytesSent,
 		BytesReceived:      e.bytesRecv,
 		PacketsSent:        e.pktsSent,

@@ -608,7 +608,9 @@ func TestDeliveryRate(t *testing.T) {
 	for i := int64(1); i <= 20; i++ {
 		fb.Bytes += 125000
 		fb.Packets += 100
-		e.OnFeedback(i*50*ms, fb)
+		fb.Time = uint32(i * 50 * ms / 1000)
+		// The replies come back with jitter: the window is timed by the peer's clock.
+		e.OnFeedback(i*50*ms+(i%3)*7*ms, fb)
 		want := 20e6
 		if i < 3 {
 			want = 0 // first feedback sets the baseline; then a window of 100 ms
@@ -621,6 +623,7 @@ func TestDeliveryRate(t *testing.T) {
 	for i := int64(0); i < 20; i++ {
 		fb.Bytes += 50000 // 40 Mbit/s in 10 ms steps
 		fb.Packets += 40
+		fb.Time = uint32((sec + (i+1)*10*ms) / 1000)
 		e.OnFeedback(sec+(i+1)*10*ms, fb)
 	}
 	if got := e.Snapshot().DeliveryRate; got != 40e6 {
@@ -635,6 +638,7 @@ func TestDeliveryRate(t *testing.T) {
 		fb.Packets += 90
 		fb.Lost += 10
 		fb.ReorderPackets, fb.ReorderKiB = uint32(i), uint32(2*i)
+		fb.Time = uint32((2*sec + i*50*ms) / 1000)
 		e.OnFeedback(2*sec+i*50*ms, fb)
 	}
 	snap := e.Snapshot()
@@ -648,16 +652,18 @@ func TestDeliveryRate(t *testing.T) {
 
 func TestFeedbackRestartAndWrap(t *testing.T) {
 	e := New(Config{}, 0)
-	fb := Feedback{Bytes: 1 << 40, Packets: math.MaxUint32 - 500, Lost: math.MaxUint32 - 5}
+	// The peer's clock wraps too.
+	fb := Feedback{Bytes: 1 << 40, Packets: math.MaxUint32 - 500, Lost: math.MaxUint32 - 5, Time: math.MaxUint32 - 120000}
 	now := int64(0)
 	step := func(bytes uint64, pkts, lost uint32) {
 		now += 50 * ms
+		fb.Time += 50000
 		fb.Bytes += bytes
 		fb.Packets += pkts
 		fb.Lost += lost
 		e.OnFeedback(now, fb)
 	}
-	for range 10 { // 10 Mbit/s; Packets and Lost wrap on the way
+	for range 10 { // 10 Mbit/s; Packets, Lost and Time wrap on the way
 		step(62500, 100, 1)
 	}
 	snap := e.Snapshot()

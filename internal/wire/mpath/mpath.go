@@ -18,13 +18,14 @@
 //
 //	Type 1 data:      | Seq (4) | Timestamp (4) | inner IPv4 or IPv6 packet            |  DataPrefix
 //	Type 2 probe:     | Seq (4) | Timestamp (4) | padding (any length)                 |  Probe
-//	Type 3 reply:     | Seq (4) | Timestamp (4) | Hold (4) | path feedback (24)        |  ProbeReply
-//	Type 4 feedback:  | path feedback (24)                                             |  Feedback
+//	Type 3 reply:     | Seq (4) | Timestamp (4) | Hold (4) | path feedback (28)        |  ProbeReply
+//	Type 4 feedback:  | path feedback (28)                                             |  Feedback
 //
 //	path feedback:    | Bytes (8) | Packets (4) | Lost (4) | ReorderPackets (4) | ReorderKiB (4) |
+//	                  | Time (4) |
 //
 // Types 16 and 17 are the handshake messages; their payload is not specified yet, so this package
-// decodes only their header. Timestamps and Hold are microseconds that wrap.
+// decodes only their header. Timestamps, Hold and Time are microseconds that wrap.
 //
 // Every Decode overwrites the whole value (zero on error) and returns the bytes it consumed;
 // every Encode writes into a caller's buffer and returns the bytes written, or 0, writing

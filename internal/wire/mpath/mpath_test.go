@@ -84,7 +84,7 @@ var (
 	dirtyHeader   = Header{Type: 0xaa, Path: 0xbb, Flags: 0xcccc, Counter: 0xdddddddddddddddd}
 	dirtyPrefix   = DataPrefix{Seq: 0xaaaaaaaa, Timestamp: 0xbbbbbbbb}
 	dirtyProbe    = Probe{Seq: 0xaaaaaaaa, Timestamp: 0xbbbbbbbb, Padding: 77}
-	dirtyFeedback = Feedback{Bytes: 1<<64 - 1, Packets: 1, Lost: 2, ReorderPackets: 3, ReorderKiB: 4}
+	dirtyFeedback = Feedback{Bytes: 1<<64 - 1, Packets: 1, Lost: 2, ReorderPackets: 3, ReorderKiB: 4, Time: 5}
 	dirtyReply    = ProbeReply{Seq: 5, Timestamp: 6, Hold: 7, Feedback: dirtyFeedback}
 )
 
@@ -146,14 +146,15 @@ func TestProbe(t *testing.T) {
 }
 
 var feedbackVectors = []vector[Feedback]{
-	{name: "counts", in: "0000000000010000 00000064 00000002 00000003 00000004", want: Feedback{Bytes: 65536, Packets: 100, Lost: 2, ReorderPackets: 3, ReorderKiB: 4}, n: 24},
-	{name: "zero", in: "0000000000000000 00000000 00000000 00000000 00000000", want: Feedback{}, n: 24},
+	{name: "counts", in: "0000000000010000 00000064 00000002 00000003 00000004 fffffff0", want: Feedback{Bytes: 65536, Packets: 100, Lost: 2, ReorderPackets: 3, ReorderKiB: 4, Time: 0xfffffff0}, n: 28},
+	{name: "zero", in: "0000000000000000 00000000 00000000 00000000 00000000 00000000", want: Feedback{}, n: 28},
 }
 
 var feedbackErrors = []errVector{
 	{"empty", "", ErrTruncated},
-	{"23 bytes", "0000000000010000 00000064 00000002 00000003 000000", ErrTruncated},
-	{"25 bytes", "0000000000010000 00000064 00000002 00000003 00000004 00", ErrTrailing},
+	{"24 bytes (before the receiver time)", "0000000000010000 00000064 00000002 00000003 00000004", ErrTruncated},
+	{"27 bytes", "0000000000010000 00000064 00000002 00000003 00000004 000000", ErrTruncated},
+	{"29 bytes", "0000000000010000 00000064 00000002 00000003 00000004 00000000 00", ErrTrailing},
 }
 
 func TestFeedback(t *testing.T) { testVectors(t, dirtyFeedback, feedbackVectors, feedbackErrors) }
@@ -161,17 +162,18 @@ func TestFeedback(t *testing.T) { testVectors(t, dirtyFeedback, feedbackVectors,
 var replyVectors = []vector[ProbeReply]{
 	{
 		name: "reply",
-		in:   "0000000a 0000000b 000003e8 0102030405060708 00000005 00000006 00000007 00000008",
-		want: ProbeReply{Seq: 10, Timestamp: 11, Hold: 1000, Feedback: Feedback{Bytes: 0x0102030405060708, Packets: 5, Lost: 6, ReorderPackets: 7, ReorderKiB: 8}},
-		n:    36,
+		in:   "0000000a 0000000b 000003e8 0102030405060708 00000005 00000006 00000007 00000008 00000009",
+		want: ProbeReply{Seq: 10, Timestamp: 11, Hold: 1000, Feedback: Feedback{Bytes: 0x0102030405060708, Packets: 5, Lost: 6, ReorderPackets: 7, ReorderKiB: 8, Time: 9}},
+		n:    40,
 	},
 }
 
 var replyErrors = []errVector{
 	{"empty", "", ErrTruncated},
 	{"no feedback", "0000000a 0000000b 000003e8", ErrTruncated},
-	{"35 bytes", "0000000a 0000000b 000003e8 0102030405060708 00000005 00000006 00000007 000000", ErrTruncated},
-	{"37 bytes", "0000000a 0000000b 000003e8 0102030405060708 00000005 00000006 00000007 00000008 00", ErrTrailing},
+	{"36 bytes (before the receiver time)", "0000000a 0000000b 000003e8 0102030405060708 00000005 00000006 00000007 00000008", ErrTruncated},
+	{"39 bytes", "0000000a 0000000b 000003e8 0102030405060708 00000005 00000006 00000007 00000008 000000", ErrTruncated},
+	{"41 bytes", "0000000a 0000000b 000003e8 0102030405060708 00000005 00000006 00000007 00000008 00000009 00", ErrTrailing},
 }
 
 func TestProbeReply(t *testing.T) { testVectors(t, dirtyReply, replyVectors, replyErrors) }

@@ -9,7 +9,7 @@ const (
 	DataPrefixLen = 8
 	ProbeMinLen   = 8
 	ProbeReplyLen = 12 + FeedbackLen
-	FeedbackLen   = 24
+	FeedbackLen   = 28
 )
 
 // DataPrefix is the start of a data plaintext (type 1); the inner packet follows it.
@@ -81,6 +81,7 @@ type Feedback struct {
 	Lost           uint32 // packets lost on the path, as seen by the receiver
 	ReorderPackets uint32 // reorder buffer occupancy, packets
 	ReorderKiB     uint32 // reorder buffer occupancy, KiB
+	Time           uint32 // receiver's clock when it read the counters, µs (wraps)
 }
 
 // Decode overwrites f with the feedback b, exactly FeedbackLen bytes, and returns FeedbackLen.
@@ -105,6 +106,7 @@ func (f *Feedback) decode(b []byte) {
 		Lost:           binary.BigEndian.Uint32(b[12:]),
 		ReorderPackets: binary.BigEndian.Uint32(b[16:]),
 		ReorderKiB:     binary.BigEndian.Uint32(b[20:]),
+		Time:           binary.BigEndian.Uint32(b[24:]),
 	}
 }
 
@@ -118,6 +120,7 @@ func (f *Feedback) Encode(b []byte) int {
 	binary.BigEndian.PutUint32(b[12:], f.Lost)
 	binary.BigEndian.PutUint32(b[16:], f.ReorderPackets)
 	binary.BigEndian.PutUint32(b[20:], f.ReorderKiB)
+	binary.BigEndian.PutUint32(b[24:], f.Time)
 	return FeedbackLen
 }
 

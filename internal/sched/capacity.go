@@ -1,0 +1,287 @@
+package sched
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+)
+
+// ErrCapacityConfig is returned by CapacityConfig.Validate.
+var ErrCapacityConfig = errors.New("sched: invalid capacity config")
+
+// CapacityConfig tunes Capacity. Zero fields take the values of Defaults.
+type CapacityConfig struct {
+	// Initial is the estimate, in bit/s, before the first measurement.
+	Initial float64
+	// Window is how many busy samples the estimate (their maximum) remembers.
+	Window int
+	// StartupGain multiplies the estimate while the path's rate is still being found.
+	// DrainGain is the gain of the one sample after startup. Once the rate has been found,
+	// each cycle of CycleLength samples starts with one sample that probes above the
+	// estimate (at most ProbeGain) and one that drains as much below it.
+	StartupGain, ProbeGain, DrainGain float64
+	CycleLength                       int
+	// CruiseGain is the gain of the rest of the cycle: a little below 1, so that a queue
+	// left by a probe or by a slightly high estimate (the maximum of noisy samples) drains
+	// instead of standing until the next burst overflows it.
+	CruiseGain float64
+	// BusyShare: a sample counts as busy (the path carried all it was offered up to its pacing
+	// rate, so the sample measures the path and not the traffic) when the sender sent at least
+	// this share of the pacing rate over the sample's window.
+	BusyShare float64
+	// LossyShare: a sample also counts as busy when the path delivered less than this share
+	// of what was sent on it over the window (and at least half the estimate was sent): the
+	// path is at its limit (queueing or dropping) even though the pacing rate was not reached.
+	LossyShare float64
+}
+
+// Defaults returns c with zero fields set: 10 Mbit/s at first, the maximum of 10 samples,
+// gains 2 (startup), at most 1.25 (probe), 0.75 (drain) and 0.98 (cruise), cycles of 8, busy at 90 % of the pacing rate or when
+// less than 85 % of what was sent arrives.
+func (c CapacityConfig) Defaults() CapacityConfig {
+	if c.Initial == 0 {
+		c.Initial = 10e6
+	}
+	if c.Window == 0 {
+		c.Window = 10
+	}
+	if c.StartupGain == 0 {
+		c.StartupGain = 2
+	}
+	if c.ProbeGain == 0 {
+		c.ProbeGain = 1.25
+	}
+	if c.DrainGain == 0 {
+		c.DrainGain = 0.75
+	}
+	if c.CycleLength == 0 {
+		c.CycleLength = 8
+	}
+	if c.CruiseGain == 0 {
+		c.CruiseGain = 0.98
+	}
+	if c.BusyShare == 0 {
+		c.BusyShare = 0.9
+	}
+	if c.LossyShare == 0 {
+		c.LossyShare = 0.85
+	}
+	return c
+}
+
+// Validate reports whether c (after Defaults) is usable.
+func (c CapacityConfig) Validate() error {
+	switch {
+	case !(c.Initial > 0) || math.IsInf(c.Initial, 0):
+		return fmt.Errorf("%w: Initial %v", ErrCapacityConfig, c.Initial)
+	case c.Window < 1 || c.Window > 1000:
+		return fmt.Errorf("%w: Window %d (1 to 1000)", ErrCapacityConfig, c.Window)
+	case !(c.StartupGain >= 1) || !(c.ProbeGain > 1 && c.ProbeGain < 2) || !(c.DrainGain > 0 && c.DrainGain < 1) ||
+		math.IsInf(c.StartupGain, 0) || math.IsInf(c.ProbeGain, 0):
+		return fmt.Errorf("%w: gains %v, %v, %v", ErrCapacityConfig, c.StartupGain, c.ProbeGain, c.DrainGain)
+	case !(c.CruiseGain > 0.5 && c.CruiseGain <= 1):
+		return fmt.Errorf("%w: CruiseGain %v (above 0.5, at most 1)", ErrCapacityConfig, c.CruiseGain)
+	case c.CycleLength < 2:
+		return fmt.Errorf("%w: CycleLength %d (at least 2)", ErrCapacityConfig, c.CycleLength)
+	case !(c.BusyShare > 0 && c.BusyShare <= 1) || !(c.LossyShare > 0 && c.LossyShare <= 1):
+		return fmt.Errorf("%w: BusyShare %v, LossyShare %v", ErrCapacityConfig, c.BusyShare, c.LossyShare)
+	}
+	return nil
+}
+
+// Phase is where a Capacity estimator is in its cycle.
+type Phase uint8
+
+// Phases of Capacity.
+const (
+	PhaseStartup Phase = iota // growing by StartupGain per sample until the rate stops growing
+	PhaseDrain                // one sample below the estimate, to empty the queue startup built
+	PhaseCruise               // cycles that probe, drain, then send a little below the estimate
+)
+
+func (p Phase) String() string {
+	switch p {
+	case PhaseStartup:
+		return "startup"
+	case PhaseDrain:
+		return "drain"
+	case PhaseCruise:
+		return "cruise"
+	}
+	return "invalid"
+}
+
+// Capacity measures the rate a path can carry, for a tunnel whose paths have no configured
+// capacity. It is fed delivery-rate samples (what the peer received on the path over a window,
+// from its feedback) together with what was sent over the same window, and gives the rate to
+// pace the path at.
+//
+// It follows the idea of BBR's bottleneck bandwidth: the estimate is the largest delivery rate
+// of the last Window busy samples, and the pacing rate is the estimate times a gain that
+// sometimes probes above it (to find more capacity) and then drains below it (to empty the
+// queue the probe built). A sample is busy when the sender offered the path its pacing rate,
+// or when the path delivered clearly less than it was sent: only then can the estimate go
+// down; a sample taken while the traffic was lighter than the path (application limited)
+// can raise the estimate but never lowers it, so a tunnel that idles keeps its knowledge.
+//
+// At start the pacing rate grows by StartupGain per busy sample; when three busy samples in a
+// row fail to raise the estimate by a quarter, or two in a row are lossy (the path delivered
+// clearly less than it was sent, with at least half the estimate sent), the rate has been
+// found, and other paths get the traffic this one cannot carry: one draining sample
+// follows, then cruise cycles of CycleLength samples: one probing sample at 1+e, one draining
+// sample at 1-e, the rest at CruiseGain, where e is what half a bandwidth-delay product of queue can
+// absorb over a sample window (0.5 × RTT / window, between 2 % and ProbeGain-1): a sample
+// window is much longer than a round trip, and probing harder would overflow the path's queue
+// and cost the traffic losses. A probe that finds room is repeated right after its drain, and
+// when that one finds room too the path has grown by more than probing can follow: startup
+// again.
+type Capacity struct {
+	cfg     CapacityConfig
+	samples []float64 // ring of the last busy (or raising) samples
+	next    int
+	filled  int
+	est     float64
+	phase   Phase
+	full    float64 // startup: the estimate that last grew by a quarter
+	stalls  int     // startup: busy samples since
+	lossy   int     // lossy samples in a row
+	cycle   int     // cruise: index in the cycle (0 probes, 1 drains)
+	excess  float64 // cruise: the probe's gain above 1, and the drain's below
+	found   int     // cruise: probes in a row that found room
+}
+
+// NewCapacity returns an estimator; zero fields of c take their defaults.
+func NewCapacity(c CapacityConfig) (*Capacity, error) {
+	c = c.Defaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &Capacity{cfg: c, samples: make([]float64, c.Window), est: c.Initial}, nil
+}
+
+// Estimate is the current capacity estimate in bit/s.
+func (c *Capacity) Estimate() float64 { return c.est }
+
+// Phase is the current phase.
+func (c *Capacity) Phase() Phase { return c.phase }
+
+// Gain is the current pacing gain.
+func (c *Capacity) Gain() float64 {
+	switch {
+	case c.phase == PhaseStartup:
+		return c.cfg.StartupGain
+	case c.phase == PhaseDrain:
+		return c.cfg.DrainGain
+	case c.cycle == 0:
+		return 1 + c.excess
+	case c.cycle == 1:
+		return 1 - c.excess
+	}
+	return c.cfg.CruiseGain
+}
+
+// PacingRate is the rate in bit/s the path should be sent at: Estimate × Gain.
+func (c *Capacity) PacingRate() float64 { return c.est * c.Gain() }
+
+// OnSample takes one measurement over a window of length window (ns): delivered is the rate
+// in bit/s at which the peer received on the path, sent the rate at which this side sent on
+// it, both over (about) the same window; rtt is the path's smoothed round trip and minRTT its
+// smallest recent one (0: unknown). Non-finite or negative values are ignored.
+func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) {
+	if !(delivered >= 0) || math.IsInf(delivered, 0) || !(sent >= 0) || math.IsInf(sent, 0) || window <= 0 || rtt < 0 || minRTT < 0 {
+		return
+	}
+	// Busy means the sender kept up with the pacing rate over the window, or sent the
+	// estimate at least: a draining sample counts, and so does a startup sample in which the
+	// path was offered its estimate and did not deliver more.
+	pace := min(c.PacingRate(), c.est)
+	before := c.est
+	// Lossy needs a volume worth judging: a few probes on an idle path say nothing.
+	lossy := sent >= 0.5*c.est && delivered < c.cfg.LossyShare*sent
+	busy := lossy || sent >= c.cfg.BusyShare*pace
+	if lossy {
+		c.lossy++
+	} else {
+		c.lossy = 0
+	}
+	if busy || delivered > c.est {
+		c.samples[c.next] = delivered
+		c.next = (c.next + 1) % len(c.samples)
+		c.filled = min(c.filled+1, len(c.samples))
+		m := 0.0
+		for _, s := range c.samples[:c.filled] {
+			m = max(m, s)
+		}
+		if m > 0 {
+			c.est = m
+		}
+	}
+	switch c.phase {
+	case PhaseStartup:
+		if !busy {
+			return
+		}
+		if c.lossy >= 2 { // the path is full: growing the rate further only fills its queue
+			c.phase = PhaseDrain
+			return
+		}
+		if c.est >= 1.25*c.full {
+			c.full, c.stalls = c.est, 0
+			return
+		}
+		if c.stalls++; c.stalls >= 3 {
+			c.phase = PhaseDrain
+		}
+	case PhaseDrain:
+		c.phase, c.cycle = PhaseCruise, c.cfg.CycleLength-1
+	case PhaseCruise:
+		// A round trip well above the path's minimum means a standing queue: the estimate
+		// is a little above the path's rate (samples are noisy and the estimate is their
+		// maximum). If the path was busy, what it delivered is its rate: the estimate and
+		// the samples it remembers come down to it. Drain the queue in the next sample, and
+		// probe only a cycle later.
+		if minRTT > 0 && rtt > minRTT+max(minQueue, minRTT/4) {
+			if busy { // the path was full: what it delivered is its rate
+				for i := range c.samples[:c.filled] {
+					c.samples[i] = min(c.samples[i], delivered)
+				}
+				c.est = max(delivered, 1)
+			}
+			c.cycle, c.found, c.excess = 1, 0, max(c.excess, queueDrain)
+			return
+		}
+		// A probe that found room (the estimate rose by nearly the excess) is followed, after
+		// its drain, by another at once: a path that has grown is found in a few cycles.
+		if c.cycle == 0 {
+			if c.est < before*(1+c.excess*0.9) {
+				c.found = 0
+			} else if c.found++; c.found >= 2 {
+				// Twice in a row: the path has grown a lot; find its rate quickly.
+				c.phase, c.full, c.stalls, c.found = PhaseStartup, c.est, 0, 0
+				return
+			}
+		}
+		c.cycle = (c.cycle + 1) % c.cfg.CycleLength
+		if c.cycle == 2 && c.found > 0 {
+			c.cycle = 0
+		}
+		if c.cycle == 0 {
+			c.excess = probeExcess(c.cfg.ProbeGain, window, cmp.Or(minRTT, rtt))
+		}
+	}
+}
+
+// A round trip minQueue (or a quarter) above the minimum is a standing queue; the sample
+// after drains it at least queueDrain below the estimate.
+const (
+	minQueue   = int64(2e6)
+	queueDrain = 0.05
+)
+
+// probeExcess is how far above the estimate one sample window probes: what a queue of half a
+// bandwidth-delay product can take over the window (the window is much longer than the round
+// trip, and a longer probe would overflow the queue), at most ProbeGain-1, at least 2 %.
+func probeExcess(gain float64, window, rtt int64) float64 {
+	return min(max(0.5*float64(rtt)/float64(window), 0.02), gain-1)
+}

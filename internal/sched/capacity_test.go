@@ -1,0 +1,205 @@
+package sched
+
+import (
+	"errors"
+	"math"
+	"testing"
+)
+
+// modelPath is a path of a given capacity fed by traffic of a given offered rate: over one
+// sample window the tunnel sends min(offered, pacing rate) and the path delivers at most its
+// capacity.
+const window, rtt = int64(100e6), int64(10e6) // a 100 ms sample window, a 10 ms round trip
+
+func step(c *Capacity, capacity, offered float64) (delivered, sent float64) {
+	sent = min(offered, c.PacingRate())
+	delivered = min(sent, capacity)
+	c.OnSample(delivered, sent, window, rtt, rtt)
+	return delivered, sent
+}
+
+func newCap(t *testing.T) *Capacity {
+	t.Helper()
+	c, err := NewCapacity(CapacityConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func within(got, want, frac float64) bool { return math.Abs(got-want) <= frac*want }
+
+func TestCapacityFindsTheRate(t *testing.T) {
+	for _, capacity := range []float64{1e6, 100e6, 300e6, 1e9, 10e9} {
+		c := newCap(t)
+		n := 0
+		for ; n < 100 && c.Phase() != PhaseCruise; n++ {
+			step(c, capacity, math.Inf(1))
+		}
+		if c.Phase() != PhaseCruise {
+			t.Fatalf("capacity %.0f: still in %v after %d samples", capacity, c.Phase(), n)
+		}
+		// Doubling from 10 Mbit/s reaches 10 Gbit/s in 10 samples; 4 more find the end.
+		if n > 16 {
+			t.Errorf("capacity %.0f: %d samples to leave startup", capacity, n)
+		}
+		if !within(c.Estimate(), capacity, 0.01) {
+			t.Errorf("capacity %.0f: estimate %.0f", capacity, c.Estimate())
+		}
+		// In cruise, one cycle sends on average about the capacity: it neither starves the
+		// path nor floods it.
+		var sum float64
+		for range 8 {
+			_, sent := step(c, capacity, math.Inf(1))
+			sum += sent
+		}
+		if avg := sum / 8; !within(avg, capacity, 0.02) {
+			t.Errorf("capacity %.0f: cruise sends %.0f on average", capacity, avg)
+		}
+	}
+}
+
+func TestCapacityKeepsEstimateWhileIdle(t *testing.T) {
+	c := newCap(t)
+	for range 30 {
+		step(c, 300e6, math.Inf(1))
+	}
+	for range 500 {
+		step(c, 300e6, 1e6) // application limited: says nothing about the path
+	}
+	if !within(c.Estimate(), 300e6, 0.01) {
+		t.Fatalf("estimate after idling %.0f, want 300e6", c.Estimate())
+	}
+}
+
+func TestCapacityFollowsADrop(t *testing.T) {
+	c := newCap(t)
+	for range 30 {
+		step(c, 300e6, math.Inf(1))
+	}
+	n := 0
+	for ; n < 100 && !within(c.Estimate(), 100e6, 0.01); n++ {
+		step(c, 100e6, math.Inf(1))
+	}
+	if n > 11 { // the largest of the last 10 busy samples
+		t.Fatalf("estimate %.0f after %d samples at 100e6", c.Estimate(), n)
+	}
+}
+
+// A path that loses what it is sent is busy even below its pacing rate: the estimate falls
+// although the traffic never reached the estimate.
+func TestCapacityLossyPathIsBusy(t *testing.T) {
+	c := newCap(t)
+	for range 30 {
+		step(c, 300e6, math.Inf(1))
+	}
+	for range 11 {
+		c.OnSample(50e6, 150e6, window, rtt, rtt) // sent 150, delivered 50: far below the pacing rate
+	}
+	if !within(c.Estimate(), 50e6, 0.01) {
+		t.Fatalf("estimate %.0f, want 50e6", c.Estimate())
+	}
+}
+
+func TestCapacityFollowsARise(t *testing.T) {
+	c := newCap(t)
+	for range 30 {
+		step(c, 100e6, math.Inf(1))
+	}
+	n := 0
+	for ; n < 200 && !within(c.Estimate(), 200e6, 0.01); n++ {
+		step(c, 200e6, math.Inf(1))
+	}
+	// Probes 5 % higher (half a 10 ms BDP over 100 ms); one that finds room is repeated after
+	// its drain, and two that found room start the search again: 100 -> 200 within the first
+	// cycle, two probes and a few startup samples.
+	if n > 16 {
+		t.Fatalf("estimate %.0f after %d samples at 200e6", c.Estimate(), n)
+	}
+}
+
+func TestCapacityRaisedByLightTraffic(t *testing.T) {
+	c := newCap(t)
+	c.OnSample(50e6, 50e6, window, rtt, rtt) // more than the 10 Mbit/s guess arrived: the path carries that much
+	if c.Estimate() != 50e6 {
+		t.Fatalf("estimate %.0f, want 50e6", c.Estimate())
+	}
+}
+
+func TestCapacityIgnoresBadSamples(t *testing.T) {
+	c := newCap(t)
+	for _, s := range [][2]float64{{math.NaN(), 1}, {math.Inf(1), 1}, {-1, 1}, {1, math.NaN()}, {1, -5}} {
+		c.OnSample(s[0], s[1], window, rtt, rtt)
+	}
+	c.OnSample(50e6, 50e6, 0, rtt, rtt)
+	c.OnSample(50e6, 50e6, window, -1, rtt)
+	c.OnSample(50e6, 50e6, window, rtt, -1)
+	if c.Estimate() != 10e6 || c.Phase() != PhaseStartup {
+		t.Fatalf("estimate %.0f phase %v after bad samples", c.Estimate(), c.Phase())
+	}
+}
+
+func TestCapacityConfigValidate(t *testing.T) {
+	bad := []CapacityConfig{
+		{Initial: -1}, {Initial: math.Inf(1)}, {Window: -1}, {Window: 5000},
+		{StartupGain: 0.5}, {ProbeGain: 0.9}, {ProbeGain: 2.5}, {DrainGain: 1.5}, {DrainGain: -1},
+		{CycleLength: 1}, {CruiseGain: 1.1}, {CruiseGain: 0.3}, {BusyShare: 2}, {LossyShare: -0.5},
+	}
+	for _, c := range bad {
+		if _, err := NewCapacity(c); !errors.Is(err, ErrCapacityConfig) {
+			t.Errorf("%+v: err %v, want ErrCapacityConfig", c, err)
+		}
+	}
+	if _, err := NewCapacity(CapacityConfig{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPacedUsesPaceRate(t *testing.T) {
+	s, err := NewPaced(PacedConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Capacity says 100 Mbit/s but the estimator probes at 115: over one second the path
+	// is sent 115 Mbit/s (plus one burst).
+	paths := []Path{{ID: 0, Up: true, Capacity: 100e6, PaceRate: 115e6}}
+	var now int64
+	sent := 0
+	for now < 1e9 {
+		_, at, ok := s.Next(now, paths, 1500)
+		if !ok {
+			t.Fatal("no path")
+		}
+		if at > now {
+			now = at
+			continue
+		}
+		sent += 1500
+	}
+	rate := float64(sent) * 8
+	if !within(rate, 115e6, 0.02) {
+		t.Fatalf("paced at %.0f bit/s, want about 115e6", rate)
+	}
+}
+
+// A standing queue (round trip well above the minimum) makes the next sample drain.
+func TestCapacityDrainsAStandingQueue(t *testing.T) {
+	c := newCap(t)
+	for c.Phase() != PhaseCruise {
+		step(c, 100e6, math.Inf(1))
+	}
+	for range 3 {
+		c.OnSample(100e6, 100e6, window, rtt, rtt) // cruise
+	}
+	if g := c.Gain(); g != 0.98 {
+		t.Fatalf("gain %v in cruise, want 0.98", g)
+	}
+	c.OnSample(100e6, 100e6, window, rtt+5*int64(1e6), rtt)
+	if g := c.Gain(); g > 1-queueDrain {
+		t.Fatalf("gain %v after a queued sample, want at most %v", g, 1-queueDrain)
+	}
+	c.OnSample(100e6, 95e6, window, rtt, rtt)
+	if g := c.Gain(); g != 0.98 {
+		t.Fatalf("gain %v after the drain, want 0.98", g)
+	}
+}
