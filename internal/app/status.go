@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -62,7 +63,7 @@ func runStatus(e env, args []string) int {
 		return exitOK
 	}
 	st := doc.Tunnel
-	fmt.Fprintf(e.stdout, "tunnel, public key %s, up %s\n", st.PublicKey, st.Uptime.Round(time.Second))
+	fmt.Fprintf(e.stdout, "tunnel, public key %s, up %s, mtu %d\n", st.PublicKey, st.Uptime.Round(time.Second), st.MTU)
 	for _, p := range st.Peers {
 		session := "no session"
 		if p.Session {
@@ -70,7 +71,7 @@ func runStatus(e env, args []string) int {
 		}
 		fmt.Fprintf(e.stdout, "\npeer %s: %s, reorder hold %v\n", p.Name, session, p.ReorderHold)
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "PATH\tUPLINK\tREMOTE\tSTATE\tRTT\tLOSS\tRATE\tCAPACITY\tTX\tRX\tTX DROPS")
+		fmt.Fprintln(tw, "PATH\tUPLINK\tREMOTE\tSTATE\tRTT\tLOSS\tRATE\tCAPACITY\tMTU\tTX\tRX\tTX DROPS")
 		for _, pa := range p.Paths {
 			capacity := "configured " + units.FormatRate(uint64(pa.Capacity))
 			switch {
@@ -79,8 +80,12 @@ func runStatus(e env, args []string) int {
 			case pa.Capacity == 0:
 				capacity = "-"
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.1f ms\t%.1f %%\t%s\t%s\t%d B\t%d B\t%d\n", pa.ID, pa.Uplink, pa.Remote, pa.State,
-				float64(pa.RTT)/1e6, 100*pa.Loss, units.FormatRate(uint64(pa.Rate)), capacity, pa.TxBytes, pa.RxBytes, pa.TxDrops)
+			mtu := strconv.Itoa(pa.MTU)
+			if pa.MTUSearching {
+				mtu += " (probing)"
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.1f ms\t%.1f %%\t%s\t%s\t%s\t%d B\t%d B\t%d\n", pa.ID, pa.Uplink, pa.Remote, pa.State,
+				float64(pa.RTT)/1e6, 100*pa.Loss, units.FormatRate(uint64(pa.Rate)), capacity, mtu, pa.TxBytes, pa.RxBytes, pa.TxDrops)
 		}
 		tw.Flush()
 	}

@@ -161,20 +161,36 @@ func tunnelCheck(e env, args []string) int {
 	return exitOK
 }
 
-// tunnelMTU derives the TUN MTU from the uplinks: the smallest interface MTU less the outer
-// IP and UDP headers and the tunnel's own overhead.
+// linkMTU is the MTU of an uplink's interface: the one named, else the one that holds its
+// address, else 1500.
+func linkMTU(u config.Uplink) int {
+	if u.Interface != "" {
+		if ifc, err := net.InterfaceByName(u.Interface); err == nil {
+			return ifc.MTU
+		}
+	}
+	ifcs, _ := net.Interfaces()
+	for _, ifc := range ifcs {
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && u.Address.IsValid() && ipn.IP.Equal(net.IP(u.Address.AsSlice())) {
+				return ifc.MTU
+			}
+		}
+	}
+	return 1500
+}
+
+// tunnelMTU derives the TUN MTU at start from the uplinks: the smallest interface MTU less the
+// outer IP and UDP headers and the tunnel's own overhead. Path MTU discovery lowers it later if
+// a path carries less.
 func tunnelMTU(cfg *config.Tunnel) int {
 	if cfg.MTU != 0 {
 		return cfg.MTU
 	}
 	mtu := 0
 	for _, u := range cfg.Uplinks {
-		link := 1500
-		if u.Interface != "" {
-			if ifc, err := net.InterfaceByName(u.Interface); err == nil {
-				link = ifc.MTU
-			}
-		}
+		link := linkMTU(u)
 		outer := 20 + 8
 		if u.Address.Is6() {
 			outer = 40 + 8
@@ -221,7 +237,7 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 			closeAll()
 			return fmt.Errorf("uplink %s: %w", u.Name, err)
 		}
-		uplinks = append(uplinks, tunnel.Uplink{Name: u.Name, Conn: c})
+		uplinks = append(uplinks, tunnel.Uplink{Name: u.Name, Conn: c, MTU: linkMTU(u)})
 		byName[u.Name] = u
 	}
 	for _, p := range cfg.Peers {
@@ -248,7 +264,11 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 			return errors.New("mode mpt has no runtime path control; change the site file and restart")
 		}
 	} else {
-		t, err := tunnel.New(braidOptions(cfg, dev, mtu, uplinks, byName, log))
+		o := braidOptions(cfg, dev, mtu, uplinks, byName, log)
+		if cfg.MTU == 0 { // derived: path MTU discovery may lower it
+			o.SetMTU = func(m int) error { return tun.SetMTU(nl, cfg.Interface, m) }
+		}
+		t, err := tunnel.New(o)
 		if err != nil {
 			closeAll()
 			return err
@@ -346,6 +366,7 @@ func (s tunnelSource) WriteMetrics(w *metrics.Writer) {
 	for _, k := range metrics.SortedKeys(st.Counters) {
 		w.Sample("braid_tunnel_"+k+"_total", metrics.Counter, "Tunnel counter "+k+".", float64(st.Counters[k]))
 	}
+	w.Sample("braid_tunnel_mtu_bytes", metrics.Gauge, "The tunnel MTU: the largest inner packet.", float64(st.MTU))
 	type pathMetric struct {
 		name, help string
 		kind       metrics.Kind
@@ -357,6 +378,7 @@ func (s tunnelSource) WriteMetrics(w *metrics.Writer) {
 		{"braid_tunnel_path_loss_ratio", "Probe loss of the path, 0 to 1.", metrics.Gauge, func(p tunnel.PathStatus) float64 { return p.Loss }},
 		{"braid_tunnel_path_rate_bits_per_second", "Delivery rate measured by the peer.", metrics.Gauge, func(p tunnel.PathStatus) float64 { return p.Rate }},
 		{"braid_tunnel_path_capacity_bits_per_second", "Capacity the path is scheduled for: configured, or measured.", metrics.Gauge, func(p tunnel.PathStatus) float64 { return p.Capacity }},
+		{"braid_tunnel_path_mtu_bytes", "Path MTU found by probing (outer packet size).", metrics.Gauge, func(p tunnel.PathStatus) float64 { return float64(p.MTU) }},
 		{"braid_tunnel_path_tx_bytes_total", "Bytes sent on the path.", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.TxBytes) }},
 		{"braid_tunnel_path_tx_packets_total", "Packets sent on the path.", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.TxPackets) }},
 		{"braid_tunnel_path_tx_drops_total", "Packets not sent: the path's socket buffer was full.", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.TxDrops) }},

@@ -39,6 +39,19 @@ func Listen(local netip.AddrPort, device string) (*Conn, error) {
 					return
 				}
 			}
+			// Set DF and never fragment, ignoring the kernel's path MTU cache: the tunnel finds
+			// each path's MTU itself by probing (RFC 8899), also where ICMP is filtered.
+			if local.Addr().Is4() || local.Addr().Is4In6() {
+				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_PROBE)
+			} else {
+				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_PROBE)
+				// A dual-stack socket also carries IPv4; a v6-only one refuses this, harmlessly.
+				unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_PROBE)
+			}
+			if serr != nil {
+				serr = fmt.Errorf("path MTU discovery mode: %w", serr)
+				return
+			}
 			// Force past rmem_max/wmem_max where we may (root); otherwise take what is allowed.
 			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, BufferSize) != nil {
 				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, BufferSize)

@@ -78,6 +78,18 @@ func Configure(nl *netlink.Handle, name string, mtu int, addrs []netip.Prefix) e
 	return nil
 }
 
+// SetMTU changes the MTU of the interface.
+func SetMTU(nl *netlink.Handle, name string, mtu int) error {
+	link, err := nl.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("tun: %s: %w", name, err)
+	}
+	if err := nl.LinkSetMTU(link, mtu); err != nil {
+		return fmt.Errorf("tun: mtu %d on %s: %w", mtu, name, err)
+	}
+	return nil
+}
+
 // AddRoute routes prefix into the interface.
 func AddRoute(nl *netlink.Handle, name string, prefix netip.Prefix) error {
 	link, err := nl.LinkByName(name)

@@ -46,8 +46,10 @@ func (t *Tunnel) readDevice() error {
 			}
 			return err
 		}
-		if n > t.o.MTU {
-			t.stats.DropTooBig.Add(1) // the device's MTU was raised past the tunnel's
+		if n > int(t.mtu.Load()) {
+			// The device's MTU was raised past the tunnel's, or the packet was queued before
+			// path MTU discovery lowered it.
+			t.stats.DropTooBig.Add(1)
 			continue
 		}
 		t.sendData(pb.b, n)
@@ -69,10 +71,10 @@ func (t *Tunnel) sendData(b []byte, n int) {
 	}
 	// TCP through the tunnel must never need fragmentation: clamp the MSS of SYNs to what the
 	// tunnel MTU carries (each side clamps what it sends, so both directions are covered).
-	if dst.Is4() {
-		pkt.ClampMSS(inner, uint16(t.o.MTU-40))
+	if mtu := int(t.mtu.Load()); dst.Is4() {
+		pkt.ClampMSS(inner, uint16(mtu-40))
 	} else {
-		pkt.ClampMSS(inner, uint16(t.o.MTU-60))
+		pkt.ClampMSS(inner, uint16(mtu-60))
 	}
 	ls := p.cur.Load()
 	if ls == nil {
@@ -136,8 +138,9 @@ func (t *Tunnel) sendSealed(p *peer, pp *peerPath, typ uint8, encode func(b []by
 	if err != nil {
 		return false
 	}
-	var buf [256]byte
-	b := buf[:]
+	pb := getBuf()
+	defer putBuf(pb)
+	b := pb.b
 	g := greBraid
 	g.Key = ls.s.RemoteIndex
 	g.Encode(b[:greLen])
@@ -258,6 +261,23 @@ func (t *Tunnel) receive(u *uplink, src netip.AddrPort, pb *packetBuf, n int) bo
 		p.mu.Lock()
 		pp.est.OnReply(now, r.Seq, r.Timestamp, r.Hold, path.Feedback(r.Feedback))
 		pp.sampleCapacityLocked(now, p.outer)
+		p.mu.Unlock()
+	case mpath.TypeMTUProbe:
+		var pr mpath.Probe
+		if _, err := pr.Decode(pt); err != nil {
+			t.stats.DropBadHeader.Add(1)
+			return false
+		}
+		ack := mpath.MTUAck{Seq: pr.Seq, Size: uint32(n)}
+		t.sendSealed(p, pp, mpath.TypeMTUAck, ack.Encode)
+	case mpath.TypeMTUAck:
+		var a mpath.MTUAck
+		if _, err := a.Decode(pt); err != nil || a.Size > bufSize {
+			t.stats.DropBadHeader.Add(1)
+			return false
+		}
+		p.mu.Lock()
+		pp.pmtu.OnAck(now, a.Seq, int(a.Size)+pp.outer)
 		p.mu.Unlock()
 	case mpath.TypeFeedback:
 		// Feedback rides in probe replies for now; a lone one is accepted and ignored.
@@ -442,6 +462,7 @@ func (t *Tunnel) timers(ctx context.Context) {
 					pr := mpath.Probe{Seq: seq, Timestamp: ts}
 					t.sendSealed(p, pp, mpath.TypeProbe, pr.Encode)
 				}
+				t.probeMTU(now, p, pp, before, after)
 			}
 			if p.rb == nil {
 				continue
@@ -462,6 +483,7 @@ func (t *Tunnel) timers(ctx context.Context) {
 				putBuf(r)
 			}
 		}
+		t.updateMTU()
 	}
 }
 

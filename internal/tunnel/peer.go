@@ -66,6 +66,8 @@ type peerPath struct {
 	capacity uint64
 	est      *path.Estimator
 	admin    bool // operator set it down
+	outer    int  // outer IP and UDP header bytes: 28 on IPv4, 48 on IPv6
+	pmtu     *path.PMTU
 
 	// measured capacity, when none is configured: fed one sample per delivery-rate window
 	capEst  *sched.Capacity
@@ -129,8 +131,19 @@ func newPeer(t *Tunnel, pc PeerConfig, now int64) (*peer, error) {
 		}
 		pp := &peerPath{
 			id: uint8(i), up: u, remote: cfg.Remote, weight: cfg.Weight, capacity: cfg.Capacity,
-			est: path.New(t.o.Path, now), capAt: now,
+			est: path.New(t.o.Path, now), capAt: now, outer: 20 + 8,
 		}
+		if !cfg.Remote.Addr().Unmap().Is4() {
+			pp.outer = 40 + 8
+		}
+		mc := t.o.PMTU
+		if mc.Max = u.mtu; mc.Max == 0 {
+			mc.Max = t.o.MTU + Overhead + pp.outer
+		}
+		if err := mc.WithDefaults().Validate(); err != nil {
+			return nil, fmt.Errorf("tunnel: peer %s path %d: %w", pc.Name, i+1, err)
+		}
+		pp.pmtu = path.NewPMTU(mc, now)
 		if cfg.Capacity == 0 {
 			if pp.capEst, err = sched.NewCapacity(t.o.CapacityCfg); err != nil {
 				return nil, fmt.Errorf("tunnel: peer %s: %w", pc.Name, err)

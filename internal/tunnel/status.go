@@ -37,6 +37,7 @@ type Counters struct {
 type Status struct {
 	PublicKey string
 	Uptime    time.Duration
+	MTU       int // the tunnel MTU now
 	Counters  map[string]uint64
 	Peers     []PeerStatus
 }
@@ -62,8 +63,11 @@ type PathStatus struct {
 	Rate        float64 // delivery rate measured by the peer, bit/s
 	// Capacity is the rate the path is scheduled for, bit/s: configured, or measured (then
 	// CapacityPhase names the estimator's phase: startup, drain or cruise).
-	Capacity               float64
-	CapacityPhase          string `json:",omitempty"`
+	Capacity      float64
+	CapacityPhase string `json:",omitempty"`
+	// MTU is the path MTU (outer packet size) found by probing, or assumed while MTUSearching.
+	MTU                    int
+	MTUSearching           bool
 	TxPackets, TxBytes     uint64
 	TxDrops                uint64
 	RxPackets, RxBytes     uint64
@@ -73,7 +77,7 @@ type PathStatus struct {
 // Status returns a snapshot.
 func (t *Tunnel) Status() Status {
 	now := t.now()
-	st := Status{PublicKey: t.pub.String(), Uptime: time.Since(t.start), Counters: t.stats.snapshot()}
+	st := Status{PublicKey: t.pub.String(), Uptime: time.Since(t.start), Counters: t.stats.snapshot(), MTU: int(t.mtu.Load())}
 	for _, p := range t.peers {
 		ps := PeerStatus{Name: p.name}
 		if cur := p.cur.Load(); cur != nil {
@@ -90,7 +94,7 @@ func (t *Tunnel) Status() Status {
 				capacity, phase = pp.capEst.Estimate(), pp.capEst.Phase().String()
 			}
 			ps.Paths = append(ps.Paths, PathStatus{
-				Capacity: capacity, CapacityPhase: phase,
+				Capacity: capacity, CapacityPhase: phase, MTU: pp.pmtu.Value(), MTUSearching: pp.pmtu.Searching(),
 				ID: int(pp.id) + 1, Uplink: pp.up.name, Remote: pp.remote.String(),
 				State: stateName(s.State, pp.admin), AdminDown: pp.admin,
 				RTT: s.SRTT, RTTVar: s.RTTVar, Loss: s.Loss, Rate: s.DeliveryRate,

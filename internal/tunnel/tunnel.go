@@ -45,6 +45,9 @@ type Conn interface {
 type Uplink struct {
 	Name string
 	Conn Conn
+	// MTU is the uplink interface's MTU: the largest packet its paths are probed with. 0
+	// means the tunnel MTU plus the tunnel's overhead and outer headers.
+	MTU int
 }
 
 // PeerConfig is one remote site.
@@ -67,7 +70,13 @@ type PathConfig struct {
 type Options struct {
 	PrivateKey session.PrivateKey
 	Device     Device
-	MTU        int // of the TUN device: the largest inner packet
+	MTU        int // of the TUN device at start: the largest inner packet
+	// SetMTU, when set, is called with a new tunnel MTU when path MTU discovery finds that the
+	// smallest usable path carries less than the current one (or, later, more, up to MTU); it
+	// sets the TUN device's MTU. Without it the MTU stays fixed and a smaller path is logged.
+	SetMTU func(mtu int) error
+	// PMTU tunes the path MTU search of every path (Max comes from each uplink).
+	PMTU       path.PMTUConfig
 	Uplinks    []Uplink
 	Peers      []PeerConfig
 	Path       path.Config
@@ -100,15 +109,20 @@ type Tunnel struct {
 	mu       sync.Mutex // guards sessions
 	sessions map[uint32]*sessionRef
 
-	stats   Counters
-	start   time.Time
-	closing atomic.Bool
-	wg      sync.WaitGroup
+	stats Counters
+	mtu   atomic.Int64 // the tunnel MTU now: the largest inner packet sent
+	// mtuWarned: the log has said that a path carries less than the tunnel MTU can follow
+	// (timers goroutine only).
+	mtuWarned bool
+	start     time.Time
+	closing   atomic.Bool
+	wg        sync.WaitGroup
 }
 
 type uplink struct {
 	name string
 	conn Conn
+	mtu  int
 }
 
 type route struct {
@@ -154,11 +168,12 @@ func New(o Options) (*Tunnel, error) {
 	if t.log == nil {
 		t.log = slog.New(slog.DiscardHandler)
 	}
+	t.mtu.Store(int64(o.MTU))
 	for _, u := range o.Uplinks {
 		if _, dup := t.uplinks[u.Name]; dup {
 			return nil, fmt.Errorf("tunnel: uplink %q twice", u.Name)
 		}
-		t.uplinks[u.Name] = &uplink{name: u.Name, conn: u.Conn}
+		t.uplinks[u.Name] = &uplink{name: u.Name, conn: u.Conn, mtu: u.MTU}
 	}
 	now := t.now()
 	for _, pc := range o.Peers {

@@ -79,14 +79,14 @@ func FuzzHeader(f *testing.F) {
 		if err == nil && (n != HeaderLen || h.Flags != 0) {
 			t.Fatalf("n = %d, Flags = %#x", n, h.Flags)
 		}
-		// Built values: only the six types and no flags decode; others fail as documented.
+		// Built values: only the eight types and no flags decode; others fail as documented.
 		v := Header{Type: uint8(x), Path: uint8(x >> 8), Flags: uint16(x >> 16), Counter: counter}
 		buf := make([]byte, HeaderLen)
 		v.Encode(buf)
 		var got Header
 		_, err = got.Decode(buf)
 		switch v.Type {
-		case TypeData, TypeProbe, TypeProbeReply, TypeFeedback, TypeHandshakeInit, TypeHandshakeResp:
+		case TypeData, TypeProbe, TypeProbeReply, TypeFeedback, TypeMTUProbe, TypeMTUAck, TypeHandshakeInit, TypeHandshakeResp:
 			if v.Flags != 0 {
 				if err != ErrUnknownFlags {
 					t.Fatalf("Decode(Encode(%+v)): %v, want ErrUnknownFlags", v, err)
@@ -146,6 +146,17 @@ func FuzzProbeReply(f *testing.F) {
 		}
 		v := ProbeReply{Seq: x, Timestamp: y, Hold: x * y, Feedback: Feedback{Bytes: nbytes, Packets: y, Lost: x, ReorderPackets: x - y, ReorderKiB: x | y, Time: x + 7}}
 		checkRoundTrip(t, v, ProbeReplyLen, nil)
+	})
+}
+
+func FuzzMTUAck(f *testing.F) {
+	addSeeds(f, mtuAckVectors, mtuAckErrors)
+	f.Fuzz(func(t *testing.T, b []byte, _ uint64, x, y uint32) {
+		_, n, err := checkDecode(t, b, dirtyMTUAck, []error{ErrTruncated, ErrTrailing}, nil)
+		if (err == nil) != (len(b) == MTUAckLen) || err == nil && n != MTUAckLen {
+			t.Fatalf("len(b) = %d: n = %d, %v", len(b), n, err)
+		}
+		checkRoundTrip(t, MTUAck{Seq: x, Size: y}, MTUAckLen, nil)
 	})
 }
 

@@ -20,6 +20,8 @@
 //	Type 2 probe:     | Seq (4) | Timestamp (4) | padding (any length)                 |  Probe
 //	Type 3 reply:     | Seq (4) | Timestamp (4) | Hold (4) | path feedback (28)        |  ProbeReply
 //	Type 4 feedback:  | path feedback (28)                                             |  Feedback
+//	Type 5 MTU probe: | Seq (4) | Timestamp (4) | padding to the size probed           |  Probe
+//	Type 6 MTU ack:   | Seq (4) | Size (4, the probe's UDP payload as received)         |  MTUAck
 //
 //	path feedback:    | Bytes (8) | Packets (4) | Lost (4) | ReorderPackets (4) | ReorderKiB (4) |
 //	                  | Time (4) |
@@ -52,6 +54,8 @@ const (
 	TypeProbe         = 2
 	TypeProbeReply    = 3
 	TypeFeedback      = 4
+	TypeMTUProbe      = 5
+	TypeMTUAck        = 6
 	TypeHandshakeInit = 16
 	TypeHandshakeResp = 17
 )
@@ -73,14 +77,15 @@ type Header struct {
 
 // Decode overwrites h with the header at the start of b and returns HeaderLen; the sealed
 // payload is b[HeaderLen:]. Errors, in the order checked: ErrTruncated, ErrType (a type other
-// than the six defined), ErrUnknownFlags (Flags != 0).
+// than the eight defined), ErrUnknownFlags (Flags != 0).
 func (h *Header) Decode(b []byte) (n int, err error) {
 	*h = Header{}
 	if len(b) < HeaderLen {
 		return 0, ErrTruncated
 	}
 	switch b[0] {
-	case TypeData, TypeProbe, TypeProbeReply, TypeFeedback, TypeHandshakeInit, TypeHandshakeResp:
+	case TypeData, TypeProbe, TypeProbeReply, TypeFeedback, TypeMTUProbe, TypeMTUAck,
+		TypeHandshakeInit, TypeHandshakeResp:
 	default:
 		return 0, ErrType
 	}

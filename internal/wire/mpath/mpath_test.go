@@ -86,6 +86,7 @@ var (
 	dirtyProbe    = Probe{Seq: 0xaaaaaaaa, Timestamp: 0xbbbbbbbb, Padding: 77}
 	dirtyFeedback = Feedback{Bytes: 1<<64 - 1, Packets: 1, Lost: 2, ReorderPackets: 3, ReorderKiB: 4, Time: 5}
 	dirtyReply    = ProbeReply{Seq: 5, Timestamp: 6, Hold: 7, Feedback: dirtyFeedback}
+	dirtyMTUAck   = MTUAck{Seq: 8, Size: 9}
 )
 
 var headerVectors = []vector[Header]{
@@ -93,6 +94,8 @@ var headerVectors = []vector[Header]{
 	{name: "probe", in: "02 01 0000 0000000000000000", want: Header{Type: TypeProbe, Path: 1}, n: 12},
 	{name: "probe reply", in: "03 fe 0000 0102030405060708", want: Header{Type: TypeProbeReply, Path: 254, Counter: 0x0102030405060708}, n: 12},
 	{name: "feedback", in: "04 07 0000 ffffffffffffffff", want: Header{Type: TypeFeedback, Path: 7, Counter: 1<<64 - 1}, n: 12},
+	{name: "mtu probe", in: "05 02 0000 0000000000000009 00", want: Header{Type: TypeMTUProbe, Path: 2, Counter: 9}, n: 12},
+	{name: "mtu ack", in: "06 03 0000 000000000000000a", want: Header{Type: TypeMTUAck, Path: 3, Counter: 10}, n: 12},
 	{name: "handshake init", in: "10 00 0000 0000000000000000 01", want: Header{Type: TypeHandshakeInit}, n: 12},
 	{name: "handshake response", in: "11 00 0000 0000000000000002", want: Header{Type: TypeHandshakeResp, Counter: 2}, n: 12},
 	{name: "reserved path accepted", in: "01 ff 0000 0000000000000003", want: Header{Type: TypeData, Path: PathReserved, Counter: 3}, n: 12},
@@ -103,7 +106,7 @@ var headerErrors = []errVector{
 	{"11 bytes", "01 00 0000 00000000000000", ErrTruncated},
 	{"truncated before type", "00 00 0000 00000000000000", ErrTruncated},
 	{"type 0", "00 00 0000 0000000000000000", ErrType},
-	{"type 5", "05 00 0000 0000000000000000", ErrType},
+	{"type 7", "07 00 0000 0000000000000000", ErrType},
 	{"type 15", "0f 00 0000 0000000000000000", ErrType},
 	{"type 18", "12 00 0000 0000000000000000", ErrType},
 	{"type 255", "ff 00 0000 0000000000000000", ErrType},
@@ -178,6 +181,19 @@ var replyErrors = []errVector{
 
 func TestProbeReply(t *testing.T) { testVectors(t, dirtyReply, replyVectors, replyErrors) }
 
+var mtuAckVectors = []vector[MTUAck]{
+	{name: "ack", in: "00000007 000005c8", want: MTUAck{Seq: 7, Size: 1480}, n: 8},
+	{name: "max", in: "ffffffff ffffffff", want: MTUAck{Seq: 1<<32 - 1, Size: 1<<32 - 1}, n: 8},
+}
+
+var mtuAckErrors = []errVector{
+	{"empty", "", ErrTruncated},
+	{"7 bytes", "00000007 000005", ErrTruncated},
+	{"9 bytes", "00000007 000005c8 00", ErrTrailing},
+}
+
+func TestMTUAck(t *testing.T) { testVectors(t, dirtyMTUAck, mtuAckVectors, mtuAckErrors) }
+
 var innerTests = []struct {
 	name string
 	in   string
@@ -217,7 +233,7 @@ func TestNoAllocs(t *testing.T) {
 	buf := make([]byte, 1500)
 	hdr := unhex(t, "01 00 0000 0000000000000001")
 	bad := unhex(t, "01 00 0001 0000000000000001")
-	reply := unhex(t, "0000000a 0000000b 000003e8 0102030405060708 00000005 00000006 00000007 00000008")
+	reply := unhex(t, "0000000a 0000000b 000003e8 0102030405060708 00000005 00000006 00000007 00000008 00000009")
 	inner := unhex(t, "6000 0000 0000 3b40 "+strings.Repeat("00", 32))
 	var (
 		h    Header
@@ -225,6 +241,7 @@ func TestNoAllocs(t *testing.T) {
 		p    = Probe{Padding: 1000}
 		f    Feedback
 		r    ProbeReply
+		a    MTUAck
 		sink int
 	)
 	for name, fn := range map[string]func(){
@@ -239,6 +256,8 @@ func TestNoAllocs(t *testing.T) {
 		"ProbeReply.Encode":   func() { sink = r.Encode(buf) },
 		"Feedback.Decode":     func() { sink, _ = f.Decode(reply[12:]) },
 		"Feedback.Encode":     func() { sink = f.Encode(buf) },
+		"MTUAck.Decode":       func() { sink, _ = a.Decode(reply[:MTUAckLen]) },
+		"MTUAck.Encode":       func() { sink = a.Encode(buf) },
 		"InnerVersion":        func() { sink, _ = InnerVersion(inner) },
 		"InnerVersion error":  func() { sink, _ = InnerVersion(hdr) },
 	} {

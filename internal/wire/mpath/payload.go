@@ -10,6 +10,7 @@ const (
 	ProbeMinLen   = 8
 	ProbeReplyLen = 12 + FeedbackLen
 	FeedbackLen   = 28
+	MTUAckLen     = 8
 )
 
 // DataPrefix is the start of a data plaintext (type 1); the inner packet follows it.
@@ -159,4 +160,35 @@ func (r *ProbeReply) Encode(b []byte) int {
 	binary.BigEndian.PutUint32(b[8:], r.Hold)
 	r.Feedback.Encode(b[12:])
 	return ProbeReplyLen
+}
+
+// MTUAck answers an MTU probe (type 6): the probe's Seq and the size of its UDP payload as it
+// arrived.
+type MTUAck struct {
+	Seq  uint32
+	Size uint32
+}
+
+// Decode overwrites a with the ack b, exactly MTUAckLen bytes, and returns MTUAckLen. Errors:
+// ErrTruncated, ErrTrailing.
+func (a *MTUAck) Decode(b []byte) (n int, err error) {
+	*a = MTUAck{}
+	switch {
+	case len(b) < MTUAckLen:
+		return 0, ErrTruncated
+	case len(b) > MTUAckLen:
+		return 0, ErrTrailing
+	}
+	*a = MTUAck{Seq: binary.BigEndian.Uint32(b), Size: binary.BigEndian.Uint32(b[4:])}
+	return MTUAckLen, nil
+}
+
+// Encode writes a into b[:MTUAckLen] and returns MTUAckLen, or 0 if b is shorter.
+func (a *MTUAck) Encode(b []byte) int {
+	if len(b) < MTUAckLen {
+		return 0
+	}
+	binary.BigEndian.PutUint32(b, a.Seq)
+	binary.BigEndian.PutUint32(b[4:], a.Size)
+	return MTUAckLen
 }
