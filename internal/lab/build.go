@@ -38,6 +38,9 @@ func useOffload(spec topo.Link) bool {
 }
 
 func (l *Lab) buildLink(spec topo.Link, seed uint64) (*Link, error) {
+	if spec.Kernel {
+		return l.buildKernelLink(spec)
+	}
 	offload := useOffload(spec)
 	ends := [2]topo.Endpoint{spec.A, spec.B}
 	var files [2]*os.File

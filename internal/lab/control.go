@@ -141,6 +141,13 @@ func (l *Lab) ChangeLinks(r LinkRequest) ([]LinkStatus, error) {
 	default:
 		return nil, fmt.Errorf("lab: direction %q is not both, ab or ba", r.Dir)
 	}
+	if r.Set.Delay != nil || r.Set.Jitter != nil || r.Set.Loss != nil || r.Set.QueuePackets != nil || r.Set.QueueBytes != nil {
+		for _, t := range targets {
+			if t.lk.kernel != nil {
+				return nil, fmt.Errorf("lab: link %s is a kernel link: only its rate can change", t.lk.Spec.Name)
+			}
+		}
+	}
 	var out []LinkStatus
 	for _, t := range targets {
 		for _, d := range dirs {

@@ -70,8 +70,9 @@ type Host struct {
 // Link is one running emulated link.
 type Link struct {
 	Spec    topo.Link
-	Offload bool // TSO super-packets pass through (else MTU-sized packets)
-	emu     *emu.Link
+	Offload bool        // TSO super-packets pass through (else MTU-sized packets)
+	emu     *emu.Link   // an emulated link
+	kernel  *kernelLink // or a kernel one (Spec.Kernel)
 	mu      sync.Mutex
 	shape   [2]topo.Shape
 }
@@ -196,7 +197,9 @@ func (l *Lab) Close() error {
 		l.mu.Unlock()
 		stopProcs(procs)
 		for _, lk := range l.links {
-			errs = append(errs, lk.emu.Close())
+			if lk.emu != nil {
+				errs = append(errs, lk.emu.Close())
+			} // a kernel link goes with its namespaces
 		}
 		for _, h := range l.order {
 			h.NS.Close()
@@ -228,25 +231,55 @@ func (lk *Link) Shape(dir int) topo.Shape {
 	return lk.shape[dir]
 }
 
-// SetShape changes direction dir while traffic flows.
+// SetShape changes direction dir while traffic flows. A kernel link takes only the rate: it
+// has no delay, jitter, loss or queue size to change (ChangeLinks refuses those).
 func (lk *Link) SetShape(dir int, s topo.Shape) {
 	lk.mu.Lock()
 	lk.shape[dir] = s
 	lk.mu.Unlock()
+	if lk.kernel != nil {
+		if err := lk.kernel.setRate(dir, s.Rate); err != nil {
+			lk.kernel.log.Error("link rate", "link", lk.Spec.Name, "err", err)
+		}
+		return
+	}
 	lk.emu.SetShape(dir, s)
 }
 
-// Cut stops all traffic on the link, including packets in flight.
-func (lk *Link) Cut() { lk.emu.SetDown(true) }
+// Cut stops all traffic on the link (on an emulated link, packets in flight too).
+func (lk *Link) Cut() {
+	if lk.kernel != nil {
+		lk.kernel.setCut(true)
+		return
+	}
+	lk.emu.SetDown(true)
+}
 
 // Restore lets traffic flow again after Cut.
-func (lk *Link) Restore() { lk.emu.SetDown(false) }
+func (lk *Link) Restore() {
+	if lk.kernel != nil {
+		lk.kernel.setCut(false)
+		return
+	}
+	lk.emu.SetDown(false)
+}
 
 // IsCut reports whether the link is cut.
-func (lk *Link) IsCut() bool { return lk.emu.Down() }
+func (lk *Link) IsCut() bool {
+	if lk.kernel != nil {
+		return lk.kernel.isCut()
+	}
+	return lk.emu.Down()
+}
 
-// Stats returns the emulator's counters for direction dir.
-func (lk *Link) Stats(dir int) emu.Stats { return lk.emu.Stats(dir) }
+// Stats returns the counters of direction dir: the emulator's, or for a kernel link the
+// sending interface's transmit counters and its qdisc's drops.
+func (lk *Link) Stats(dir int) emu.Stats {
+	if lk.kernel != nil {
+		return lk.kernel.stats(dir)
+	}
+	return lk.emu.Stats(dir)
+}
 
 // Listen opens a listening socket inside the host.
 func (h *Host) Listen(network, address string) (ln net.Listener, err error) {

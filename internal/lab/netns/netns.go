@@ -252,3 +252,7 @@ func PIDs(name string) ([]int, error) {
 	}
 	return out, nil
 }
+
+// Handle is the namespace's file descriptor, for moving interfaces into it. It stays valid
+// until Close.
+func (ns *NS) Handle() int { return int(ns.handle) }

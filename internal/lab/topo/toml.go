@@ -127,6 +127,7 @@ type fileLink struct {
 	BAddr   any    `toml:"b_addr"`
 	MTU     int    `toml:"mtu"`
 	Offload string `toml:"offload"`
+	Kernel  bool   `toml:"kernel"`
 	fileShape
 	AB *fileShape `toml:"ab"`
 	BA *fileShape `toml:"ba"`
@@ -157,7 +158,7 @@ func (f *fileTopology) topology(filename string) (*Topology, []issue) {
 			Name: l.Name,
 			A:    Endpoint{Host: l.A, Ifname: l.AIfname},
 			B:    Endpoint{Host: l.B, Ifname: l.BIfname},
-			MTU:  l.MTU,
+			MTU:  l.MTU, Kernel: l.Kernel,
 		})
 	}
 	t.Normalize()

@@ -47,6 +47,11 @@ type Link struct {
 	// Offload selects how the emulator moves packets: OffloadAuto passes TSO super-packets through
 	// when the link is fast and lossless, and takes MTU-sized packets otherwise.
 	Offload Offload
+	// Kernel makes the link a kernel veth pair instead of an emulated one: the kernel's full
+	// speed with its offloads (the baseline a user-space tunnel is measured against). Rate is
+	// then enforced by a TBF qdisc on each end; delay, jitter, loss and queue sizes are not
+	// available, and Validate refuses them.
+	Kernel bool
 }
 
 // Endpoint is one end of a link.

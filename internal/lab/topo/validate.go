@@ -234,6 +234,19 @@ func (c *checker) link(i int, l *Link) {
 	}
 	c.shape(obj, p, "ab", l.A.Host, l.B.Host, l.AB)
 	c.shape(obj, p, "ba", l.B.Host, l.A.Host, l.BA)
+	if l.Kernel {
+		if l.Offload != OffloadAuto {
+			c.report(obj, "a kernel link has no emulator offload mode", p+".offload", p)
+		}
+		for _, d := range []struct {
+			dir string
+			s   Shape
+		}{{"ab", l.AB}, {"ba", l.BA}} {
+			if d.s.Delay != 0 || d.s.Jitter != 0 || d.s.Loss != 0 || d.s.QueuePackets != 0 || d.s.QueueBytes != 0 {
+				c.report(obj, "a kernel link can only be rate-limited (no delay, jitter, loss or queue size)", p+"."+d.dir, p+".kernel", p)
+			}
+		}
+	}
 }
 
 // endpoint checks one end of a link and reports whether it has an IPv6 address. p is the
