@@ -10,3 +10,15 @@ require (
 )
 
 require golang.org/x/crypto v0.58.0
+
+require (
+	github.com/mdlayher/genetlink v1.4.0
+	github.com/mdlayher/netlink v1.11.2
+)
+
+require (
+	github.com/google/go-cmp v0.7.0 // indirect
+	github.com/mdlayher/socket v0.6.0 // indirect
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sync v0.20.0 // indirect
+)

@@ -1,0 +1,188 @@
+package config
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"braid/internal/config/tomlfile"
+)
+
+// PM is the path-manager daemon's configuration: the [pm] section of the site file, with the
+// uplinks of [[pm.uplink]] or, when there are none, of [[tunnel.uplink]] (one description of
+// the site's uplinks serves every role).
+type PM struct {
+	Policy      string
+	Metrics     string // address of the status and metrics endpoint; "" for none
+	Poll        time.Duration
+	JoinTimeout time.Duration
+	DeadAfter   time.Duration
+	Retry       time.Duration
+	PortBase    uint16
+	PortSpan    uint16
+	Uplinks     []PMUplink
+}
+
+// PMUplink is one local path of MPTCP subflows.
+type PMUplink struct {
+	Name      string
+	Interface string
+	Address   netip.Addr
+	Backup    bool // subflows from it are backup
+}
+
+// PMPolicies are the policies braid pm knows.
+var PMPolicies = []string{"fullmesh"}
+
+// PMDefaults returns the defaults, without uplinks.
+func PMDefaults() PM {
+	return PM{Policy: "fullmesh", Metrics: "127.0.0.1:9475", Poll: 100 * time.Millisecond, JoinTimeout: time.Second,
+		DeadAfter: time.Second, Retry: 250 * time.Millisecond, PortBase: 45000, PortSpan: 5000}
+}
+
+// pmSite is the site file as LoadPM reads it: its own section strictly, the tunnel's for the
+// uplinks, the other roles' sections left alone.
+type pmSite struct {
+	Tunnel    *fileTunnel    `toml:"tunnel"`
+	PM        *filePM        `toml:"pm"`
+	Proxy     map[string]any `toml:"proxy"`
+	LB        map[string]any `toml:"lb"`
+	Mapserver map[string]any `toml:"mapserver"`
+	XTR       map[string]any `toml:"xtr"`
+}
+
+type filePM struct {
+	Policy      *string      `toml:"policy"`
+	Metrics     *string      `toml:"metrics"`
+	Poll        any          `toml:"poll"`
+	JoinTimeout any          `toml:"join_timeout"`
+	DeadAfter   any          `toml:"dead_after"`
+	Retry       any          `toml:"retry"`
+	PortBase    *int64       `toml:"port_base"`
+	PortSpan    *int64       `toml:"port_span"`
+	Backup      []string     `toml:"backup"` // names of uplinks whose subflows are backup
+	Uplink      []fileUplink `toml:"uplink"`
+}
+
+// LoadPM reads the path manager's configuration from the site file data (named filename in
+// errors). Every problem is reported with its line, as LoadTunnel does. A site file without a
+// [pm] section gets the defaults and the tunnel's uplinks.
+func LoadPM(filename string, data []byte, env Env) (*PM, error) {
+	var f pmSite
+	ix, err := tomlfile.Decode(filename, data, &f)
+	if err != nil {
+		return nil, err
+	}
+	l := &loader{env: env}
+	pm := PMDefaults()
+	fp := f.PM
+	if fp == nil {
+		fp = &filePM{}
+	}
+	prefix := "pm.uplink"
+	ups := fp.Uplink
+	if len(ups) == 0 && f.Tunnel != nil {
+		prefix, ups = "tunnel.uplink", f.Tunnel.Uplink
+	}
+	for i := range ups {
+		u := l.uplink(i, &ups[i])
+		pm.Uplinks = append(pm.Uplinks, PMUplink{Name: u.Name, Interface: u.Interface, Address: u.Address})
+	}
+	if prefix == "pm.uplink" {
+		// loader.uplink names the tunnel's keys; point at the pm section's instead.
+		for _, is := range l.issues {
+			for j, p := range is.paths {
+				is.paths[j] = strings.Replace(p, "tunnel.uplink", "pm.uplink", 1)
+			}
+		}
+	}
+	if fp.Policy != nil {
+		pm.Policy = *fp.Policy
+	}
+	if fp.Metrics != nil {
+		pm.Metrics = *fp.Metrics
+	}
+	l.duration("pm", "pm.poll", "poll", fp.Poll, &pm.Poll)
+	l.duration("pm", "pm.join_timeout", "join_timeout", fp.JoinTimeout, &pm.JoinTimeout)
+	l.duration("pm", "pm.dead_after", "dead_after", fp.DeadAfter, &pm.DeadAfter)
+	l.duration("pm", "pm.retry", "retry", fp.Retry, &pm.Retry)
+	if fp.PortBase != nil {
+		pm.PortBase = l.port("pm", "pm.port_base", "port_base", *fp.PortBase, 1)
+	}
+	if fp.PortSpan != nil {
+		pm.PortSpan = l.port("pm", "pm.port_span", "port_span", *fp.PortSpan, 1)
+	}
+	c := &checker{}
+	for _, name := range fp.Backup {
+		found := false
+		for i := range pm.Uplinks {
+			if pm.Uplinks[i].Name == name {
+				pm.Uplinks[i].Backup, found = true, true
+			}
+		}
+		if !found {
+			c.report("pm", fmt.Sprintf("backup %q: no uplink has this name", name), "pm.backup")
+		}
+	}
+	pm.check(c, prefix, env)
+	issues := append(l.issues, c.issues...)
+	if len(issues) == 0 {
+		return &pm, nil
+	}
+	for _, is := range issues {
+		is.err.File = filename
+		is.err.Line = ix.Line(is.paths...)
+	}
+	slices.SortStableFunc(issues, func(a, b issue) int { return cmp.Compare(a.err.Line, b.err.Line) })
+	return nil, joinIssues(issues)
+}
+
+func (pm *PM) check(c *checker, prefix string, env Env) {
+	if !slices.Contains(PMPolicies, pm.Policy) {
+		known := slices.Clone(PMPolicies)
+		sort.Strings(known)
+		c.report("pm", fmt.Sprintf("policy %q: known policies are %s", pm.Policy, strings.Join(known, ", ")), "pm.policy", "pm")
+	}
+	if pm.Metrics != "" {
+		if _, err := netip.ParseAddrPort(pm.Metrics); err != nil {
+			c.report("pm", fmt.Sprintf("metrics %q: want address:port such as 127.0.0.1:9475", pm.Metrics), "pm.metrics", "pm")
+		}
+	}
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{{"poll", pm.Poll}, {"join_timeout", pm.JoinTimeout}, {"dead_after", pm.DeadAfter}, {"retry", pm.Retry}} {
+		if d.v <= 0 {
+			c.report("pm", d.key+" must be positive", "pm."+d.key, "pm")
+		}
+	}
+	if int(pm.PortBase)+int(pm.PortSpan) > 65536 {
+		c.report("pm", fmt.Sprintf("port_base %d + port_span %d go past port 65535", pm.PortBase, pm.PortSpan), "pm.port_span", "pm")
+	}
+	if len(pm.Uplinks) == 0 {
+		c.report("pm", "no uplinks: add a [[pm.uplink]] (or [[tunnel.uplink]]) for each local path", "pm")
+	}
+	seen := map[string]bool{}
+	for i, u := range pm.Uplinks {
+		obj := objName("uplink", u.Name, i)
+		p := fmt.Sprintf("%s[%d]", prefix, i)
+		c.name(obj, p, u.Name)
+		if seen[u.Name] && u.Name != "" {
+			c.report(obj, fmt.Sprintf("name %q: another uplink has this name", u.Name), p+".name", p)
+		}
+		seen[u.Name] = true
+		switch reason := checkIfname(u.Interface); {
+		case reason != "":
+			c.report(obj, "interface "+reason, p+".interface", p)
+		case env != nil && !env.InterfaceExists(u.Interface):
+			c.report(obj, fmt.Sprintf("interface %q does not exist on this machine", u.Interface), p+".interface", p)
+		}
+		if reason := checkHostAddr(u.Address); reason != "" {
+			c.report(obj, "address "+reason, p+".address", p)
+		}
+	}
+}

@@ -1,0 +1,87 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLoadPM(t *testing.T) {
+	doc := `
+[pm]
+policy = "fullmesh"
+metrics = "127.0.0.1:9999"
+poll = "50ms"
+join_timeout = "2s"
+port_base = 40000
+port_span = 100
+backup = ["lte"]
+
+[[pm.uplink]]
+name = "fibre"
+interface = "wan0"
+address = "192.0.2.1"
+
+[[pm.uplink]]
+name = "lte"
+interface = "wwan0"
+address = "203.0.113.10"
+`
+	pm, err := LoadPM("site.toml", []byte(doc), newEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pm.Policy != "fullmesh" || pm.Metrics != "127.0.0.1:9999" || pm.Poll != 50*time.Millisecond || pm.JoinTimeout != 2*time.Second ||
+		pm.DeadAfter != time.Second || pm.PortBase != 40000 || pm.PortSpan != 100 {
+		t.Errorf("pm %+v", pm)
+	}
+	if len(pm.Uplinks) != 2 || pm.Uplinks[0].Backup || !pm.Uplinks[1].Backup || pm.Uplinks[1].Address.String() != "203.0.113.10" {
+		t.Errorf("uplinks %+v", pm.Uplinks)
+	}
+}
+
+// Without [[pm.uplink]] the tunnel's uplinks serve; without [pm] the defaults.
+func TestLoadPMTunnelUplinks(t *testing.T) {
+	pm, err := LoadPM("site.toml", []byte(minimal), newEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pm.Uplinks) == 0 || pm.Policy != "fullmesh" {
+		t.Errorf("pm %+v", pm)
+	}
+}
+
+func TestLoadPMErrors(t *testing.T) {
+	doc := `[pm]
+policy = "roundrobin"
+backup = ["nope"]
+port_base = 65000
+port_span = 1000
+
+[[pm.uplink]]
+name = "a"
+interface = "missing0"
+address = "10.0.0.300"
+`
+	_, err := LoadPM("site.toml", []byte(doc), newEnv())
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, want := range []string{
+		`site.toml:2: pm: policy "roundrobin": known policies are fullmesh`,
+		`site.toml:3: pm: backup "nope": no uplink has this name`,
+		`site.toml:5: pm: port_base 65000 + port_span 1000`,
+		`site.toml:9: uplink a: interface "missing0" does not exist`,
+		`site.toml:10: uplink a: address "10.0.0.300"`,
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	if _, err := LoadPM("site.toml", []byte("[pm]\npolcy = 1\n"), newEnv()); err == nil || !strings.Contains(err.Error(), `unknown key "pm.polcy"`) {
+		t.Errorf("misspelt key: %v", err)
+	}
+	if _, err := LoadPM("site.toml", []byte("[pm]\n"), newEnv()); err == nil || !strings.Contains(err.Error(), "no uplinks") {
+		t.Errorf("no uplinks: %v", err)
+	}
+}

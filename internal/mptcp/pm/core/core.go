@@ -1,0 +1,566 @@
+// Package core is the path manager's decision logic, free of I/O: it follows a namespace's MPTCP
+// connections from their events and subflow statistics, asks a policy which subflows each
+// connection should have, and returns the commands that get it there. Time is passed in;
+// addresses are text ("10.9.0.1", "fd09::1") so that the package needs no network imports.
+//
+// A subflow goes through these states:
+//
+//	(wanted, missing) --Create--> joining --SUB_ESTABLISHED--> up
+//	joining --no answer within JoinTimeout--> Destroy --> missing (retried after Retry)
+//	up --unacked data and no ack for DeadAfter--> Destroy --> missing
+//	any --SUB_CLOSED or a refused command--> missing
+//
+// A retried subflow gets a fresh local port and address ID, because the kernel may still hold
+// the old port (FIN_WAIT on a dead path) and binds an ID to one (address, port).
+package core
+
+import (
+	"fmt"
+	"sort"
+	"time"
+)
+
+// Endpoint is an address (text form) and a port; port 0 means "any".
+type Endpoint struct {
+	Addr string
+	Port uint16
+}
+
+func (e Endpoint) String() string {
+	if len(e.Addr) > 0 && containsColon(e.Addr) {
+		return fmt.Sprintf("[%s]:%d", e.Addr, e.Port)
+	}
+	return fmt.Sprintf("%s:%d", e.Addr, e.Port)
+}
+
+func containsColon(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == ':' {
+			return true
+		}
+	}
+	return false
+}
+
+// Uplink is one local path: an address on an interface.
+type Uplink struct {
+	Name    string
+	Addr    string
+	IfIndex int32
+	Backup  bool // subflows from it start as backup
+	V6      bool // the address is IPv6 (subflows only go to remotes of the same family)
+}
+
+// EventKind mirrors the kernel's PM events.
+type EventKind uint8
+
+const (
+	Created EventKind = iota + 1
+	Established
+	Closed
+	Announced
+	Removed
+	SubEstablished
+	SubClosed
+	SubPriority
+)
+
+// Event is one kernel event, in the terms of this package.
+type Event struct {
+	Kind       EventKind
+	Token      uint32
+	Local      Endpoint
+	Remote     Endpoint
+	LocID      uint8
+	RemID      uint8
+	Backup     bool
+	ServerSide bool
+	V6         bool // the event's addresses are IPv6
+}
+
+// ActionKind is a command for the kernel.
+type ActionKind uint8
+
+const (
+	Create ActionKind = iota + 1
+	Destroy
+	SetBackup
+)
+
+func (k ActionKind) String() string {
+	switch k {
+	case Create:
+		return "create"
+	case Destroy:
+		return "destroy"
+	case SetBackup:
+		return "set-backup"
+	}
+	return fmt.Sprintf("action%d", uint8(k))
+}
+
+// Action is one command: create or destroy a subflow, or set its backup flag.
+type Action struct {
+	Kind    ActionKind
+	Token   uint32
+	LocalID uint8
+	Local   Endpoint
+	Remote  Endpoint
+	IfIndex int32
+	Backup  bool
+}
+
+func (a Action) String() string {
+	return fmt.Sprintf("%s token %08x id %d %s -> %s backup=%v", a.Kind, a.Token, a.LocalID, a.Local, a.Remote, a.Backup)
+}
+
+// Stats are one subflow's TCP statistics, polled by the daemon.
+type Stats struct {
+	Token       uint32
+	Local       Endpoint
+	Remote      Endpoint
+	Unacked     uint32
+	LastAckRecv time.Duration
+}
+
+// Slot is a subflow a policy wants: from an uplink to a remote endpoint.
+type Slot struct {
+	Uplink int // index into Config.Uplinks
+	Remote Endpoint
+	Backup bool
+}
+
+// ConnView is what a policy sees of a connection.
+type ConnView struct {
+	Token      uint32
+	ServerSide bool
+	Local      Endpoint   // the initial subflow's
+	Remote     Endpoint   // the initial subflow's
+	Remotes    []Endpoint // the initial remote, then the peer's announced addresses, sorted by ID
+	V6         bool
+}
+
+// Policy decides which subflows a connection should have.
+type Policy interface {
+	Name() string
+	Want(c ConnView, uplinks []Uplink) []Slot
+}
+
+// Config tunes the manager.
+type Config struct {
+	Uplinks     []Uplink
+	JoinTimeout time.Duration // a join not established by then is destroyed and retried
+	DeadAfter   time.Duration // a subflow with unacked data and no ack for this long is dead
+	Retry       time.Duration // least time between two creates for one slot
+	PortBase    uint16        // local ports of created subflows: PortBase ... PortBase+PortSpan-1
+	PortSpan    uint16
+}
+
+// Defaults fills in unset values.
+func (c *Config) Defaults() {
+	if c.JoinTimeout == 0 {
+		c.JoinTimeout = time.Second
+	}
+	if c.DeadAfter == 0 {
+		c.DeadAfter = time.Second
+	}
+	if c.Retry == 0 {
+		c.Retry = 250 * time.Millisecond
+	}
+	if c.PortBase == 0 {
+		c.PortBase = 45000
+	}
+	if c.PortSpan == 0 {
+		c.PortSpan = 5000
+	}
+}
+
+type subState uint8
+
+const (
+	joining subState = iota + 1
+	up
+)
+
+type subflow struct {
+	state   subState
+	id      uint8
+	local   Endpoint
+	remote  Endpoint
+	since   time.Time
+	ours    bool
+	backup  bool // what this host asked (MP_JOIN B bit or SET_FLAGS)
+	peerBk  bool // what the peer signalled
+	dead    bool
+	uplink  int // -1 when no uplink has its address
+	initial bool
+}
+
+type tuple struct{ local, remote Endpoint }
+
+type conn struct {
+	token       uint32
+	serverSide  bool
+	established bool
+	v6          bool
+	local       Endpoint
+	remote      Endpoint
+	remotes     map[uint8]Endpoint // by the peer's address ID; 0 is the initial remote
+	subflows    map[tuple]*subflow
+	lastTry     map[Slot]time.Time
+	nextID      uint8
+}
+
+// Counters count what the manager did.
+type Counters struct {
+	Events         uint64
+	Creates        uint64
+	CreateFailures uint64
+	Destroys       uint64
+	JoinTimeouts   uint64
+	DeadSubflows   uint64
+	Established    uint64 // subflows that came up
+}
+
+// Manager is the state of every connection of a namespace. Not safe for concurrent use.
+type Manager struct {
+	cfg      Config
+	policy   Policy
+	conns    map[uint32]*conn
+	nextPort uint16
+	Counters Counters
+}
+
+// New returns a manager for the uplinks in cfg with the given policy.
+func New(cfg Config, p Policy) *Manager {
+	cfg.Defaults()
+	return &Manager{cfg: cfg, policy: p, conns: map[uint32]*conn{}}
+}
+
+// Config returns the configuration in effect (defaults filled in).
+func (m *Manager) Config() Config { return m.cfg }
+
+func (m *Manager) uplinkOf(addr string) int {
+	for i, u := range m.cfg.Uplinks {
+		if u.Addr == addr {
+			return i
+		}
+	}
+	return -1
+}
+
+// Event updates the state from one kernel event and returns what to do now.
+func (m *Manager) Event(now time.Time, e Event) []Action {
+	m.Counters.Events++
+	c := m.conns[e.Token]
+	switch e.Kind {
+	case Created, Established:
+		if c == nil {
+			c = &conn{token: e.Token, remotes: map[uint8]Endpoint{}, subflows: map[tuple]*subflow{}, lastTry: map[Slot]time.Time{}}
+			m.conns[e.Token] = c
+		}
+		c.serverSide, c.v6, c.local, c.remote = e.ServerSide, e.V6, e.Local, e.Remote
+		c.remotes[0] = e.Remote
+		t := tuple{e.Local, e.Remote}
+		if c.subflows[t] == nil {
+			c.subflows[t] = &subflow{state: up, local: e.Local, remote: e.Remote, since: now, uplink: m.uplinkOf(e.Local.Addr), initial: true}
+		}
+		if e.Kind == Established {
+			c.established = true
+			return m.plan(now, c)
+		}
+	case Closed:
+		delete(m.conns, e.Token)
+	case Announced:
+		if c != nil {
+			r := e.Remote
+			if r.Port == 0 {
+				r.Port = c.remote.Port
+			}
+			c.remotes[e.RemID] = r
+			return m.plan(now, c)
+		}
+	case Removed:
+		if c != nil && e.RemID != 0 {
+			delete(c.remotes, e.RemID)
+		}
+	case SubEstablished:
+		if c == nil {
+			return nil
+		}
+		t := tuple{e.Local, e.Remote}
+		s := c.subflows[t]
+		if s == nil {
+			s = &subflow{local: e.Local, remote: e.Remote, id: e.LocID, uplink: m.uplinkOf(e.Local.Addr)}
+			c.subflows[t] = s
+		}
+		if s.state != up || s.dead {
+			m.Counters.Established++
+		}
+		s.state, s.since, s.dead, s.peerBk = up, now, false, e.Backup
+		return m.plan(now, c)
+	case SubClosed:
+		if c == nil {
+			return nil
+		}
+		t := tuple{e.Local, e.Remote}
+		if s := c.subflows[t]; s != nil {
+			delete(c.subflows, t)
+			if s.uplink >= 0 {
+				c.lastTry[Slot{Uplink: s.uplink, Remote: s.remote}] = now
+			}
+		}
+		return m.plan(now, c)
+	case SubPriority:
+		if c != nil {
+			if s := c.subflows[tuple{e.Local, e.Remote}]; s != nil {
+				s.peerBk = e.Backup
+			}
+		}
+	}
+	return nil
+}
+
+// Known reports whether the manager follows the connection with this token.
+func (m *Manager) Known(token uint32) bool { return m.conns[token] != nil }
+
+// Failed tells the manager that the kernel refused a. gone reports that the connection no
+// longer exists (its token is unknown), so it is forgotten.
+func (m *Manager) Failed(now time.Time, a Action, gone bool) {
+	c := m.conns[a.Token]
+	if c == nil {
+		return
+	}
+	if gone {
+		delete(m.conns, a.Token)
+		return
+	}
+	if a.Kind == Create {
+		m.Counters.CreateFailures++
+		delete(c.subflows, tuple{a.Local, a.Remote})
+	}
+}
+
+// Observe takes the subflows' statistics (every subflow of the namespace that the daemon
+// could see) and marks the dead ones.
+func (m *Manager) Observe(stats []Stats) {
+	for _, st := range stats {
+		c := m.conns[st.Token]
+		if c == nil {
+			continue
+		}
+		s := c.subflows[tuple{st.Local, st.Remote}]
+		if s == nil || s.state != up {
+			continue
+		}
+		dead := st.Unacked > 0 && st.LastAckRecv > m.cfg.DeadAfter
+		if dead && !s.dead {
+			m.Counters.DeadSubflows++
+		}
+		s.dead = dead
+	}
+}
+
+// Tick returns what to do at time now: joins that timed out and dead subflows are destroyed,
+// missing subflows created.
+func (m *Manager) Tick(now time.Time) []Action {
+	var out []Action
+	for _, tok := range m.tokens() {
+		out = append(out, m.plan(now, m.conns[tok])...)
+	}
+	return out
+}
+
+func (m *Manager) tokens() []uint32 {
+	out := make([]uint32, 0, len(m.conns))
+	for t := range m.conns {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+func (m *Manager) view(c *conn) ConnView {
+	v := ConnView{Token: c.token, ServerSide: c.serverSide, Local: c.local, Remote: c.remote, V6: c.v6}
+	ids := make([]int, 0, len(c.remotes))
+	for id := range c.remotes {
+		ids = append(ids, int(id))
+	}
+	sort.Ints(ids)
+	for _, id := range ids {
+		v.Remotes = append(v.Remotes, c.remotes[uint8(id)])
+	}
+	return v
+}
+
+func (m *Manager) port() uint16 {
+	p := m.cfg.PortBase + m.nextPort
+	m.nextPort = (m.nextPort + 1) % m.cfg.PortSpan
+	return p
+}
+
+// allocID returns an address ID (1..255) no current subflow of c uses.
+func (m *Manager) allocID(c *conn) (uint8, bool) {
+	used := map[uint8]bool{}
+	for _, s := range c.subflows {
+		used[s.id] = true
+	}
+	for range 255 {
+		c.nextID++
+		if c.nextID == 0 {
+			c.nextID = 1
+		}
+		if !used[c.nextID] {
+			return c.nextID, true
+		}
+	}
+	return 0, false
+}
+
+func (m *Manager) plan(now time.Time, c *conn) []Action {
+	if c == nil || !c.established {
+		return nil
+	}
+	var out []Action
+	// Destroy what is stuck or dead; the slot is then missing and re-created below.
+	for _, t := range sortedTuples(c.subflows) {
+		s := c.subflows[t]
+		stuck := s.state == joining && now.Sub(s.since) >= m.cfg.JoinTimeout
+		if !stuck && !s.dead {
+			continue
+		}
+		if stuck {
+			m.Counters.JoinTimeouts++
+		}
+		if s.local.Port != 0 && s.remote.Port != 0 {
+			out = append(out, Action{Kind: Destroy, Token: c.token, LocalID: s.id, Local: s.local, Remote: s.remote})
+			m.Counters.Destroys++
+		}
+		// Re-created at once (with a fresh port): a join every JoinTimeout keeps the time from
+		// a path's return to its subflow short.
+		delete(c.subflows, t)
+	}
+	// Subflows that came up from a backup uplink without the flag (the initial subflow, joins
+	// made by the peer) are switched to backup, and the other way round.
+	for _, t := range sortedTuples(c.subflows) {
+		s := c.subflows[t]
+		if s.state != up || s.uplink < 0 || s.local.Port == 0 || c.serverSide {
+			continue
+		}
+		if want := m.cfg.Uplinks[s.uplink].Backup; want != s.backup {
+			s.backup = want
+			out = append(out, Action{Kind: SetBackup, Token: c.token, LocalID: s.id, Local: s.local, Remote: s.remote, Backup: want})
+		}
+	}
+	for _, slot := range m.policy.Want(m.view(c), m.cfg.Uplinks) {
+		u := m.cfg.Uplinks[slot.Uplink]
+		have := false
+		for _, s := range c.subflows {
+			if s.local.Addr == u.Addr && s.remote == slot.Remote {
+				have = true
+				break
+			}
+		}
+		if have {
+			continue
+		}
+		key := slot
+		key.Backup = false
+		if last, ok := c.lastTry[key]; ok && now.Sub(last) < m.cfg.Retry {
+			continue
+		}
+		id, ok := m.allocID(c)
+		if !ok {
+			break
+		}
+		a := Action{Kind: Create, Token: c.token, LocalID: id, Local: Endpoint{u.Addr, m.port()}, Remote: slot.Remote, IfIndex: u.IfIndex, Backup: slot.Backup}
+		c.subflows[tuple{a.Local, a.Remote}] = &subflow{state: joining, id: id, local: a.Local, remote: a.Remote, since: now, ours: true, backup: slot.Backup, uplink: slot.Uplink}
+		c.lastTry[key] = now
+		m.Counters.Creates++
+		out = append(out, a)
+	}
+	return out
+}
+
+func sortedTuples(m map[tuple]*subflow) []tuple {
+	out := make([]tuple, 0, len(m))
+	for t := range m {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].local != out[j].local {
+			return out[i].local.String() < out[j].local.String()
+		}
+		return out[i].remote.String() < out[j].remote.String()
+	})
+	return out
+}
+
+// SubflowStatus is one subflow as the manager sees it.
+type SubflowStatus struct {
+	ID         uint8  `json:"id"`
+	Local      string `json:"local"`
+	Remote     string `json:"remote"`
+	State      string `json:"state"`       // joining, up, dead
+	Backup     bool   `json:"backup"`      // asked by this host
+	PeerBackup bool   `json:"peer_backup"` // signalled by the peer
+	Ours       bool   `json:"created_by_pm"`
+}
+
+// ConnStatus is one connection as the manager sees it.
+type ConnStatus struct {
+	Token       uint32          `json:"token"`
+	ServerSide  bool            `json:"server_side"`
+	Established bool            `json:"established"`
+	Remotes     []string        `json:"remotes"`
+	Subflows    []SubflowStatus `json:"subflows"`
+}
+
+// Status lists the connections, by token.
+func (m *Manager) Status() []ConnStatus {
+	var out []ConnStatus
+	for _, tok := range m.tokens() {
+		c := m.conns[tok]
+		cs := ConnStatus{Token: tok, ServerSide: c.serverSide, Established: c.established}
+		for _, r := range m.view(c).Remotes {
+			cs.Remotes = append(cs.Remotes, r.String())
+		}
+		for _, t := range sortedTuples(c.subflows) {
+			s := c.subflows[t]
+			st := "up"
+			if s.state == joining {
+				st = "joining"
+			} else if s.dead {
+				st = "dead"
+			}
+			cs.Subflows = append(cs.Subflows, SubflowStatus{ID: s.id, Local: s.local.String(), Remote: s.remote.String(), State: st, Backup: s.backup, PeerBackup: s.peerBk, Ours: s.ours})
+		}
+		out = append(out, cs)
+	}
+	return out
+}
+
+// Fullmesh is the policy of one subflow per local uplink and remote address, on the
+// connections this host opened (the server side waits for the client's joins).
+type Fullmesh struct{}
+
+func (Fullmesh) Name() string { return "fullmesh" }
+
+func (Fullmesh) Want(c ConnView, uplinks []Uplink) []Slot {
+	if c.ServerSide {
+		return nil
+	}
+	var out []Slot
+	for i, u := range uplinks {
+		if u.V6 != c.V6 {
+			continue
+		}
+		for _, r := range c.Remotes {
+			out = append(out, Slot{Uplink: i, Remote: r, Backup: u.Backup})
+		}
+	}
+	return out
+}
+
+// Policies lists the policies by name.
+var Policies = map[string]Policy{"fullmesh": Fullmesh{}}
