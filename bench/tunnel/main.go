@@ -22,7 +22,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -33,7 +32,6 @@ import (
 	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
-	"braid/internal/tunnel/session"
 )
 
 var rates = []uint64{300e6, 100e6}
@@ -58,35 +56,38 @@ func main() {
 	var md bytes.Buffer
 	w := io.MultiWriter(os.Stdout, &md)
 	fmt.Fprintf(w, "## Multipath tunnel\n\n`go run ./bench/tunnel -braid bin/braid -runs %d`: two paths of 300 and 100 Mbit/s (5 ms one way,\n"+
-		"default queues), one TCP flow for %v. Baseline: the same flow over each path alone without a\ntunnel; ideal aggregation is their sum. Medians of %d runs.\n\n", *runs, dur, *runs)
+		"default queues), one TCP flow for %v. Baseline: the same flow over each path alone without a\ntunnel; ideal aggregation is their sum. The tunnel is paced at the uplinks' configured capacities,\n"+
+		"except in the last row, where no capacity is configured and braid measures them. Medians of %d runs.\n\n", *runs, dur, *runs)
 
-	var base1, base2, on, off []float64
+	var base1, base2, on, off, measured []float64
 	var udpDrops, udpLoss []float64
 	for range *runs {
 		b1, b2 := baseline(ctx, *braid, dur)
 		base1, base2 = append(base1, b1), append(base2, b2)
-		on = append(on, tunnelRun(ctx, *braid, dur, true, nil))
-		off = append(off, tunnelRun(ctx, *braid, dur, false, nil))
+		on = append(on, tunnelRun(ctx, *braid, dur, true, rates, nil))
+		off = append(off, tunnelRun(ctx, *braid, dur, false, rates, nil))
+		measured = append(measured, tunnelRun(ctx, *braid, dur, true, nil, nil))
 		var drops, loss float64
-		tunnelRun(ctx, *braid, dur, true, func(l *lab.Lab) {
+		tunnelRun(ctx, *braid, dur, true, rates, func(l *lab.Lab) {
 			before := rcvbufErrors(ctx, l, *braid)
 			res := udp(ctx, l, *braid, dur, 300e6)
 			drops, loss = float64(rcvbufErrors(ctx, l, *braid)-before), res.LossPercent
 		})
 		udpDrops, udpLoss = append(udpDrops, drops), append(udpLoss, loss)
 	}
-	sum := median(base1) + median(base2)
+	sum := scenario.Median(base1) + scenario.Median(base2)
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	fmt.Fprintln(tw, "| scenario\t| goodput\t| ratio to the sum of the paths\t|")
 	fmt.Fprintln(tw, "|---\t|---\t|---\t|")
-	fmt.Fprintf(tw, "| path 1 alone, no tunnel (300 Mbit/s)\t| %.1f Mbit/s\t| %.3f\t|\n", median(base1)/1e6, median(base1)/sum)
-	fmt.Fprintf(tw, "| path 2 alone, no tunnel (100 Mbit/s)\t| %.1f Mbit/s\t| %.3f\t|\n", median(base2)/1e6, median(base2)/sum)
-	fmt.Fprintf(tw, "| braid tunnel, both paths, reorder on\t| %.1f Mbit/s\t| %.3f\t|\n", median(on)/1e6, median(on)/sum)
-	fmt.Fprintf(tw, "| braid tunnel, both paths, reorder off\t| %.1f Mbit/s\t| %.3f\t|\n", median(off)/1e6, median(off)/sum)
+	fmt.Fprintf(tw, "| path 1 alone, no tunnel (300 Mbit/s)\t| %.1f Mbit/s\t| %.3f\t|\n", scenario.Median(base1)/1e6, scenario.Median(base1)/sum)
+	fmt.Fprintf(tw, "| path 2 alone, no tunnel (100 Mbit/s)\t| %.1f Mbit/s\t| %.3f\t|\n", scenario.Median(base2)/1e6, scenario.Median(base2)/sum)
+	fmt.Fprintf(tw, "| braid tunnel, both paths, reorder on\t| %.1f Mbit/s\t| %.3f\t|\n", scenario.Median(on)/1e6, scenario.Median(on)/sum)
+	fmt.Fprintf(tw, "| braid tunnel, both paths, reorder off\t| %.1f Mbit/s\t| %.3f\t|\n", scenario.Median(off)/1e6, scenario.Median(off)/sum)
+	fmt.Fprintf(tw, "| braid tunnel, capacities measured\t| %.1f Mbit/s\t| %.3f\t|\n", scenario.Median(measured)/1e6, scenario.Median(measured)/sum)
 	tw.Flush()
-	fmt.Fprintf(w, "\nReorder on vs off: %.3f (runs where on >= off: %d of %d).\n", median(on)/median(off), countGE(on, off), len(on))
+	fmt.Fprintf(w, "\nReorder on vs off: %.3f (runs where on >= off: %d of %d).\n", scenario.Median(on)/scenario.Median(off), countGE(on, off), len(on))
 	fmt.Fprintf(w, "UDP offered at 300 Mbit/s (below the 400 Mbit/s of the paths) through the tunnel: median loss %.2f %%,\n"+
-		"median UdpRcvbufErrors at the receiving site %.0f (max %.0f).\n", median(udpLoss), median(udpDrops), maxOf(udpDrops))
+		"median UdpRcvbufErrors at the receiving site %.0f (max %.0f).\n", scenario.Median(udpLoss), scenario.Median(udpDrops), maxOf(udpDrops))
 	fmt.Fprintf(w, "\nGoodput is TCP payload at the receiver (steady state); rates count IP bytes, so one path alone\n"+
 		"reaches at most 0.965 of its rate, and the tunnel's 72 bytes of overhead per packet take another 5 %%.\n"+
 		"Links emulated by: %s.\n\n", lab.EmulatorName)
@@ -121,59 +122,23 @@ func baseline(ctx context.Context, braid string, dur time.Duration) (float64, fl
 	return bulk(ctx, l, braid, "10.9.0.2:5201", dur), bulk(ctx, l, braid, "10.9.1.2:5201", dur)
 }
 
-// tunnelRun runs braid tunnel on both hosts, then one bulk flow a -> b through it (or fn).
-func tunnelRun(ctx context.Context, braid string, dur time.Duration, reorder bool, fn func(*lab.Lab)) float64 {
+// tunnelRun runs braid tunnel on both hosts (capacities configured or, with nil, measured),
+// then one bulk flow a -> b through it (or fn).
+func tunnelRun(ctx context.Context, braid string, dur time.Duration, reorder bool, capacities []uint64, fn func(*lab.Lab)) float64 {
 	l := up(ctx)
 	defer l.Close()
-	dir, err := os.MkdirTemp("", "braid-bench-")
+	pair, err := scenario.StartTunnelPair(ctx, l, braid, scenario.SiteSpec{Paths: 2, Outer: 4, Capacities: capacities, Reorder: &reorder}, 4)
 	if err != nil {
 		fatal(err)
 	}
-	defer os.RemoveAll(dir)
-	ka, _ := session.GenerateKey()
-	kb, _ := session.GenerateKey()
-	keys := []session.PrivateKey{ka, kb}
-	for i, h := range []string{"a", "b"} {
-		file := filepath.Join(dir, h+".toml")
-		os.WriteFile(file, scenario.SiteFile(scenario.SiteSpec{Side: i, Own: keys[i], Peer: keys[1-i].Public(), Paths: 2, Outer: 4,
-			Capacities: rates, Reorder: &reorder, Control: filepath.Join(dir, fmt.Sprintf("ctl%d.sock", i))}), 0o600)
-		cmd := exec.Command(braid, "tunnel", "--config", file)
-		logf, _ := os.Create(filepath.Join(dir, h+".log"))
-		defer logf.Close()
-		cmd.Stderr = logf
-		if err := l.Host(h).Start(cmd); err != nil {
-			fatal(err)
-		}
-	}
-	stop := server(l, braid, "0.0.0.0:5201") // any address: braid0 may not be configured yet
+	defer pair.Close()
+	stop := server(l, braid, "10.255.0.2:5201")
 	defer stop()
-	if !waitTunnel(ctx, l) {
-		for _, h := range []string{"a", "b"} {
-			b, _ := os.ReadFile(filepath.Join(dir, h+".log"))
-			log.Printf("braid tunnel in %s said:\n%s", h, b)
-		}
-		fatal("tunnel did not come up within 15 s")
-	}
 	if fn != nil {
 		fn(l)
 		return 0
 	}
 	return bulk(ctx, l, braid, "10.255.0.2:5201", dur)
-}
-
-func waitTunnel(ctx context.Context, l *lab.Lab) bool {
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		dctx, cancel := context.WithTimeout(ctx, time.Second)
-		c, err := l.Host("a").Dial(dctx, "tcp", "10.255.0.2:5201")
-		cancel()
-		if err == nil {
-			c.Close()
-			return true
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return false
 }
 
 func server(l *lab.Lab, braid, addr string) func() {
@@ -233,15 +198,6 @@ func rcvbufErrors(ctx context.Context, l *lab.Lab, braid string) uint64 {
 	}
 	fatal("no Udp RcvbufErrors in /proc/net/snmp")
 	return 0
-}
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2]
 }
 
 func maxOf(v []float64) float64 {

@@ -6,12 +6,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -108,9 +103,9 @@ func runMPTGRE(ctx context.Context, w io.Writer, o Options) error {
 			case c == combo{6, 6}:
 				paperFile = fmt.Sprintf("%.0f s", paperFile66)
 			}
-			t := medianOf(r.throughput)
+			t := Median(r.throughput)
 			fmt.Fprintf(tw, "%v\t%d\t%.0f Mbit/s\t%.0f Mbit/s\t%.2f\t%.1f s\t%s\t%s\t%.0f %% of a core\t\n", c, paths, t/1e6, paper/1e6,
-				t/paper, r.fileTime.Seconds(), paperFile, yesNo(r.fileIntact), 100*medianOf(r.cpu))
+				t/paper, r.fileTime.Seconds(), paperFile, yesNo(r.fileIntact), 100*Median(r.cpu))
 		}
 	}
 	tw.Flush()
@@ -130,57 +125,27 @@ func mptgreMeasure(ctx context.Context, self string, o Options, c combo, paths, 
 		return nil, err
 	}
 	defer l.Close()
-	dir, err := os.MkdirTemp("", "braid-repro-")
+	pair, err := StartTunnelPair(ctx, l, self, SiteSpec{Paths: paths, Outer: c.outer, Capacities: []uint64{1e9, 1e9}}, c.inner)
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	ka, err := session.GenerateKey()
-	if err != nil {
-		return nil, err
-	}
-	kb, err := session.GenerateKey()
-	if err != nil {
-		return nil, err
-	}
-	keys := [2]session.PrivateKey{ka, kb}
-	var procs [2]*exec.Cmd
-	for i, h := range []string{"a", "b"} {
-		file := filepath.Join(dir, h+".toml")
-		site := SiteFile(SiteSpec{Side: i, Own: keys[i], Peer: keys[1-i].Public(), Paths: paths, Outer: c.outer,
-			Capacities: []uint64{1e9, 1e9}, Control: filepath.Join(dir, h+".sock")})
-		if err := os.WriteFile(file, site, 0o600); err != nil {
-			return nil, err
-		}
-		cmd := exec.Command(self, "tunnel", "--config", file)
-		if err := l.Host(h).Start(cmd); err != nil {
-			return nil, err
-		}
-		procs[i] = cmd
-	}
-	inner := SiteInner(1, c.inner)
-	stop, err := StartServer(ctx, l.Host("b"), netip.AddrPortFrom(inner, 5201).String())
-	for deadline := time.Now().Add(10 * time.Second); err != nil && time.Now().Before(deadline); {
-		time.Sleep(100 * time.Millisecond) // the tunnel process has not configured braid0 yet
-		stop, err = StartServer(ctx, l.Host("b"), netip.AddrPortFrom(inner, 5201).String())
-	}
+	defer pair.Close()
+	addr := netip.AddrPortFrom(SiteInner(1, c.inner), 5201).String()
+	stop, err := StartServer(ctx, l.Host("b"), addr)
 	if err != nil {
 		return nil, err
 	}
 	defer stop()
-	addr := netip.AddrPortFrom(inner, 5201).String()
-	if err := waitReachable(ctx, l.Host("a"), addr); err != nil {
-		return nil, err
-	}
 	r := &mptgreRun{}
 	for range runs {
-		before := procCPU(procs[0].Process.Pid) + procCPU(procs[1].Process.Pid)
+		before := pair.CPU()
 		t0 := time.Now()
 		res, err := traffic.Bulk(ctx, l.Host("a").Dial, addr, traffic.BulkOptions{Duration: dur})
 		if err != nil {
 			return nil, err
 		}
-		used := procCPU(procs[0].Process.Pid) + procCPU(procs[1].Process.Pid) - before
+		after := pair.CPU()
+		used := after[0] + after[1] - before[0] - before[1]
 		r.throughput = append(r.throughput, res.Steady)
 		r.cpu = append(r.cpu, used.Seconds()/time.Since(t0).Seconds())
 	}
@@ -189,51 +154,7 @@ func mptgreMeasure(ctx context.Context, self string, o Options, c combo, paths, 
 		return nil, err
 	}
 	r.fileTime, r.fileIntact = f.Duration, f.Intact
-	for _, p := range procs {
-		p.Process.Signal(syscall.SIGTERM)
-		p.Wait()
-	}
 	return r, nil
-}
-
-func waitReachable(ctx context.Context, h *lab.Host, addr string) error {
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		dctx, cancel := context.WithTimeout(ctx, time.Second)
-		c, err := h.Dial(dctx, "tcp", addr)
-		cancel()
-		if err == nil {
-			c.Close()
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("scenario: %s not reachable through the tunnel within 15 s", addr)
-}
-
-// procCPU returns the user and system CPU time of a process so far.
-func procCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
-}
-
-func medianOf(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2]
 }
 
 // SiteSpec describes one side of a two-site tunnel between lab hosts a (Side 0) and b (Side 1)
