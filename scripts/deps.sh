@@ -23,3 +23,10 @@ if ! have_go; then
 fi
 go mod download
 [ -e /dev/net/tun ] || { mkdir -p /dev/net && mknod /dev/net/tun c 10 200 2>/dev/null || true; }
+# tshark: the tests use it as an independent decoder of the LISP messages braid sends.
+if ! command -v tshark >/dev/null 2>&1; then
+  echo "deps: installing tshark (Debian package)" >&2
+  echo 'wireshark-common wireshark-common/install-setuid boolean false' | debconf-set-selections
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq tshark >/dev/null
+fi

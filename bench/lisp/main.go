@@ -1,0 +1,298 @@
+// Command lisp benchmarks braid's LISP roles and writes its section of bench/BENCH.md.
+//
+// Two tables, each the median of -runs runs:
+//
+//   - map-resolver: ECM Map-Requests per second answered by an in-process map server on
+//     loopback with 10 000 registered EID prefixes (proxy replies), and the p50/p99 latency of
+//     each request, from closed-loop clients (one request in flight each); negative replies
+//     (space no site holds) measured the same way;
+//   - xTR: TCP bulk goodput between two hosts through two braid xTRs (encapsulation on UDP
+//     4341, both ways), as a ratio to the same transfer forwarded natively over the same
+//     emulated links (the baseline, same run).
+//
+// Usage: go run ./bench/lisp -braid bin/braid -runs 5 -out bench/out/lisp.md
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"braid/internal/lab"
+	"braid/internal/lab/scenario"
+	"braid/internal/lab/topo"
+	"braid/internal/lisp/mapserver"
+	"braid/internal/traffic"
+	"braid/internal/units"
+	"braid/internal/wire/lisp"
+)
+
+func main() {
+	flag.String("braid", "bin/braid", "path of the braid binary (unused: the roles run in process)")
+	runs := flag.Int("runs", 5, "runs per figure; the tables show medians")
+	quick := flag.Bool("quick", false, "short measurements: a smoke run")
+	out := flag.String("out", "bench/out/lisp.md", "where to write this section (Markdown)")
+	prefixes := flag.Int("prefixes", 10000, "registered EID prefixes")
+	clientList := flag.String("clients", "4,16", "concurrent resolver clients, one table row per value (comma-separated)")
+	flag.Parse()
+	log.SetFlags(0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	var md bytes.Buffer
+	w := io.MultiWriter(os.Stdout, &md)
+	dur := 5 * time.Second
+	if *quick {
+		dur = time.Second
+	}
+	var clients []int
+	for _, f := range strings.Split(*clientList, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			log.Fatalf("-clients %q: want positive numbers separated by commas", *clientList)
+		}
+		clients = append(clients, n)
+	}
+	fmt.Fprintf(w, "## LISP map-resolver\n\n`go run ./bench/lisp -runs %d` (%s, %d cores). An in-process braid map server on loopback\nwith %d registered EID prefixes (100 sites, proxy replies, rate limit off); closed-loop clients\n(one ECM Map-Request in flight each, on the same machine, sharing its cores with the server) for\n%v per run. Latency is the client's, from send to reply. Medians of %d runs.\n\n",
+		*runs, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), *prefixes, dur, *runs)
+	resolver(w, *prefixes, clients, dur, *runs)
+	fmt.Fprintf(w, "\n## LISP xTR encapsulation\n\nTCP bulk h1 -> h2 for %v between two LISP sites of `scenario.LispTopology` (links unshaped,\n%s): through two braid xTRs (TUN, encapsulation on UDP 4341, hash placement), beside the\nbaseline of the same hosts forwarded natively over the same links. Medians of %d runs.\n\n", dur, lab.EmulatorName, *runs)
+	if err := xtrThroughput(ctx, w, dur, *runs); err != nil {
+		fmt.Fprintf(w, "not measured: %v\n", err)
+	}
+	if *out != "" {
+		if err := os.WriteFile(*out, md.Bytes(), 0o644); err != nil {
+			log.Fatal(err)
+		}
+	}
+}
+
+type resolverResult struct {
+	rps      float64
+	p50, p99 time.Duration
+}
+
+func resolver(w io.Writer, prefixes int, clients []int, dur time.Duration, runs int) {
+	cfg := mapserver.Defaults()
+	cfg.RatePerSource = 0
+	cfg.Logger = nil
+	var eids []netip.Addr
+	var regs [][]byte
+	for s := range 100 {
+		key := fmt.Sprintf("site-%d", s)
+		site := mapserver.Site{Name: key, Keys: map[uint8][]byte{0: []byte(key)}, ProxyReply: true}
+		var recs []lisp.Record
+		for i := range prefixes / 100 {
+			n := s*(prefixes/100) + i
+			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(n >> 8), byte(n), 0}), 24)
+			site.Prefixes = append(site.Prefixes, p)
+			eids = append(eids, p.Addr().Next())
+			recs = append(recs, lisp.Record{TTL: 10, MaskLen: 24, Authoritative: true, EID: lisp.AddrFrom(p.Addr()), Locators: []lisp.Locator{
+				{Priority: 1, Weight: 50, Flags: lisp.LocReachable, Addr: lisp.AddrFrom(netip.AddrFrom4([4]byte{172, 16, byte(s), 1}))},
+				{Priority: 1, Weight: 50, Flags: lisp.LocReachable, Addr: lisp.AddrFrom(netip.AddrFrom4([4]byte{172, 17, byte(s), 1}))}}})
+		}
+		cfg.Sites = append(cfg.Sites, site)
+		for len(recs) > 0 {
+			k := min(len(recs), 100)
+			m := lisp.MapRegister{Nonce: uint64(len(regs) + 1), AlgID: lisp.AlgHMACSHA256, AuthData: make([]byte, 32), Records: recs[:k]}
+			b := make([]byte, m.Len())
+			m.Encode(b)
+			lisp.Sign(b, []byte(key))
+			regs = append(regs, b)
+			recs = recs[k:]
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	fmt.Fprintln(tw, "| query\t| clients\t| requests/s\t| p50\t| p99\t| target\t|")
+	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|")
+	for _, kind := range []string{"registered EID (proxy reply)", "unknown space (negative reply)"} {
+		for _, nc := range clients {
+			var rs []resolverResult
+			for range runs {
+				srv, err := mapserver.New(cfg)
+				if err != nil {
+					log.Fatal(err)
+				}
+				for _, b := range regs {
+					srv.Handle(time.Now(), netip.MustParseAddrPort("172.16.0.1:4342"), b, nil)
+				}
+				if n := len(srv.Registrations(time.Now())); n != prefixes {
+					log.Fatalf("%d prefixes registered, want %d", n, prefixes)
+				}
+				targets := eids
+				if kind[0] == 'u' {
+					targets = []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("11.1.2.3"), netip.MustParseAddr("198.51.100.7")}
+				}
+				rs = append(rs, resolverRun(srv, targets, nc, dur))
+			}
+			slices.SortFunc(rs, func(a, b resolverResult) int { return int(a.rps - b.rps) })
+			m := rs[len(rs)/2]
+			p50s, p99s := make([]time.Duration, len(rs)), make([]time.Duration, len(rs))
+			for i, r := range rs {
+				p50s[i], p99s[i] = r.p50, r.p99
+			}
+			slices.Sort(p50s)
+			slices.Sort(p99s)
+			fmt.Fprintf(tw, "| %s\t| %d\t| %.0f\t| %v\t| %v\t| ≥ 50000/s, p99 < 1 ms\t|\n", kind, nc, m.rps, p50s[len(rs)/2].Round(time.Microsecond), p99s[len(rs)/2].Round(time.Microsecond))
+		}
+	}
+	tw.Flush()
+}
+
+func resolverRun(srv *mapserver.Server, targets []netip.Addr, clients int, dur time.Duration) resolverResult {
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	conn.SetReadBuffer(8 << 20)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, conn) }()
+	addr := conn.LocalAddr().(*net.UDPAddr)
+	var mu sync.Mutex
+	var lat []time.Duration
+	var wg sync.WaitGroup
+	start := time.Now()
+	for c := range clients {
+		wg.Go(func() {
+			cc, err := net.DialUDP("udp4", nil, addr)
+			if err != nil {
+				log.Fatal(err)
+			}
+			defer cc.Close()
+			local := cc.LocalAddr().(*net.UDPAddr).AddrPort()
+			buf := make([]byte, 2048)
+			var mine []time.Duration
+			i := c
+			for time.Since(start) < dur {
+				eid := targets[(i*7919)%len(targets)]
+				i++
+				msg := request(eid, local, uint64(i))
+				t0 := time.Now()
+				cc.Write(msg)
+				cc.SetReadDeadline(t0.Add(time.Second))
+				n, err := cc.Read(buf)
+				if err != nil {
+					continue // lost: counted as not answered
+				}
+				var r lisp.MapReply
+				if _, err := r.Decode(buf[:n]); err != nil || r.Nonce != uint64(i) {
+					continue
+				}
+				mine = append(mine, time.Since(t0))
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	cancel()
+	<-done
+	slices.Sort(lat)
+	if len(lat) == 0 {
+		log.Fatal("no replies")
+	}
+	return resolverResult{rps: float64(len(lat)) / elapsed.Seconds(), p50: lat[len(lat)/2], p99: lat[len(lat)*99/100]}
+}
+
+func request(eid netip.Addr, local netip.AddrPort, nonce uint64) []byte {
+	req := lisp.MapRequest{Nonce: nonce, ITRRLOCs: []lisp.Addr{lisp.AddrFrom(local.Addr())},
+		Records: []lisp.RequestRecord{{MaskLen: 32, EID: lisp.AddrFrom(eid)}}}
+	e := lisp.ECM{Inner: lisp.IPUDP{Src: local, Dst: netip.AddrPortFrom(eid, lisp.ControlPort), TTL: 64, PayloadLen: uint16(req.Len())}}
+	b := make([]byte, e.Len()+req.Len())
+	req.Encode(b[e.Len():])
+	e.Encode(b)
+	return b
+}
+
+func xtrThroughput(ctx context.Context, w io.Writer, dur time.Duration, runs int) error {
+	var base, braid []float64
+	for range runs {
+		b, x, err := xtrRun(ctx, dur)
+		if err != nil {
+			return err
+		}
+		base, braid = append(base, b), append(braid, x)
+	}
+	slices.Sort(base)
+	slices.Sort(braid)
+	mb, mx := base[len(base)/2], braid[len(braid)/2]
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	fmt.Fprintln(tw, "| flow\t| baseline (native forwarding)\t| braid xTRs\t| ratio\t|")
+	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|")
+	fmt.Fprintf(tw, "| TCP bulk h1 -> h2\t| %s\t| %s\t| %.3f\t|\n", units.FormatRate(uint64(mb)), units.FormatRate(uint64(mx)), mx/mb)
+	return tw.Flush()
+}
+
+// xtrRun measures one baseline and one xTR transfer on a fresh lab.
+func xtrRun(ctx context.Context, dur time.Duration) (base, braid float64, err error) {
+	t := scenario.LispTopology(0, 0)
+	// The baseline's routes: the core knows each site's EIDs behind the first RLOC.
+	for i := range t.Hosts {
+		if t.Hosts[i].Name == "core" {
+			for _, s := range scenario.LispSites {
+				t.Hosts[i].Routes = append(t.Hosts[i].Routes, topo.Route{Dst: s.EIDs[0], Via: s.RLOCs[0]})
+			}
+		}
+	}
+	l, err := lab.Up(ctx, t, lab.Options{})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer l.Close()
+	h1, h2 := l.Host("h1"), l.Host("h2")
+	srvAddr := netip.AddrPortFrom(scenario.LispSites[1].HostIP[0], 5201).String()
+	stop, err := scenario.StartServer(ctx, h2, srvAddr)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer stop()
+	native := []topo.Route{
+		{Dst: scenario.LispSites[1].EIDs[0], Via: scenario.LispSites[0].RLOCs[0].Next()},
+		{Dst: scenario.LispSites[0].EIDs[0], Via: scenario.LispSites[1].RLOCs[0].Next()},
+	}
+	for i, r := range []string{"xtr1", "xtr2"} {
+		if err := l.Host(r).ReplaceRoute(native[i]); err != nil {
+			return 0, 0, err
+		}
+	}
+	b, err := traffic.Bulk(ctx, h1.Dial, srvAddr, traffic.BulkOptions{Duration: dur})
+	if err != nil {
+		return 0, 0, fmt.Errorf("baseline: %w", err)
+	}
+	// Through the xTRs: the native /24 routes go, the EID space is routed into their TUNs.
+	for i, r := range []string{"xtr1", "xtr2"} {
+		if _, err := l.Host(r).Run(ctx, "ip", "route", "del", native[i].Dst.String()); err != nil {
+			return 0, 0, err
+		}
+	}
+	ll, err := scenario.StartLisp(ctx, l, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer ll.Close()
+	// Resolve first, so that the measurement is of the data path.
+	if _, err := scenario.Ping(ctx, h1, h2, scenario.LispSites[1].HostIP[0], time.Second); err != nil {
+		return 0, 0, err
+	}
+	x, err := traffic.Bulk(ctx, h1.Dial, srvAddr, traffic.BulkOptions{Duration: dur})
+	if err != nil {
+		return 0, 0, fmt.Errorf("through the xTRs: %w (xtr1 counters %v, xtr2 counters %v)", err,
+			ll.XTRs[0].Status().Counters, ll.XTRs[1].Status().Counters)
+	}
+	return b.Goodput, x.Goodput, nil
+}

@@ -1,0 +1,263 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"braid/internal/config"
+	"braid/internal/lisp/mapserver"
+	"braid/internal/metrics"
+)
+
+func init() {
+	commands["mapserver"] = command{summary: "LISP map-server and map-resolver: registrations, Map-Requests, negative replies", run: runMapserver}
+}
+
+const mapserverDoc = `Usage: braid mapserver --config FILE [--log-format text|json] [--verbose]
+       braid mapserver check --config FILE
+       braid mapserver show [--metrics HOST:PORT] [--json]
+
+braid mapserver is a LISP Map-Server and Map-Resolver (RFC 9301) in one process, or either
+role alone. As a map-server it accepts Map-Registers from the ETRs of the sites in its
+configuration, authenticated with each site's key (HMAC-SHA-1 or HMAC-SHA-256, full or
+truncated digests, compared in constant time), for prefixes the site owns; it answers with a
+Map-Notify when asked and drops registrations that are not refreshed. As a map-resolver it takes
+Map-Requests encapsulated in ECMs from ITRs and answers from its own table (proxy reply, when
+the site asked for it), forwards them to the registered ETR, or answers with a negative
+Map-Reply: the widest prefix around the EID that no site holds (15 minutes), or the EID itself
+for a site that is configured but not registered (1 minute). A map-resolver without the
+map-server role forwards Map-Requests to the map servers in 'forward'.
+
+Bad messages are dropped and counted by reason (drop_* in the metrics), never logged one by
+one; a source sending more than rate_per_source messages per second is rate limited.
+
+The site file's [mapserver] section configures it (see docs/lisp.md). 'show' prints the
+registration table and counters of a running map server, read from its metrics address.
+
+Example:
+  braid mapserver check --config /etc/braid/ms.toml
+  braid mapserver --config /etc/braid/ms.toml
+  braid mapserver show
+  braid lig 192.168.2.1 --resolver 10.0.9.1
+`
+
+func runMapserver(e env, args []string) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "check":
+			return mapserverCheck(e, args[1:])
+		case "show":
+			return mapserverShow(e, args[1:])
+		}
+	}
+	fs := newFlags(e, "braid mapserver", mapserverDoc)
+	file := fs.String("config", "", "the site `FILE` (TOML)")
+	format := fs.String("log-format", "text", "log format: text or json")
+	verbose := fs.Bool("verbose", false, "log debug messages too")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if *file == "" || fs.NArg() > 0 {
+		fmt.Fprintln(e.stderr, "braid mapserver: expected --config FILE (see 'braid mapserver --help')")
+		return exitUsage
+	}
+	log, err := newLogger(e, *format, *verbose)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "braid mapserver: %v\n", err)
+		return exitUsage
+	}
+	cfg, err := loadMapserverConfig(*file)
+	if err != nil {
+		return configFail(e, "mapserver", err)
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	ms, err := startMapserver(cfg, log)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "braid mapserver: %v\n", err)
+		return exitError
+	}
+	if err := ms.run(ctx); err != nil {
+		fmt.Fprintf(e.stderr, "braid mapserver: %v\n", err)
+		return exitError
+	}
+	return exitOK
+}
+
+func loadMapserverConfig(file string) (*config.Mapserver, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	return config.LoadMapserver(file, data)
+}
+
+func mapserverCheck(e env, args []string) int {
+	fs := newFlags(e, "braid mapserver check", mapserverDoc)
+	file := fs.String("config", "", "the site `FILE` (TOML)")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if *file == "" {
+		fmt.Fprintln(e.stderr, "braid mapserver check: expected --config FILE")
+		return exitUsage
+	}
+	cfg, err := loadMapserverConfig(*file)
+	if err != nil {
+		return configFail(e, "mapserver", err)
+	}
+	var roles []string
+	if cfg.MapServer {
+		roles = append(roles, "map-server")
+	}
+	if cfg.MapResolver {
+		roles = append(roles, "map-resolver")
+	}
+	fmt.Fprintf(e.stdout, "%s: valid: %s on %v, %d sites\n", *file, strings.Join(roles, " and "), cfg.Listen, len(cfg.Sites))
+	return exitOK
+}
+
+// mapserverRun is a map server with its socket and metrics endpoint.
+type mapserverRun struct {
+	srv  *mapserver.Server
+	conn *net.UDPConn
+	web  *metrics.Server
+	log  *slog.Logger
+}
+
+// startMapserver opens the socket and the metrics endpoint of cfg.
+func startMapserver(cfg *config.Mapserver, log *slog.Logger) (*mapserverRun, error) {
+	mc := mapserver.Defaults()
+	mc.MapServer, mc.MapResolver, mc.Forward = cfg.MapServer, cfg.MapResolver, cfg.Forward
+	mc.RegistrationTimeout, mc.NegativeTTL, mc.UnregisteredTTL = cfg.RegistrationTimeout, cfg.NegativeTTL, cfg.UnregisteredTTL
+	mc.RatePerSource, mc.BurstPerSource, mc.Logger = cfg.RatePerSource, cfg.BurstPerSource, log
+	for _, s := range cfg.Sites {
+		mc.Sites = append(mc.Sites, mapserver.Site{Name: s.Name, Keys: map[uint8][]byte{s.KeyID: []byte(s.Key)}, Prefixes: s.Prefixes, ProxyReply: s.ProxyReply})
+	}
+	srv, err := mapserver.New(mc)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(cfg.Listen))
+	if err != nil {
+		return nil, fmt.Errorf("listen %v: %w", cfg.Listen, err)
+	}
+	conn.SetReadBuffer(8 << 20)
+	r := &mapserverRun{srv: srv, conn: conn, log: log}
+	if cfg.Metrics != "" {
+		r.web, err = metrics.Listen(cfg.Metrics, mapserverSource{srv})
+		if err != nil {
+			conn.Close()
+			return nil, err
+		}
+		log.Info("status and metrics", "addr", r.web.Addr())
+	}
+	log.Info("map server up", "listen", conn.LocalAddr(), "sites", len(cfg.Sites), "map_server", cfg.MapServer, "map_resolver", cfg.MapResolver)
+	return r, nil
+}
+
+// run serves until ctx ends.
+func (r *mapserverRun) run(ctx context.Context) error {
+	if r.web != nil {
+		defer r.web.Close()
+	}
+	return r.srv.Serve(ctx, r.conn)
+}
+
+// mapserverStatus is what the map server's /status returns.
+type mapserverStatus struct {
+	Role          string                   `json:"role"`
+	Registrations []mapserver.Registration `json:"registrations"`
+	Counters      map[string]uint64        `json:"counters"`
+}
+
+type mapserverSource struct{ s *mapserver.Server }
+
+func (m mapserverSource) StatusJSON() any {
+	return mapserverStatus{Role: "mapserver", Registrations: m.s.Registrations(time.Now()), Counters: m.s.Counters()}
+}
+
+func (m mapserverSource) WriteMetrics(w *metrics.Writer) {
+	c := m.s.Counters()
+	for _, k := range metrics.SortedKeys(c) {
+		w.Sample("braid_mapserver_"+k+"_total", metrics.Counter, "Map server counter "+k+".", float64(c[k]))
+	}
+	w.Sample("braid_mapserver_registrations", metrics.Gauge, "Registered EID prefixes.", float64(len(m.s.Registrations(time.Now()))))
+}
+
+func getStatus(addr string, v any) error {
+	client := http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Get("http://" + addr + "/status")
+	if err != nil {
+		return fmt.Errorf("is it running with metrics on %s? %w", addr, err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("%s: %w", addr, err)
+	}
+	return nil
+}
+
+func mapserverShow(e env, args []string) int {
+	fs := newFlags(e, "braid mapserver show", mapserverDoc)
+	addr := fs.String("metrics", config.MapserverDefaults().Metrics, "the map server's status `ADDRESS`")
+	asJSON := fs.Bool("json", false, "print the raw JSON")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	var st mapserverStatus
+	if err := getStatus(*addr, &st); err != nil {
+		fmt.Fprintf(e.stderr, "braid mapserver show: %v\n", err)
+		return exitError
+	}
+	if st.Role != "mapserver" {
+		fmt.Fprintf(e.stderr, "braid mapserver show: %s is a %q, not a map server\n", *addr, st.Role)
+		return exitError
+	}
+	if *asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(st)
+		return exitOK
+	}
+	printRegistrations(e.stdout, st)
+	return exitOK
+}
+
+func printRegistrations(w io.Writer, st mapserverStatus) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SITE\tEID PREFIX\tETR\tLOCATORS (priority/weight)\tTTL\tEXPIRES IN\tPROXY")
+	for _, r := range st.Registrations {
+		var locs []string
+		for _, l := range r.Locators {
+			s := fmt.Sprintf("%v %d/%d", l.Address, l.Priority, l.Weight)
+			if !l.Reachable {
+				s += " unreachable"
+			}
+			locs = append(locs, s)
+		}
+		fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%dm\t%v\t%v\n", r.Site, r.Prefix, r.ETR, strings.Join(locs, ", "), r.TTL, r.ExpiresIn.Round(time.Second), r.ProxyReply)
+	}
+	if len(st.Registrations) == 0 {
+		fmt.Fprintln(tw, "(no registrations)")
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "COUNTER\tVALUE")
+	for _, k := range metrics.SortedKeys(st.Counters) {
+		if st.Counters[k] != 0 || !strings.HasPrefix(k, "drop_") {
+			fmt.Fprintf(tw, "%s\t%d\n", k, st.Counters[k])
+		}
+	}
+	tw.Flush()
+}

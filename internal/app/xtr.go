@@ -1,0 +1,333 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"braid/internal/config"
+	"braid/internal/lisp/xtr"
+	"braid/internal/metrics"
+	"braid/internal/tun"
+	"braid/internal/wire/lisp"
+
+	"github.com/vishvananda/netlink"
+)
+
+func init() {
+	commands["xtr"] = command{summary: "LISP tunnel router (ITR/ETR) on a TUN device, with A-MPTCP placement", run: runXTR}
+}
+
+const xtrDoc = `Usage: braid xtr --config FILE [--log-format text|json] [--verbose]
+       braid xtr check --config FILE
+       braid xtr show [--metrics HOST:PORT] [--json]
+
+braid xtr is a LISP tunnel router (RFC 9300, RFC 9301). As an ITR it reads the packets routed
+into its TUN device (the 'routes' of its configuration, typically the EID space of the other
+sites), looks their destination up in its map-cache, resolves misses with Map-Requests to the
+map-resolvers (holding a few packets meanwhile, retrying on timeouts, caching negative answers
+for their TTL) and encapsulates them on UDP port 4341 from one of the site's RLOCs to one of
+the destination's, with a random nonce and an outer source port derived from the inner flow so
+that the underlay spreads flows. As an ETR it decapsulates what arrives for the site's EIDs,
+registers the EID prefixes with the map servers every register_interval (authenticated), and
+answers Map-Requests and RLOC-probes.
+
+Locators are chosen as RFC 9300 says: the lowest priority (255 = never), then in proportion to
+the weights, per flow. Every RLOC pair in use is probed each probe_interval; a pair that has
+not answered for down_after is not used until it answers again. With placement = true (for
+A-MPTCP), a TCP flow takes the RLOC pair (sport + dport) mod (number of pairs), both sites
+listing their RLOCs in the same canonical order, so that both directions of a subflow use the
+same pair and subflows with different residues use different pairs.
+
+The site file's [xtr] section configures it (see docs/lisp.md); braid xtr needs the privilege
+to create TUN devices and raw sockets. 'show' prints the map-cache, the RLOC pairs and the
+counters of a running xTR.
+
+Example:
+  braid xtr check --config /etc/braid/site.toml
+  braid xtr --config /etc/braid/site.toml
+  braid xtr show
+`
+
+func runXTR(e env, args []string) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "check":
+			return xtrCheck(e, args[1:])
+		case "show":
+			return xtrShow(e, args[1:])
+		}
+	}
+	fs := newFlags(e, "braid xtr", xtrDoc)
+	file := fs.String("config", "", "the site `FILE` (TOML)")
+	format := fs.String("log-format", "text", "log format: text or json")
+	verbose := fs.Bool("verbose", false, "log debug messages too")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if *file == "" || fs.NArg() > 0 {
+		fmt.Fprintln(e.stderr, "braid xtr: expected --config FILE (see 'braid xtr --help')")
+		return exitUsage
+	}
+	log, err := newLogger(e, *format, *verbose)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "braid xtr: %v\n", err)
+		return exitUsage
+	}
+	cfg, err := loadXTRConfig(*file)
+	if err != nil {
+		return configFail(e, "xtr", err)
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	if err := serveXTR(ctx, cfg, log); err != nil {
+		fmt.Fprintf(e.stderr, "braid xtr: %v\n", err)
+		return exitError
+	}
+	return exitOK
+}
+
+func loadXTRConfig(file string) (*config.XTR, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	return config.LoadXTR(file, data, systemEnv{})
+}
+
+func xtrCheck(e env, args []string) int {
+	fs := newFlags(e, "braid xtr check", xtrDoc)
+	file := fs.String("config", "", "the site `FILE` (TOML)")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if *file == "" {
+		fmt.Fprintln(e.stderr, "braid xtr check: expected --config FILE")
+		return exitUsage
+	}
+	cfg, err := loadXTRConfig(*file)
+	if err != nil {
+		return configFail(e, "xtr", err)
+	}
+	mode := "hash"
+	if cfg.Placement {
+		mode = "A-MPTCP placement"
+	}
+	fmt.Fprintf(e.stdout, "%s: valid: %d EID prefixes, %d RLOCs, %d map-resolvers, %d map servers, %s\n", *file,
+		len(cfg.EIDs), len(cfg.RLOCs), len(cfg.Resolvers), len(cfg.MapServers), mode)
+	return exitOK
+}
+
+// xtrOptions converts the configuration (device and uplinks are added by the caller).
+func xtrOptions(cfg *config.XTR, log *slog.Logger) xtr.Options {
+	o := xtr.Options{EIDs: cfg.EIDs, Resolvers: cfg.Resolvers, RegisterInterval: cfg.RegisterInterval,
+		RegisterTTL: cfg.RegisterTTL, RequestTimeout: cfg.RequestTimeout, RequestRetries: cfg.RequestRetries,
+		ProbeInterval: cfg.ProbeInterval, DownAfter: cfg.DownAfter, Placement: cfg.Placement, Logger: log}
+	for _, r := range cfg.RLOCs {
+		o.Locators = append(o.Locators, xtr.Locator{Priority: r.Priority, Weight: r.Weight})
+	}
+	for _, m := range cfg.MapServers {
+		alg := uint8(lisp.AlgHMACSHA1)
+		if m.Algorithm == "hmac-sha256" {
+			alg = lisp.AlgHMACSHA256
+		}
+		o.MapServers = append(o.MapServers, xtr.MapServer{Addr: m.Address, Key: []byte(m.Key), KeyID: m.KeyID, AlgID: alg,
+			AuthLen: m.AuthLength, ProxyReply: m.ProxyReply})
+	}
+	return o
+}
+
+// xtrMTU is the configured MTU, or 1500 less the outer headers of the widest RLOC family.
+func xtrMTU(cfg *config.XTR) int {
+	if cfg.MTU != 0 {
+		return cfg.MTU
+	}
+	mtu := 1500 - lisp.IPv4UDPLen - lisp.DataHeaderLen
+	for _, r := range cfg.RLOCs {
+		if r.Address.Is6() {
+			mtu = 1500 - lisp.IPv6UDPLen - lisp.DataHeaderLen
+		}
+	}
+	return mtu
+}
+
+// serveXTR builds the xTR of cfg in this process's network namespace and runs it until ctx
+// ends.
+func serveXTR(ctx context.Context, cfg *config.XTR, log *slog.Logger) error {
+	o := xtrOptions(cfg, log)
+	o.MTU = xtrMTU(cfg)
+	closeAll := func() {
+		for _, u := range o.Uplinks {
+			u.Close()
+		}
+		if o.Device != nil {
+			o.Device.Close()
+		}
+	}
+	for _, r := range cfg.RLOCs {
+		u, err := xtr.OpenUplink(r.Address, r.Interface)
+		if err != nil {
+			closeAll()
+			return err
+		}
+		o.Uplinks = append(o.Uplinks, u)
+	}
+	dev, err := tun.Open(cfg.Interface)
+	if err != nil {
+		closeAll()
+		return err
+	}
+	o.Device = dev
+	nl, err := netlink.NewHandle()
+	if err != nil {
+		closeAll()
+		return fmt.Errorf("netlink: %w", err)
+	}
+	defer nl.Close()
+	if err := tun.Configure(nl, cfg.Interface, o.MTU, nil); err != nil {
+		closeAll()
+		return err
+	}
+	for _, p := range cfg.Routes {
+		if err := tun.AddRoute(nl, cfg.Interface, p); err != nil {
+			closeAll()
+			return err
+		}
+	}
+	x, err := xtr.New(o)
+	if err != nil {
+		closeAll()
+		return err
+	}
+	if cfg.Metrics != "" {
+		srv, err := metrics.Listen(cfg.Metrics, xtrSource{x})
+		if err != nil {
+			closeAll()
+			return err
+		}
+		defer srv.Close()
+		log.Info("status and metrics", "addr", srv.Addr())
+	}
+	log.Info("xtr up", "interface", cfg.Interface, "mtu", o.MTU, "eids", cfg.EIDs, "rlocs", len(cfg.RLOCs), "placement", cfg.Placement)
+	return x.Run(ctx)
+}
+
+// xtrStatus is what the xTR's /status returns.
+type xtrStatus struct {
+	Role string     `json:"role"`
+	XTR  xtr.Status `json:"xtr"`
+}
+
+type xtrSource struct{ x *xtr.XTR }
+
+func (s xtrSource) StatusJSON() any { return xtrStatus{Role: "xtr", XTR: s.x.Status()} }
+
+func (s xtrSource) WriteMetrics(w *metrics.Writer) {
+	st := s.x.Status()
+	for _, k := range metrics.SortedKeys(st.Counters) {
+		w.Sample("braid_xtr_"+k+"_total", metrics.Counter, "xTR counter "+k+".", float64(st.Counters[k]))
+	}
+	w.Sample("braid_xtr_map_cache_entries", metrics.Gauge, "Entries in the map-cache.", float64(len(st.Cache)))
+	for _, p := range st.Pairs {
+		l := []string{"local", p.Local.String(), "remote", p.Remote.String()}
+		w.Sample("braid_xtr_pair_up", metrics.Gauge, "Whether the RLOC pair answers probes.", b2f(p.Up), l...)
+	}
+	for _, p := range st.Pairs {
+		l := []string{"local", p.Local.String(), "remote", p.Remote.String()}
+		w.Sample("braid_xtr_pair_rtt_seconds", metrics.Gauge, "Last probe round trip of the RLOC pair.", p.RTT.Seconds(), l...)
+	}
+	for _, p := range st.Pairs {
+		l := []string{"local", p.Local.String(), "remote", p.Remote.String()}
+		w.Sample("braid_xtr_pair_tx_packets_total", metrics.Counter, "Packets encapsulated on the RLOC pair.", float64(p.TxPackets), l...)
+	}
+	for _, p := range st.Pairs {
+		l := []string{"local", p.Local.String(), "remote", p.Remote.String()}
+		w.Sample("braid_xtr_pair_rx_packets_total", metrics.Counter, "Packets decapsulated from the RLOC pair.", float64(p.RxPackets), l...)
+	}
+}
+
+func xtrShow(e env, args []string) int {
+	fs := newFlags(e, "braid xtr show", xtrDoc)
+	addr := fs.String("metrics", config.XTRDefaults().Metrics, "the xTR's status `ADDRESS`")
+	asJSON := fs.Bool("json", false, "print the raw JSON")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	var st xtrStatus
+	if err := getStatus(*addr, &st); err != nil {
+		fmt.Fprintf(e.stderr, "braid xtr show: %v\n", err)
+		return exitError
+	}
+	if st.Role != "xtr" {
+		fmt.Fprintf(e.stderr, "braid xtr show: %s is a %q, not an xTR\n", *addr, st.Role)
+		return exitError
+	}
+	if *asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(st)
+		return exitOK
+	}
+	printXTR(e.stdout, st.XTR)
+	return exitOK
+}
+
+func printXTR(w io.Writer, st xtr.Status) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "EID PREFIX\tMAPPING\tTTL\tEXPIRES IN")
+	for _, c := range st.Cache {
+		var m string
+		switch {
+		case c.Pending:
+			m = "resolving"
+		case c.Negative:
+			m = "negative, " + c.Action
+		default:
+			var locs []string
+			for _, l := range c.Locators {
+				s := "down"
+				if l.Up {
+					s = "up"
+				}
+				locs = append(locs, fmt.Sprintf("%v %d/%d %s", l.Address, l.Priority, l.Weight, s))
+			}
+			m = strings.Join(locs, ", ")
+		}
+		fmt.Fprintf(tw, "%v\t%s\t%dm\t%v\n", c.Prefix, m, c.TTL, c.ExpiresIn.Round(time.Second))
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "LOCAL RLOC\tREMOTE RLOC\tSTATE\tRTT\tTX PACKETS\tRX PACKETS")
+	for _, p := range st.Pairs {
+		s := "down"
+		if p.Up {
+			s = "up"
+		}
+		fmt.Fprintf(tw, "%v\t%v\t%s\t%v\t%d\t%d\n", p.Local, p.Remote, s, p.RTT.Round(10*time.Microsecond), p.TxPackets, p.RxPackets)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	for _, r := range st.Registrations {
+		s := "not registered"
+		if r.Registered {
+			s = "registered, last Map-Notify " + r.LastNotify.Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "map server %v: %s\n", r.MapServer, s)
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "COUNTER\tVALUE")
+	for _, k := range metrics.SortedKeys(st.Counters) {
+		if st.Counters[k] != 0 || !strings.HasPrefix(k, "drop_") {
+			fmt.Fprintf(tw, "%s\t%d\n", k, st.Counters[k])
+		}
+	}
+	tw.Flush()
+}

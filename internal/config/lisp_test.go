@@ -1,0 +1,99 @@
+package config
+
+import (
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+type lispEnv struct{}
+
+func (lispEnv) InterfaceExists(name string) bool     { return strings.HasPrefix(name, "wan") }
+func (lispEnv) ReadFile(name string) ([]byte, error) { return os.ReadFile(name) }
+
+func TestLispConfigExample(t *testing.T) {
+	data, err := os.ReadFile("testdata/lisp-site1.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := LoadXTR("lisp-site1.toml", data, lispEnv{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(x.RLOCs) != 2 || x.RLOCs[1].Address != netip.MustParseAddr("10.0.2.1") || x.RLOCs[0].Weight != 50 ||
+		x.DownAfter != 1500*time.Millisecond || !x.Placement || x.MapServers[0].Algorithm != "hmac-sha256" || x.RegisterTTL != 10 {
+		t.Errorf("xtr %+v", x)
+	}
+	m, err := LoadMapserver("lisp-site1.toml", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.MapServer || !m.MapResolver || len(m.Sites) != 2 || m.Sites[1].Key != "site2-secret" || m.Listen.Port() != 4342 {
+		t.Errorf("mapserver %+v", m)
+	}
+}
+
+func TestLispConfigErrors(t *testing.T) {
+	for _, tt := range []struct {
+		name, file string
+		want       []string
+	}{
+		{"xtr", `
+[xtr]
+eid_prefixes = ["192.168.1.0/24"]
+map_resolvers = ["10.0.9.1"]
+probe_interval = "1s"
+down_after = "1s"
+  [[xtr.rloc]]
+  address = "10.0.1.1"
+  interface = "eth9"
+  priority = 300
+  [[xtr.map_server]]
+  address = "10.0.9.1:4342"
+  algorithm = "md5"
+`, []string{
+			`x.toml:4: xtr: map_resolvers "10.0.9.1": want address:port`,
+			`x.toml:6: xtr: down_after 1s: at least 2 × probe_interval = 2s`,
+			`x.toml:9: rloc 1: interface "eth9" does not exist on this machine`,
+			`x.toml:10: rloc 1: priority 300 outside 0..255`,
+			`x.toml:11: map_server 1: key is required`,
+			`x.toml:13: map_server 1: algorithm "md5": want hmac-sha1 or hmac-sha256`,
+		}},
+		{"mapserver", `
+[mapserver]
+roles = ["map-resolver"]
+  [[mapserver.site]]
+  name = "a"
+  key = "k"
+  eid_prefixes = ["10.1.0.1/24"]
+  [[mapserver.site]]
+  name = "a"
+  eid_prefixes = ["10.1.0.0/24"]
+`, []string{
+			`x.toml:3: mapserver: a map-resolver without the map-server role needs forward = [map servers]`,
+			`x.toml:7: site a: 10.1.0.1/24 has host bits set (did you mean 10.1.0.0/24?)`,
+			`x.toml:9: site a: name "a" is used by another site`,
+			`x.toml:10: site a: 10.1.0.0/24 is also configured for site a`,
+		}},
+		{"typo", "[mapserver]\nlisten_addr = \"1.2.3.4:1\"\n", []string{"listen_addr"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var err error
+			if tt.name == "xtr" {
+				_, err = LoadXTR("x.toml", []byte(tt.file), lispEnv{})
+			} else {
+				_, err = LoadMapserver("x.toml", []byte(tt.file))
+			}
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}

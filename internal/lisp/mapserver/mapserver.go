@@ -1,0 +1,622 @@
+// Package mapserver is a LISP Map-Server and Map-Resolver (RFC 9301 §8): it takes authenticated
+// Map-Registers from the ETRs of configured sites, keeps their mappings until they expire, and
+// answers Map-Requests encapsulated in ECMs — itself (proxy reply) or by forwarding them to a
+// registered ETR — with negative Map-Replies for space no site holds. Handle is the whole
+// protocol as a function of (time, source, datagram) returning datagrams to send, so that it is
+// tested without sockets; Serve runs it on a UDP socket.
+package mapserver
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"braid/internal/lisp/lpm"
+	"braid/internal/wire/lisp"
+)
+
+// Site is a LISP site the Map-Server serves: its keys and the EID prefixes it may register.
+type Site struct {
+	Name       string
+	Keys       map[uint8][]byte // by Key ID
+	Prefixes   []netip.Prefix
+	ProxyReply bool // answer Map-Requests for the site even when its registrations do not ask
+}
+
+// Config is the server's configuration.
+type Config struct {
+	// MapServer: take registrations and answer for registered sites. MapResolver: take
+	// Map-Requests from ITRs (ECM). Both may be set.
+	MapServer, MapResolver bool
+	Sites                  []Site
+	// Forward is where a resolver without the map-server role sends Map-Requests.
+	Forward []netip.AddrPort
+	// RegistrationTimeout drops a registration not refreshed for this long (RFC 9301: 3 min),
+	// unless it asked to be timed out by its record TTL (T bit).
+	RegistrationTimeout time.Duration
+	NegativeTTL         uint32 // minutes, for space no site holds (default 15)
+	UnregisteredTTL     uint32 // minutes, for a configured site that is not registered (default 1)
+	// RatePerSource and BurstPerSource bound the messages taken from one source address
+	// (token bucket); 0 disables the limit.
+	RatePerSource  float64
+	BurstPerSource int
+	// ReplayWindow is how long Map-Register nonces are remembered to refuse replays.
+	ReplayWindow time.Duration
+	Logger       *slog.Logger
+}
+
+// Defaults returns a map-server and map-resolver without sites.
+func Defaults() Config {
+	return Config{
+		MapServer: true, MapResolver: true,
+		RegistrationTimeout: 3 * time.Minute,
+		NegativeTTL:         15,
+		UnregisteredTTL:     1,
+		RatePerSource:       1000,
+		BurstPerSource:      1000,
+		ReplayWindow:        10 * time.Minute,
+	}
+}
+
+// Drop reasons and events, the labels of the counters.
+const (
+	CountRegistered      = "registrations_accepted"
+	CountDeregistered    = "deregistrations"
+	CountExpired         = "registrations_expired"
+	CountNotifySent      = "map_notify_sent"
+	CountNotifyAck       = "map_notify_ack_received"
+	CountRequests        = "map_requests"
+	CountReplies         = "map_replies_sent"
+	CountNegative        = "negative_replies_sent"
+	CountForwarded       = "map_requests_forwarded"
+	DropTruncated        = "drop_truncated"
+	DropMalformed        = "drop_malformed"
+	DropUnknownType      = "drop_unknown_type"
+	DropUnknownAFI       = "drop_unknown_afi"
+	DropNotEncapsulated  = "drop_request_not_encapsulated"
+	DropRoleDisabled     = "drop_role_disabled"
+	DropNoAuth           = "drop_auth_missing"
+	DropBadAuth          = "drop_auth_failed"
+	DropAuthAlgorithm    = "drop_auth_algorithm"
+	DropUnknownKeyID     = "drop_auth_key_id"
+	DropUnknownSite      = "drop_no_site_for_prefix"
+	DropNotOwned         = "drop_prefix_not_owned"
+	DropReplay           = "drop_replayed_nonce"
+	DropRateLimited      = "drop_rate_limited"
+	DropNoITRRLOC        = "drop_no_usable_itr_rloc"
+	DropInstanceID       = "drop_instance_id"
+	DropNoRoute          = "drop_no_map_server"
+	DropUnsolicitedReply = "drop_unexpected_message"
+)
+
+var counterNames = []string{
+	CountRegistered, CountDeregistered, CountExpired, CountNotifySent, CountNotifyAck, CountRequests,
+	CountReplies, CountNegative, CountForwarded, DropTruncated, DropMalformed, DropUnknownType,
+	DropUnknownAFI, DropNotEncapsulated, DropRoleDisabled, DropNoAuth, DropBadAuth, DropAuthAlgorithm,
+	DropUnknownKeyID, DropUnknownSite, DropNotOwned, DropReplay, DropRateLimited, DropNoITRRLOC,
+	DropInstanceID, DropNoRoute, DropUnsolicitedReply,
+}
+
+// Packet is a datagram to send.
+type Packet struct {
+	To   netip.AddrPort
+	Data []byte
+}
+
+// registration is one registered EID prefix.
+type registration struct {
+	site       *site
+	prefix     netip.Prefix
+	record     lisp.Record // as registered; locators owned by the registration
+	etr        netip.AddrPort
+	proxy      bool
+	registered time.Time
+	expires    time.Time
+}
+
+type site struct {
+	Site
+	nonces map[uint64]time.Time // recent Map-Register nonces
+}
+
+// Server is the Map-Server/Map-Resolver. Its methods are safe for concurrent use.
+type Server struct {
+	cfg        Config
+	log        *slog.Logger
+	configured lpm.Table[*site] // immutable after New
+	sites      []*site
+
+	mu   sync.RWMutex
+	regs lpm.Table[*registration] // guarded by mu
+
+	limiter limiter
+	counts  map[string]*atomic.Uint64 // fixed set of keys; values atomic
+	fwd     atomic.Uint32
+}
+
+// New checks cfg and returns a server.
+func New(cfg Config) (*Server, error) {
+	if !cfg.MapServer && !cfg.MapResolver {
+		return nil, errors.New("mapserver: neither the map-server nor the map-resolver role is on")
+	}
+	if !cfg.MapServer && len(cfg.Forward) == 0 {
+		return nil, errors.New("mapserver: a map-resolver alone needs map-servers to forward to")
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, counts: map[string]*atomic.Uint64{}}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	for _, n := range counterNames {
+		s.counts[n] = new(atomic.Uint64)
+	}
+	s.limiter = limiter{rate: cfg.RatePerSource, burst: float64(cfg.BurstPerSource), buckets: map[netip.Addr]*bucket{}}
+	for _, c := range cfg.Sites {
+		st := &site{Site: c, nonces: map[uint64]time.Time{}}
+		s.sites = append(s.sites, st)
+		for _, p := range c.Prefixes {
+			if other, ok := s.configured.Get(p); ok {
+				return nil, fmt.Errorf("mapserver: prefix %v is configured for sites %s and %s", p, other.Name, c.Name)
+			}
+			s.configured.Insert(p, st)
+		}
+	}
+	return s, nil
+}
+
+func (s *Server) count(name string) { s.counts[name].Add(1) }
+
+// Counters returns every counter by name.
+func (s *Server) Counters() map[string]uint64 {
+	out := make(map[string]uint64, len(s.counts))
+	for k, v := range s.counts {
+		out[k] = v.Load()
+	}
+	return out
+}
+
+// Handle processes the datagram b from from at time now and appends what to send to out.
+func (s *Server) Handle(now time.Time, from netip.AddrPort, b []byte, out []Packet) []Packet {
+	from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+	if !s.limiter.allow(from.Addr(), now) {
+		s.count(DropRateLimited)
+		return out
+	}
+	switch lisp.Type(b) {
+	case lisp.TypeMapRegister:
+		if !s.cfg.MapServer {
+			s.count(DropRoleDisabled)
+			return out
+		}
+		return s.register(now, from, b, out)
+	case lisp.TypeECM:
+		return s.request(from, b, out)
+	case lisp.TypeMapRequest:
+		s.count(DropNotEncapsulated)
+	case lisp.TypeMapNotifyAck:
+		s.count(CountNotifyAck)
+	case lisp.TypeMapReply, lisp.TypeMapNotify:
+		s.count(DropUnsolicitedReply)
+	default:
+		s.count(DropUnknownType)
+	}
+	return out
+}
+
+// decodeDrop counts a decode error by its kind.
+func (s *Server) decodeDrop(err error) {
+	switch {
+	case errors.Is(err, lisp.ErrTruncated):
+		s.count(DropTruncated)
+	case errors.Is(err, lisp.ErrAFI):
+		s.count(DropUnknownAFI)
+	default:
+		s.count(DropMalformed)
+	}
+}
+
+func (s *Server) register(now time.Time, from netip.AddrPort, b []byte, out []Packet) []Packet {
+	var m lisp.MapRegister
+	n, err := m.Decode(b)
+	if err != nil {
+		s.decodeDrop(err)
+		return out
+	}
+	msg := b[:n]
+	if len(m.Records) == 0 {
+		s.count(DropMalformed)
+		return out
+	}
+	prefixes := make([]netip.Prefix, len(m.Records))
+	for i := range m.Records {
+		r := &m.Records[i]
+		if r.EID.AFI == lisp.AFILCAF && (r.EID.LCAFType != lisp.LCAFInstanceID || r.EID.InstanceID != 0) {
+			s.count(DropInstanceID)
+			return out
+		}
+		p, ok := r.Prefix()
+		if !ok {
+			s.count(DropMalformed)
+			return out
+		}
+		prefixes[i] = p
+	}
+	_, st, ok := s.configured.LookupPrefix(prefixes[0])
+	if !ok {
+		s.count(DropUnknownSite)
+		return out
+	}
+	key, ok := st.Keys[m.KeyID]
+	if !ok {
+		s.count(DropUnknownKeyID)
+		return out
+	}
+	if err := lisp.Verify(msg, key); err != nil {
+		switch {
+		case errors.Is(err, lisp.ErrNoAuth):
+			s.count(DropNoAuth)
+		case errors.Is(err, lisp.ErrAlgorithm), errors.Is(err, lisp.ErrAuthLength):
+			s.count(DropAuthAlgorithm)
+		default:
+			s.count(DropBadAuth)
+		}
+		s.log.Debug("map-register refused: authentication", "site", st.Name, "from", from, "err", err)
+		return out
+	}
+	for _, p := range prefixes {
+		if !st.owns(p) {
+			s.count(DropNotOwned)
+			s.log.Warn("map-register refused: prefix not owned by the site", "site", st.Name, "prefix", p, "from", from)
+			return out
+		}
+	}
+	s.mu.Lock()
+	if t, seen := st.nonces[m.Nonce]; seen && now.Sub(t) < s.cfg.ReplayWindow {
+		s.mu.Unlock()
+		s.count(DropReplay)
+		return out
+	}
+	st.nonces[m.Nonce] = now
+	for i := range m.Records {
+		r := m.Records[i]
+		r.EID = lisp.AddrFrom(prefixes[i].Addr())
+		r.Locators = slices.Clone(r.Locators)
+		if r.TTL == 0 {
+			if s.regs.Delete(prefixes[i]) {
+				s.count(CountDeregistered)
+			}
+			continue
+		}
+		reg := &registration{site: st, prefix: prefixes[i], record: r, etr: from,
+			proxy: m.Flags&lisp.RegProxyReply != 0 || st.ProxyReply, registered: now,
+			expires: now.Add(s.cfg.RegistrationTimeout)}
+		if m.Flags&lisp.RegTTLTimeout != 0 && r.TTL != 0xffffffff {
+			reg.expires = now.Add(time.Duration(r.TTL) * time.Minute)
+		}
+		if old, ok := s.regs.Get(prefixes[i]); ok {
+			reg.registered = old.registered
+		}
+		s.regs.Insert(prefixes[i], reg)
+		s.count(CountRegistered)
+	}
+	s.mu.Unlock()
+	if m.Flags&lisp.RegWantNotify == 0 {
+		return out
+	}
+	// The solicited Map-Notify: same nonce and key, the records echoed, signed.
+	nt := lisp.MapRegister{Type: lisp.TypeMapNotify, Nonce: m.Nonce, KeyID: m.KeyID, AlgID: m.AlgID,
+		AuthData: make([]byte, len(m.AuthData)), Records: m.Records}
+	for i := range nt.Records {
+		for j := range nt.Records[i].Locators {
+			nt.Records[i].Locators[j].Flags &^= lisp.LocLocal | lisp.LocProbed
+		}
+	}
+	buf := make([]byte, nt.Len())
+	nt.Encode(buf)
+	if err := lisp.Sign(buf, key); err != nil {
+		return out
+	}
+	s.count(CountNotifySent)
+	return append(out, Packet{To: from, Data: buf})
+}
+
+func (st *site) owns(p netip.Prefix) bool {
+	for _, q := range st.Prefixes {
+		if q.Bits() <= p.Bits() && q.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) request(from netip.AddrPort, b []byte, out []Packet) []Packet {
+	var e lisp.ECM
+	n, err := e.Decode(b)
+	if err != nil {
+		s.decodeDrop(err)
+		return out
+	}
+	inner := b[n : n+int(e.Inner.PayloadLen)]
+	if lisp.Type(inner) != lisp.TypeMapRequest {
+		s.count(DropUnknownType)
+		return out
+	}
+	var req lisp.MapRequest
+	if _, err := req.Decode(inner); err != nil {
+		s.decodeDrop(err)
+		return out
+	}
+	s.count(CountRequests)
+	// The reply goes to the first ITR-RLOC of a family we can reach, at the inner source port.
+	var to netip.AddrPort
+	for _, a := range req.ITRRLOCs {
+		if a.AFI == lisp.AFIIPv4 || a.AFI == lisp.AFIIPv6 {
+			to = netip.AddrPortFrom(a.IP, e.Inner.Src.Port())
+			break
+		}
+	}
+	if !to.IsValid() || to.Port() == 0 {
+		s.count(DropNoITRRLOC)
+		return out
+	}
+	if !s.cfg.MapServer {
+		ms := s.cfg.Forward[int(s.fwd.Add(1))%len(s.cfg.Forward)]
+		s.count(CountForwarded)
+		return append(out, Packet{To: ms, Data: slices.Clone(b[:n+len(inner)])})
+	}
+	rep := lisp.MapReply{Nonce: req.Nonce, Records: make([]lisp.Record, 0, len(req.Records))}
+	negative := false
+	for i := range req.Records {
+		rr := &req.Records[i]
+		if rr.EID.AFI == lisp.AFILCAF && (rr.EID.LCAFType != lisp.LCAFInstanceID || rr.EID.InstanceID != 0) {
+			s.count(DropInstanceID)
+			return out
+		}
+		q, ok := rr.Prefix()
+		if !ok {
+			s.count(DropMalformed)
+			return out
+		}
+		s.mu.RLock()
+		p, reg, found := s.regs.LookupPrefix(q)
+		var rec lisp.Record
+		var etr netip.AddrPort
+		if found {
+			if !reg.proxy && len(req.Records) == 1 && s.cfg.MapServer {
+				etr = netip.AddrPortFrom(reg.etr.Addr(), lisp.ControlPort)
+			} else {
+				rec = reg.record
+				rec.Locators = slices.Clone(rec.Locators)
+			}
+		}
+		s.mu.RUnlock()
+		switch {
+		case etr.IsValid():
+			// Forward to the registered ETR, which answers the ITR itself (A=1).
+			s.count(CountForwarded)
+			return append(out, Packet{To: etr, Data: slices.Clone(b[:n+len(inner)])})
+		case found:
+			rec.Authoritative = false
+			rec.EID = lisp.AddrFrom(p.Addr())
+			rec.MaskLen = uint8(p.Bits())
+			for j := range rec.Locators {
+				rec.Locators[j].Flags &^= lisp.LocLocal | lisp.LocProbed
+			}
+			rep.Records = append(rep.Records, rec)
+		default:
+			negative = true
+			rep.Records = append(rep.Records, s.negative(q))
+		}
+	}
+	buf := make([]byte, rep.Len())
+	rep.Encode(buf)
+	s.count(CountReplies)
+	if negative {
+		s.count(CountNegative)
+	}
+	return append(out, Packet{To: to, Data: buf})
+}
+
+// negative returns the negative record for q: the queried prefix of a configured site that is
+// not registered, or the largest prefix around q that no site holds.
+func (s *Server) negative(q netip.Prefix) lisp.Record {
+	r := lisp.Record{Action: lisp.ActNativelyForward, Authoritative: true}
+	if _, _, ok := s.configured.LookupPrefix(q); ok {
+		r.TTL, r.EID, r.MaskLen = s.cfg.UnregisteredTTL, lisp.AddrFrom(q.Addr()), uint8(q.Bits())
+		return r
+	}
+	p, ok := s.configured.Uncovered(q.Addr())
+	if !ok || p.Bits() > q.Bits() {
+		// q itself contains configured space: answer for the queried prefix only.
+		p = q
+	}
+	r.TTL, r.EID, r.MaskLen = s.cfg.NegativeTTL, lisp.AddrFrom(p.Addr()), uint8(p.Bits())
+	return r
+}
+
+// Expire removes registrations past their time, forgets old nonces and idle rate buckets.
+func (s *Server) Expire(now time.Time) {
+	s.mu.Lock()
+	var gone []netip.Prefix
+	s.regs.All(func(p netip.Prefix, r *registration) bool {
+		if !now.Before(r.expires) {
+			gone = append(gone, p)
+		}
+		return true
+	})
+	for _, p := range gone {
+		s.regs.Delete(p)
+		s.count(CountExpired)
+		s.log.Info("registration expired", "prefix", p)
+	}
+	for _, st := range s.sites {
+		for n, t := range st.nonces {
+			if now.Sub(t) >= s.cfg.ReplayWindow {
+				delete(st.nonces, n)
+			}
+		}
+	}
+	s.mu.Unlock()
+	s.limiter.prune(now)
+}
+
+// Registration is one row of the registration table.
+type Registration struct {
+	Site       string        `json:"site"`
+	Prefix     netip.Prefix  `json:"prefix"`
+	ETR        string        `json:"etr"`
+	ProxyReply bool          `json:"proxy_reply"`
+	TTL        uint32        `json:"ttl_minutes"`
+	Registered time.Time     `json:"registered"`
+	ExpiresIn  time.Duration `json:"expires_in_ns"`
+	Locators   []LocatorView `json:"locators"`
+}
+
+// LocatorView is a registered locator.
+type LocatorView struct {
+	Address   netip.Addr `json:"address"`
+	Priority  uint8      `json:"priority"`
+	Weight    uint8      `json:"weight"`
+	Reachable bool       `json:"reachable"`
+}
+
+// Registrations returns the registration table, in prefix order.
+func (s *Server) Registrations(now time.Time) []Registration {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []Registration
+	s.regs.All(func(p netip.Prefix, r *registration) bool {
+		v := Registration{Site: r.site.Name, Prefix: p, ETR: r.etr.String(), ProxyReply: r.proxy, TTL: r.record.TTL,
+			Registered: r.registered, ExpiresIn: r.expires.Sub(now)}
+		for _, l := range r.record.Locators {
+			v.Locators = append(v.Locators, LocatorView{Address: l.Addr.IP, Priority: l.Priority, Weight: l.Weight, Reachable: l.Flags&lisp.LocReachable != 0})
+		}
+		out = append(out, v)
+		return true
+	})
+	return out
+}
+
+// Serve runs the server on conn until ctx ends, with one reader per CPU, and expires
+// registrations every second. It closes conn when it returns.
+func (s *Server) Serve(ctx context.Context, conn *net.UDPConn) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		<-ctx.Done()
+		conn.Close()
+	})
+	wg.Go(func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-t.C:
+				s.Expire(now)
+			}
+		}
+	})
+	errc := make(chan error, runtime.NumCPU())
+	for range runtime.NumCPU() {
+		wg.Go(func() {
+			buf := make([]byte, 65536)
+			var out []Packet
+			for {
+				n, from, err := conn.ReadFromUDPAddrPort(buf)
+				if err != nil {
+					if ctx.Err() == nil {
+						errc <- err
+						cancel()
+					}
+					return
+				}
+				out = s.Handle(time.Now(), from, buf[:n], out[:0])
+				for _, p := range out {
+					conn.WriteToUDPAddrPort(p.Data, p.To)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("mapserver: %w", err)
+	default:
+		return nil
+	}
+}
+
+// limiter is a token bucket per source address.
+type limiter struct {
+	rate, burst float64
+	mu          sync.Mutex
+	buckets     map[netip.Addr]*bucket // guarded by mu
+}
+
+type bucket struct {
+	tokens float64
+	last   time.Time
+}
+
+const maxBuckets = 1 << 16
+
+func (l *limiter) allow(a netip.Addr, now time.Time) bool {
+	if l.rate <= 0 {
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := l.buckets[a]
+	if b == nil {
+		if len(l.buckets) >= maxBuckets {
+			l.pruneLocked(now, time.Second)
+		}
+		if len(l.buckets) >= maxBuckets {
+			return false // a flood from many sources: new sources wait for the next prune
+		}
+		b = &bucket{tokens: l.burst, last: now}
+		l.buckets[a] = b
+	}
+	if now.After(b.last) {
+		b.tokens = min(l.burst, b.tokens+now.Sub(b.last).Seconds()*l.rate)
+		b.last = now
+	}
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+func (l *limiter) prune(now time.Time) {
+	l.mu.Lock()
+	l.pruneLocked(now, 10*time.Second)
+	l.mu.Unlock()
+}
+
+func (l *limiter) pruneLocked(now time.Time, idle time.Duration) {
+	for a, b := range l.buckets {
+		if now.Sub(b.last) > idle {
+			delete(l.buckets, a)
+		}
+	}
+}
+
+// Nonce returns a random 64-bit nonce.
+func Nonce() uint64 {
+	var b [8]byte
+	rand.Read(b[:])
+	return binary.BigEndian.Uint64(b[:])
+}

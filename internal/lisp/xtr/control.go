@@ -1,0 +1,442 @@
+package xtr
+
+import (
+	"context"
+	"math/rand/v2"
+	"net/netip"
+	"time"
+
+	"braid/internal/wire/lisp"
+)
+
+func (x *XTR) controlLoop(i int, u *Uplink) error {
+	buf := make([]byte, 65536)
+	for {
+		n, from, err := u.Control.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			return err
+		}
+		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+		x.control(time.Now(), i, from, buf[:n])
+	}
+}
+
+// control handles one control message received on uplink i.
+func (x *XTR) control(now time.Time, i int, from netip.AddrPort, b []byte) {
+	switch lisp.Type(b) {
+	case lisp.TypeMapReply:
+		var m lisp.MapReply
+		if _, err := m.Decode(b); err != nil {
+			x.count(DropControl)
+			return
+		}
+		if m.Flags&lisp.ReplyProbe != 0 {
+			x.probeReply(now, i, from, &m)
+			return
+		}
+		x.mapReply(now, &m)
+	case lisp.TypeMapRequest:
+		var m lisp.MapRequest
+		if _, err := m.Decode(b); err != nil {
+			x.count(DropControl)
+			return
+		}
+		// An RLOC-probe, or another request sent straight to us: answer the sender.
+		x.answer(i, &m, from, m.Flags&lisp.ReqProbe != 0)
+	case lisp.TypeECM:
+		// A Map-Request a map-server forwarded: answer the ITR at its first ITR-RLOC.
+		var e lisp.ECM
+		n, err := e.Decode(b)
+		if err != nil {
+			x.count(DropControl)
+			return
+		}
+		var m lisp.MapRequest
+		if _, err := m.Decode(b[n : n+int(e.Inner.PayloadLen)]); err != nil {
+			x.count(DropControl)
+			return
+		}
+		var to netip.AddrPort
+		for _, a := range m.ITRRLOCs {
+			if (a.AFI == lisp.AFIIPv4 || a.AFI == lisp.AFIIPv6) && a.IP.Is4() == x.locals[i].Addr.Is4() {
+				to = netip.AddrPortFrom(a.IP, e.Inner.Src.Port())
+				break
+			}
+		}
+		if !to.IsValid() {
+			x.count(DropControl)
+			return
+		}
+		x.answer(i, &m, to, false)
+	case lisp.TypeMapNotify:
+		x.mapNotify(now, from, b)
+	default:
+		x.count(DropUnexpected)
+	}
+}
+
+// ownRecord returns this site's mapping for its EID prefix p, with the probed locator marked
+// when probed is valid.
+func (x *XTR) ownRecord(p netip.Prefix, probed netip.Addr) lisp.Record {
+	p = p.Masked()
+	r := lisp.Record{TTL: x.o.RegisterTTL, MaskLen: uint8(p.Bits()), Authoritative: true, EID: lisp.AddrFrom(p.Addr())}
+	for j, l := range x.locals {
+		fl := uint16(lisp.LocLocal | lisp.LocReachable)
+		if l.Addr == probed {
+			fl |= lisp.LocProbed
+		}
+		r.Locators = append(r.Locators, lisp.Locator{Priority: x.o.Locators[j].Priority, Weight: x.o.Locators[j].Weight,
+			MPriority: 255, Flags: fl, Addr: lisp.AddrFrom(l.Addr)})
+	}
+	return r
+}
+
+func (x *XTR) answer(i int, m *lisp.MapRequest, to netip.AddrPort, probe bool) {
+	b := x.answerMessage(i, m, probe)
+	if b == nil {
+		x.count(DropForeignEID)
+		return
+	}
+	x.o.Uplinks[i].Control.WriteToUDPAddrPort(b, to)
+	x.count(CountRequestsIn)
+}
+
+// answerMessage is the Map-Reply of this ETR (A=1) to m received on uplink i, an RLOC-probe
+// reply when probe is set; nil when m asks for no EID of this site.
+func (x *XTR) answerMessage(i int, m *lisp.MapRequest, probe bool) []byte {
+	rep := lisp.MapReply{Nonce: m.Nonce}
+	if probe {
+		rep.Flags = lisp.ReplyProbe
+	}
+	for _, r := range m.Records {
+		probed := netip.Addr{}
+		if probe {
+			probed = x.locals[i].Addr
+		}
+		if !r.EID.IP.IsValid() || (r.EID.AFI == lisp.AFILCAF && r.EID.InstanceID != 0) {
+			continue
+		}
+		p, _, ok := x.eids.Lookup(r.EID.IP)
+		if !ok {
+			continue
+		}
+		rep.Records = append(rep.Records, x.ownRecord(p, probed))
+	}
+	if len(rep.Records) == 0 {
+		return nil
+	}
+	b := make([]byte, rep.Len())
+	rep.Encode(b)
+	return b
+}
+
+func (x *XTR) probeReply(now time.Time, i int, from netip.AddrPort, m *lisp.MapReply) {
+	x.mu.Lock()
+	p, ok := x.probes[m.Nonce]
+	var pr *pair
+	if ok && p.key.local == i && p.key.remote == from.Addr() {
+		delete(x.probes, m.Nonce)
+		pr = x.pairs[p.key]
+	}
+	x.mu.Unlock()
+	if pr == nil {
+		x.count(DropUnexpected)
+		return
+	}
+	x.count(CountProbeReplies)
+	pr.heard.Store(now.UnixNano())
+	pr.rtt.Store(int64(now.Sub(p.sent)))
+	if !pr.up.Swap(true) {
+		x.log.Info("RLOC pair up", "local", x.locals[pr.local].Addr, "remote", pr.remote)
+	}
+}
+
+func (x *XTR) mapReply(now time.Time, m *lisp.MapReply) {
+	x.mu.Lock()
+	var e *entry
+	x.cache.All(func(_ netip.Prefix, c *entry) bool {
+		if c.nonce == m.Nonce && (c.pending || c.tries < 0) {
+			e = c
+			return false
+		}
+		return true
+	})
+	if e == nil {
+		x.mu.Unlock()
+		x.count(DropUnexpected)
+		return
+	}
+	x.count(CountReplies)
+	var queued [][]byte
+	for i := range m.Records {
+		r := &m.Records[i]
+		if len(r.Locators) == 0 {
+			x.count(CountNegative)
+		}
+		if p, ok := r.Prefix(); ok && p.Contains(e.query) {
+			queued = append(queued, x.installLocked(now, r)...)
+		}
+	}
+	if e.pending {
+		// A reply that did not cover the query leaves the entry pending; retries go on.
+		if _, cur, ok := x.cache.Lookup(e.query); ok && cur == e && len(m.Records) > 0 {
+			x.cache.Delete(e.prefix)
+			queued = append(queued, e.queue...)
+		}
+	}
+	x.mu.Unlock()
+	for _, pkt := range queued {
+		buf := make([]byte, headroom+len(pkt))
+		copy(buf[headroom:], pkt)
+		x.encap(buf, len(pkt))
+	}
+}
+
+func (x *XTR) mapNotify(now time.Time, from netip.AddrPort, b []byte) {
+	var m lisp.MapRegister
+	n, err := m.Decode(b)
+	if err != nil {
+		x.count(DropControl)
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for k, ms := range x.o.MapServers {
+		if ms.Addr.Addr() != from.Addr() || x.regs[k].nonce != m.Nonce {
+			continue
+		}
+		if lisp.Verify(b[:n], ms.Key) != nil {
+			x.count(DropNotifyAuth)
+			return
+		}
+		x.regs[k].lastNotify = now
+		x.count(CountNotifies)
+		return
+	}
+	x.count(DropUnexpected)
+}
+
+// sendRequest sends an ECM Map-Request for eid to a resolver; attempt picks the resolver and
+// the uplink, so that retries go another way.
+func (x *XTR) sendRequest(eid, srcEID netip.Addr, nonce uint64, attempt int) {
+	ui, res, b := x.requestMessage(eid, srcEID, nonce, attempt)
+	if b == nil {
+		x.count(CountResolveFailed) // no EID of the query's family to put in the inner header
+		return
+	}
+	if _, err := x.o.Uplinks[ui].Control.WriteToUDPAddrPort(b, res); err == nil {
+		x.count(CountRequests)
+	}
+}
+
+// requestMessage builds the ECM Map-Request of sendRequest and says where it goes: from
+// uplink ui to resolver res.
+func (x *XTR) requestMessage(eid, srcEID netip.Addr, nonce uint64, attempt int) (ui int, res netip.AddrPort, b []byte) {
+	n := len(x.o.Uplinks)
+	for k := range n {
+		ui = (attempt + k) % n
+		if x.locals[ui].Addr.Is4() == x.o.Resolvers[attempt%len(x.o.Resolvers)].Addr().Is4() {
+			break
+		}
+	}
+	res = x.o.Resolvers[attempt%len(x.o.Resolvers)]
+	req := lisp.MapRequest{Nonce: nonce, Records: []lisp.RequestRecord{{MaskLen: uint8(eid.BitLen()), EID: lisp.AddrFrom(eid)}}}
+	if srcEID.IsValid() && srcEID.Is4() == eid.Is4() {
+		req.SourceEID = lisp.AddrFrom(srcEID)
+	}
+	req.ITRRLOCs = append(req.ITRRLOCs, lisp.AddrFrom(x.locals[ui].Addr))
+	for j, l := range x.locals {
+		if j != ui {
+			req.ITRRLOCs = append(req.ITRRLOCs, lisp.AddrFrom(l.Addr))
+		}
+	}
+	innerSrc := srcEID
+	if !innerSrc.IsValid() || innerSrc.Is4() != eid.Is4() {
+		innerSrc = x.o.EIDs[0].Addr()
+		for _, p := range x.o.EIDs {
+			if p.Addr().Is4() == eid.Is4() {
+				innerSrc = p.Addr()
+			}
+		}
+	}
+	if innerSrc.Is4() != eid.Is4() {
+		return ui, res, nil
+	}
+	e := lisp.ECM{Inner: lisp.IPUDP{Src: netip.AddrPortFrom(innerSrc, lisp.ControlPort), Dst: netip.AddrPortFrom(eid, lisp.ControlPort),
+		TTL: 64, PayloadLen: uint16(req.Len())}}
+	b = make([]byte, e.Len()+req.Len())
+	req.Encode(b[e.Len():])
+	e.Encode(b)
+	return ui, res, b
+}
+
+// register sends a Map-Register to map-server k from uplink ui.
+func (x *XTR) register(k, ui int, nonce uint64) {
+	ms := x.o.MapServers[k]
+	b, err := x.registerMessage(k, nonce)
+	if err != nil {
+		x.log.Error("cannot sign Map-Register", "map_server", ms.Addr, "err", err)
+		return
+	}
+	if _, err := x.o.Uplinks[ui].Control.WriteToUDPAddrPort(b, ms.Addr); err == nil {
+		x.count(CountRegisters)
+	}
+}
+
+// registerMessage builds the signed Map-Register for map-server k.
+func (x *XTR) registerMessage(k int, nonce uint64) ([]byte, error) {
+	ms := x.o.MapServers[k]
+	m := lisp.MapRegister{Flags: lisp.RegWantNotify, Nonce: nonce, KeyID: ms.KeyID, AlgID: ms.AlgID}
+	if ms.ProxyReply {
+		m.Flags |= lisp.RegProxyReply
+	}
+	l := ms.AuthLen
+	if l == 0 {
+		l = lisp.AuthLen(ms.AlgID)
+	}
+	m.AuthData = make([]byte, l)
+	for _, p := range x.o.EIDs {
+		m.Records = append(m.Records, x.ownRecord(p, netip.Addr{}))
+	}
+	b := make([]byte, m.Len())
+	m.Encode(b)
+	if err := lisp.Sign(b, ms.Key); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// probeMessage builds an RLOC-probe: a Map-Request with P for eid, from local.
+func probeMessage(nonce uint64, local netip.Addr, eid netip.Prefix) []byte {
+	m := lisp.MapRequest{Flags: lisp.ReqProbe, Nonce: nonce, ITRRLOCs: []lisp.Addr{lisp.AddrFrom(local)},
+		Records: []lisp.RequestRecord{{MaskLen: uint8(eid.Bits()), EID: lisp.AddrFrom(eid.Addr())}}}
+	b := make([]byte, m.Len())
+	m.Encode(b)
+	return b
+}
+
+type outgoing struct {
+	uplink int
+	to     netip.AddrPort
+	data   []byte
+}
+
+type requestJob struct {
+	eid, src netip.Addr
+	nonce    uint64
+	attempt  int
+}
+
+// tick is the xTR's clock work: map-cache expiry and refresh, resolution retries, probes,
+// pair liveness and registrations.
+func (x *XTR) tick(now time.Time) {
+	var sends []outgoing
+	var requests []requestJob
+	type regJob struct {
+		k, ui int
+		nonce uint64
+	}
+	var regs []regJob
+	x.mu.Lock()
+	var gone []netip.Prefix
+	inUse := map[*pair]netip.Prefix{}
+	x.cache.All(func(p netip.Prefix, e *entry) bool {
+		switch {
+		case e.pending:
+			if now.Sub(e.sent) < x.o.RequestTimeout {
+				break
+			}
+			if e.tries >= x.o.RequestRetries {
+				gone = append(gone, p)
+				x.count(CountResolveFailed)
+				x.counts[DropNoMapping].Add(uint64(len(e.queue)))
+				break
+			}
+			e.tries++
+			e.sent = now
+			e.nonce = rand.Uint64()
+			requests = append(requests, requestJob{e.query, e.srcEID, e.nonce, e.tries})
+		case !now.Before(e.expires):
+			gone = append(gone, p)
+			x.count(CountCacheExpired)
+		default:
+			// Refresh an entry in use shortly before it expires: in its last tenth, at most
+			// the last minute.
+			ttl := time.Duration(e.ttl) * time.Minute
+			if e.tries >= 0 && e.expires.Sub(now) < min(ttl/10, time.Minute) && e.used.Load() {
+				e.tries = -1 // refreshing: the nonce below matches the reply
+				e.query = p.Addr()
+				e.nonce = rand.Uint64()
+				requests = append(requests, requestJob{p.Addr(), netip.Addr{}, e.nonce, 0})
+			}
+			for _, pr := range e.pairs {
+				inUse[pr] = p
+			}
+		}
+		return true
+	})
+	for _, p := range gone {
+		x.cache.Delete(p)
+	}
+	for k, pr := range x.pairs {
+		p, used := inUse[pr]
+		if !used {
+			delete(x.pairs, k)
+			continue
+		}
+		if x.locals[pr.local].Addr.Is4() != pr.remote.Is4() {
+			continue
+		}
+		if now.Sub(time.Unix(0, pr.heard.Load())) > x.o.DownAfter && pr.up.Swap(false) {
+			x.log.Warn("RLOC pair down: no probe reply", "local", x.locals[pr.local].Addr, "remote", pr.remote, "after", x.o.DownAfter)
+		}
+		if now.Sub(pr.lastProbe) >= x.o.ProbeInterval {
+			pr.lastProbe = now
+			nonce := rand.Uint64()
+			x.probes[nonce] = probe{key: k, sent: now}
+			sends = append(sends, outgoing{pr.local, netip.AddrPortFrom(pr.remote, lisp.ControlPort), probeMessage(nonce, x.locals[pr.local].Addr, p)})
+		}
+	}
+	for n, p := range x.probes {
+		if now.Sub(p.sent) > x.o.DownAfter {
+			delete(x.probes, n)
+		}
+	}
+	for k := range x.o.MapServers {
+		r := &x.regs[k]
+		unanswered := r.lastNotify.Before(r.sent)
+		if r.sent.IsZero() || now.Sub(r.sent) >= x.o.RegisterInterval || (unanswered && now.Sub(r.sent) >= x.o.RequestTimeout) {
+			x.regTurn++
+			r.uplink = x.regTurn % len(x.o.Uplinks)
+			r.nonce, r.sent = rand.Uint64(), now
+			regs = append(regs, regJob{k, r.uplink, r.nonce})
+		}
+	}
+	x.mu.Unlock()
+	for _, s := range sends {
+		if _, err := x.o.Uplinks[s.uplink].Control.WriteToUDPAddrPort(s.data, s.to); err == nil {
+			x.count(CountProbesSent)
+		}
+	}
+	for _, r := range requests {
+		x.sendRequest(r.eid, r.src, r.nonce, r.attempt)
+	}
+	for _, r := range regs {
+		x.register(r.k, r.ui, r.nonce)
+	}
+}
+
+func (x *XTR) timerLoop(ctx context.Context) {
+	step := min(x.o.ProbeInterval/4, 100*time.Millisecond)
+	t := time.NewTicker(max(step, 10*time.Millisecond))
+	defer t.Stop()
+	x.tick(time.Now())
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			x.tick(now)
+		}
+	}
+}

@@ -1,0 +1,438 @@
+// Package xtr is a LISP tunnel router (RFC 9300, RFC 9301): as an ITR it takes the packets a
+// TUN device receives for remote EIDs, resolves their mappings through map-resolvers into a
+// map-cache (with TTLs and negative entries), and encapsulates them on UDP 4341 from one of the
+// site's RLOCs to one of the destination's; as an ETR it decapsulates what arrives and writes
+// it to the device, registers the site's EID prefixes with map-servers, and answers
+// Map-Requests and RLOC-probes for them.
+//
+// Locators are chosen as RFC 9300 says (lowest priority, then weights, by a hash of the inner
+// flow), among the RLOC pairs that answer probes: every pair (local RLOC, remote RLOC) in use is
+// probed each ProbeInterval and not used once it has been silent for DownAfter. In placement
+// mode (A-MPTCP) a TCP flow's pair is (sport + dport) mod (number of pairs), in the canonical
+// order of select.go, so that both directions of a subflow share one pair and N subflows with
+// distinct residues use N pairs.
+package xtr
+
+import (
+	"errors"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"braid/internal/lisp/lpm"
+	"braid/internal/wire/lisp"
+)
+
+// Device is the TUN device: one IP packet per Read and per Write.
+type Device interface {
+	Read([]byte) (int, error)
+	Write([]byte) (int, error)
+	Close() error
+}
+
+// Locator is one of the site's RLOCs with its priority and weight.
+type Locator struct {
+	Priority, Weight uint8
+}
+
+// MapServer is a map-server the site registers with.
+type MapServer struct {
+	Addr       netip.AddrPort
+	Key        []byte
+	KeyID      uint8
+	AlgID      uint8 // lisp.AlgHMACSHA1 or lisp.AlgHMACSHA256
+	AuthLen    int   // digest bytes sent; 0: the full digest
+	ProxyReply bool  // ask the map-server to answer for the site (P bit)
+}
+
+// Options configure an xTR.
+type Options struct {
+	Device   Device
+	MTU      int
+	EIDs     []netip.Prefix // the site's EID prefixes
+	Uplinks  []*Uplink      // the site's RLOCs, with their sockets
+	Locators []Locator      // priority and weight of each uplink, same order
+	// Resolvers get Map-Requests (ECM); MapServers get registrations.
+	Resolvers        []netip.AddrPort
+	MapServers       []MapServer
+	RegisterInterval time.Duration // default 60 s
+	RegisterTTL      uint32        // record TTL of registrations, minutes (default 10)
+	RequestTimeout   time.Duration // before a Map-Request is sent again (default 1 s)
+	RequestRetries   int           // Map-Requests sent again before giving up (default 3)
+	ProbeInterval    time.Duration // default 1 s
+	DownAfter        time.Duration // default 3 × ProbeInterval
+	Placement        bool          // A-MPTCP placement for TCP
+	QueuePerEID      int           // packets held while a mapping is resolved (default 16)
+	Logger           *slog.Logger
+}
+
+func (o *Options) defaults() {
+	if o.RegisterInterval == 0 {
+		o.RegisterInterval = time.Minute
+	}
+	if o.RegisterTTL == 0 {
+		o.RegisterTTL = 10
+	}
+	if o.RequestTimeout == 0 {
+		o.RequestTimeout = time.Second
+	}
+	if o.RequestRetries == 0 {
+		o.RequestRetries = 3
+	}
+	if o.ProbeInterval == 0 {
+		o.ProbeInterval = time.Second
+	}
+	if o.DownAfter == 0 {
+		o.DownAfter = 3 * o.ProbeInterval
+	}
+	if o.QueuePerEID == 0 {
+		o.QueuePerEID = 16
+	}
+	if o.MTU == 0 {
+		o.MTU = 1500 - 36
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// pair is the state of one (local RLOC, remote RLOC) path. Data loops read it without locks.
+type pair struct {
+	local     int
+	remote    netip.Addr
+	up        atomic.Bool
+	heard     atomic.Int64 // unix nanoseconds of the last probe reply (or creation)
+	rtt       atomic.Int64 // nanoseconds, last probe
+	txPackets atomic.Uint64
+	txBytes   atomic.Uint64
+	rxPackets atomic.Uint64
+	lastProbe time.Time // guarded by XTR.mu
+}
+
+// entry is a map-cache entry.
+type entry struct {
+	prefix   netip.Prefix
+	negative bool
+	action   uint8
+	ttl      uint32
+	expires  time.Time
+	locs     []lisp.Locator
+	remote   []Loc   // Usable(locs): the placement set
+	all      []Loc   // locators with priority < 255
+	pairs    []*pair // for each local uplink i and remote r in all: pairs[i*len(all)+r]
+	used     atomic.Bool
+	// Resolution in progress (pending entries carry no mapping yet).
+	pending bool
+	queue   [][]byte
+	nonce   uint64
+	tries   int
+	sent    time.Time
+	query   netip.Addr
+	srcEID  netip.Addr
+}
+
+// XTR is a running tunnel router.
+type XTR struct {
+	o       Options
+	log     *slog.Logger
+	eids    lpm.Table[bool]
+	locals  []Loc // own locators (priority, weight), index = uplink
+	usableL []Loc // Usable(locals)
+
+	mu      sync.RWMutex
+	cache   lpm.Table[*entry]   // guarded by mu
+	pairs   map[pairKey]*pair   // guarded by mu
+	probes  map[uint64]probe    // outstanding RLOC-probes by nonce; guarded by mu
+	regs    []registrationState // per map-server; guarded by mu
+	regTurn int
+
+	counts  map[string]*atomic.Uint64
+	closing atomic.Bool
+}
+
+type pairKey struct {
+	local  int
+	remote netip.Addr
+}
+
+type probe struct {
+	key  pairKey
+	sent time.Time
+}
+
+type registrationState struct {
+	nonce      uint64
+	sent       time.Time
+	lastNotify time.Time
+	uplink     int
+}
+
+// Counter names.
+const (
+	CountTxPackets     = "tx_packets"
+	CountRxPackets     = "rx_packets"
+	CountRequests      = "map_requests_sent"
+	CountReplies       = "map_replies_received"
+	CountNegative      = "negative_replies_received"
+	CountRegisters     = "map_registers_sent"
+	CountNotifies      = "map_notifies_received"
+	CountProbesSent    = "rloc_probes_sent"
+	CountProbeReplies  = "rloc_probe_replies_received"
+	CountRequestsIn    = "map_requests_answered"
+	DropNoMapping      = "drop_unresolved"
+	DropNegative       = "drop_negative_mapping"
+	DropNoPath         = "drop_no_live_rloc_pair"
+	DropQueueFull      = "drop_resolution_queue_full"
+	DropNotIP          = "drop_not_ip"
+	DropNotUnicast     = "drop_not_unicast"
+	DropOwnEID         = "drop_destination_is_local_eid"
+	DropDecap          = "drop_bad_data_header"
+	DropNotOurEID      = "drop_inner_destination_not_local"
+	DropForeignEID     = "drop_request_for_foreign_eid"
+	DropSend           = "drop_send_error"
+	DropControl        = "drop_bad_control_message"
+	DropUnexpected     = "drop_unexpected_control_message"
+	DropNotifyAuth     = "drop_map_notify_auth"
+	DropTooBig         = "drop_too_big"
+	CountCacheExpired  = "map_cache_expired"
+	CountResolveFailed = "resolutions_failed"
+)
+
+var counterNames = []string{CountTxPackets, CountRxPackets, CountRequests, CountReplies, CountNegative,
+	CountRegisters, CountNotifies, CountProbesSent, CountProbeReplies, CountRequestsIn, DropNoMapping,
+	DropNegative, DropNoPath, DropQueueFull, DropNotIP, DropNotUnicast, DropOwnEID, DropDecap, DropNotOurEID, DropForeignEID, DropSend,
+	DropControl, DropUnexpected, DropNotifyAuth, DropTooBig, CountCacheExpired, CountResolveFailed}
+
+// New checks o and returns an xTR; Run starts it.
+func New(o Options) (*XTR, error) {
+	o.defaults()
+	switch {
+	case o.Device == nil:
+		return nil, errors.New("xtr: no device")
+	case len(o.Uplinks) == 0:
+		return nil, errors.New("xtr: no RLOC")
+	case len(o.Locators) != len(o.Uplinks):
+		return nil, errors.New("xtr: one locator setting per RLOC")
+	case len(o.EIDs) == 0:
+		return nil, errors.New("xtr: no EID prefix")
+	case len(o.Resolvers) == 0:
+		return nil, errors.New("xtr: no map-resolver")
+	}
+	x := &XTR{o: o, log: o.Logger, pairs: map[pairKey]*pair{}, probes: map[uint64]probe{}, counts: map[string]*atomic.Uint64{},
+		regs: make([]registrationState, len(o.MapServers))}
+	for _, n := range counterNames {
+		x.counts[n] = new(atomic.Uint64)
+	}
+	for _, p := range o.EIDs {
+		x.eids.Insert(p, true)
+	}
+	for i, u := range o.Uplinks {
+		x.locals = append(x.locals, Loc{Addr: u.Addr, Priority: o.Locators[i].Priority, Weight: o.Locators[i].Weight})
+	}
+	x.usableL = Usable(x.locals)
+	if len(x.usableL) == 0 {
+		return nil, errors.New("xtr: every RLOC has priority 255")
+	}
+	return x, nil
+}
+
+func (x *XTR) count(name string) { x.counts[name].Add(1) }
+
+// Counters returns the counters by name.
+func (x *XTR) Counters() map[string]uint64 {
+	out := make(map[string]uint64, len(x.counts))
+	for k, v := range x.counts {
+		out[k] = v.Load()
+	}
+	return out
+}
+
+// localIndex returns the uplink index of local RLOC address a, or -1.
+func (x *XTR) localIndex(a netip.Addr) int {
+	for i, l := range x.locals {
+		if l.Addr == a {
+			return i
+		}
+	}
+	return -1
+}
+
+// install puts a Map-Reply record into the map-cache and returns the queued packets of the
+// entry it replaces. Called with mu held.
+func (x *XTR) installLocked(now time.Time, r *lisp.Record) (queued [][]byte) {
+	p, ok := r.Prefix()
+	if !ok {
+		return nil
+	}
+	e := &entry{prefix: p, ttl: r.TTL, locs: slices.Clone(r.Locators)}
+	ttl := time.Duration(r.TTL) * time.Minute
+	if r.TTL == 0xffffffff {
+		ttl = 24 * time.Hour
+	}
+	e.expires = now.Add(ttl)
+	if len(r.Locators) == 0 {
+		e.negative, e.action = true, r.Action
+	}
+	for _, l := range r.Locators {
+		if l.Priority == 255 || (l.Addr.AFI != lisp.AFIIPv4 && l.Addr.AFI != lisp.AFIIPv6) {
+			continue
+		}
+		// Only RLOCs of a family we have an uplink of.
+		if !slices.ContainsFunc(x.locals, func(m Loc) bool { return m.Addr.Is4() == l.Addr.IP.Is4() }) {
+			continue
+		}
+		e.all = append(e.all, Loc{Addr: l.Addr.IP, Priority: l.Priority, Weight: l.Weight})
+	}
+	if !e.negative && len(e.all) == 0 {
+		e.negative, e.action = true, lisp.ActDrop
+	}
+	e.remote = Usable(e.all)
+	for i := range x.locals {
+		for _, r := range e.all {
+			k := pairKey{i, r.Addr}
+			pr := x.pairs[k]
+			if pr == nil {
+				pr = &pair{local: i, remote: r.Addr}
+				pr.up.Store(true) // optimistic until probes say otherwise
+				pr.heard.Store(now.UnixNano())
+				x.pairs[k] = pr
+			}
+			if x.locals[i].Addr.Is4() != r.Addr.Is4() {
+				pr.up.Store(false)
+			}
+			e.pairs = append(e.pairs, pr)
+		}
+	}
+	// A resolution for a more specific EID may come back with a covering prefix: the
+	// pending entries it covers are released too.
+	var gone []netip.Prefix
+	x.cache.All(func(q netip.Prefix, old *entry) bool {
+		if old.pending && p.Contains(q.Addr()) && q.Bits() >= p.Bits() {
+			queued = append(queued, old.queue...)
+			gone = append(gone, q)
+		}
+		return true
+	})
+	for _, q := range gone {
+		x.cache.Delete(q)
+	}
+	if r.TTL == 0 {
+		// "Remove now": nothing to cache, and the held packets have nowhere to go.
+		x.cache.Delete(p)
+		x.counts[DropNoMapping].Add(uint64(len(queued)))
+		return nil
+	}
+	x.cache.Insert(p, e)
+	return queued
+}
+
+// EntryStatus is a map-cache entry as `braid xtr` shows it.
+type EntryStatus struct {
+	Prefix    netip.Prefix    `json:"prefix"`
+	Negative  bool            `json:"negative,omitempty"`
+	Action    string          `json:"action,omitempty"`
+	Pending   bool            `json:"pending,omitempty"`
+	TTL       uint32          `json:"ttl_minutes"`
+	ExpiresIn time.Duration   `json:"expires_in_ns"`
+	Locators  []LocatorStatus `json:"locators,omitempty"`
+}
+
+// LocatorStatus is a remote locator of an entry.
+type LocatorStatus struct {
+	Address  netip.Addr `json:"address"`
+	Priority uint8      `json:"priority"`
+	Weight   uint8      `json:"weight"`
+	Up       bool       `json:"up"` // some pair to it answers probes
+}
+
+// PairStatus is one RLOC pair.
+type PairStatus struct {
+	Local     netip.Addr    `json:"local"`
+	Remote    netip.Addr    `json:"remote"`
+	Up        bool          `json:"up"`
+	RTT       time.Duration `json:"rtt_ns"`
+	TxPackets uint64        `json:"tx_packets"`
+	TxBytes   uint64        `json:"tx_bytes"`
+	RxPackets uint64        `json:"rx_packets"`
+}
+
+// Status is the xTR's state.
+type Status struct {
+	Counters      map[string]uint64    `json:"counters"`
+	Cache         []EntryStatus        `json:"map_cache"`
+	Pairs         []PairStatus         `json:"pairs"`
+	Registrations []RegistrationStatus `json:"registrations"`
+}
+
+// RegistrationStatus is the state of registration with one map-server.
+type RegistrationStatus struct {
+	MapServer  netip.AddrPort `json:"map_server"`
+	Registered bool           `json:"registered"`
+	LastNotify time.Time      `json:"last_notify"`
+}
+
+// ActionName names a negative mapping's action.
+func ActionName(a uint8) string {
+	switch a {
+	case lisp.ActNoAction:
+		return "no-action"
+	case lisp.ActNativelyForward:
+		return "natively-forward"
+	case lisp.ActSendMapRequest:
+		return "send-map-request"
+	case lisp.ActDrop:
+		return "drop"
+	case lisp.ActPolicyDenied:
+		return "drop-policy-denied"
+	case lisp.ActAuthFailure:
+		return "drop-auth-failure"
+	}
+	return "unknown"
+}
+
+// Status returns a snapshot of the xTR's state.
+func (x *XTR) Status() Status {
+	now := time.Now()
+	st := Status{Counters: x.Counters()}
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	x.cache.All(func(p netip.Prefix, e *entry) bool {
+		es := EntryStatus{Prefix: p, Negative: e.negative, Pending: e.pending, TTL: e.ttl}
+		if !e.pending {
+			es.ExpiresIn = e.expires.Sub(now)
+		}
+		if e.negative {
+			es.Action = ActionName(e.action)
+		}
+		for _, l := range e.locs {
+			ls := LocatorStatus{Address: l.Addr.IP, Priority: l.Priority, Weight: l.Weight}
+			for i := range x.locals {
+				if pr := x.pairs[pairKey{i, l.Addr.IP}]; pr != nil && pr.up.Load() {
+					ls.Up = true
+				}
+			}
+			es.Locators = append(es.Locators, ls)
+		}
+		st.Cache = append(st.Cache, es)
+		return true
+	})
+	for _, pr := range x.pairs {
+		st.Pairs = append(st.Pairs, PairStatus{Local: x.locals[pr.local].Addr, Remote: pr.remote, Up: pr.up.Load(),
+			RTT: time.Duration(pr.rtt.Load()), TxPackets: pr.txPackets.Load(), TxBytes: pr.txBytes.Load(), RxPackets: pr.rxPackets.Load()})
+	}
+	slices.SortFunc(st.Pairs, func(a, b PairStatus) int {
+		if c := compareAddr(a.Local, b.Local); c != 0 {
+			return c
+		}
+		return compareAddr(a.Remote, b.Remote)
+	})
+	for i, ms := range x.o.MapServers {
+		r := x.regs[i]
+		st.Registrations = append(st.Registrations, RegistrationStatus{MapServer: ms.Addr, LastNotify: r.lastNotify,
+			Registered: !r.lastNotify.IsZero() && now.Sub(r.lastNotify) < 3*x.o.RegisterInterval})
+	}
+	return st
+}
