@@ -300,7 +300,7 @@ func braidOptions(cfg *config.Tunnel, dev tunnel.Device, mtu int, uplinks []tunn
 	o := tunnel.Options{
 		PrivateKey: cfg.Braid.PrivateKey, Device: dev, MTU: mtu, Logger: log, Uplinks: uplinks,
 		Path:    path.Config{ProbeInterval: cfg.Braid.ProbeInterval, DownAfter: cfg.Braid.DownAfter},
-		Reorder: cfg.Braid.Reorder.Enabled,
+		Reorder: cfg.Braid.Reorder.Enabled, Cleartext: !cfg.Braid.Encryption,
 		ReorderCfg: reorder.Config{MaxPackets: cfg.Braid.Reorder.MaxPackets, MaxBytes: cfg.Braid.Reorder.MaxBytes,
 			MaxHold: cfg.Braid.Reorder.MaxHold},
 		Scheduler: string(cfg.Scheduler),

@@ -177,6 +177,11 @@ type BraidSettings struct {
 	ProbeInterval time.Duration // between probes on each path, also when idle
 	DownAfter     time.Duration // without a probe reply, a path is down
 	Reorder       Reorder
+	// Encryption of data packets (the default). Off, data is still authenticated (Poly1305
+	// under the session key, replay window and all) but travels in clear: for links that are
+	// already protected below, where the cipher's CPU is better spent elsewhere. Control
+	// messages and handshakes are always sealed.
+	Encryption bool
 }
 
 // Reorder bounds each peer's reorder buffer at the receiver.
@@ -259,6 +264,7 @@ func TunnelDefaults() Tunnel {
 // stalling TCP the way MPT's 300 ms does (tunnels.md section 3).
 func BraidDefaults() BraidSettings {
 	return BraidSettings{
+		Encryption:    true,
 		ProbeInterval: 50 * time.Millisecond,
 		DownAfter:     250 * time.Millisecond,
 		Reorder: Reorder{
@@ -389,6 +395,7 @@ type fileTunnel struct {
 	ProbeInterval     any          `toml:"probe_interval"`
 	DownAfter         any          `toml:"down_after"`
 	Reorder           *bool        `toml:"reorder"`
+	Encryption        *bool        `toml:"encryption"`
 	ReorderMaxPackets *int64       `toml:"reorder_max_packets"`
 	ReorderMaxBytes   any          `toml:"reorder_max_bytes"`
 	ReorderMaxHold    any          `toml:"reorder_max_hold"`
@@ -487,6 +494,7 @@ func (l *loader) tunnel(f *fileTunnel) *Tunnel {
 			{"probe_interval", f.ProbeInterval != nil},
 			{"down_after", f.DownAfter != nil},
 			{"reorder", f.Reorder != nil},
+			{"encryption", f.Encryption != nil},
 			{"reorder_max_packets", f.ReorderMaxPackets != nil},
 			{"reorder_max_bytes", f.ReorderMaxBytes != nil},
 			{"reorder_max_hold", f.ReorderMaxHold != nil},
@@ -541,6 +549,9 @@ func (l *loader) braid(b *BraidSettings, f *fileTunnel) {
 	}
 	if f.Reorder != nil {
 		b.Reorder.Enabled = *f.Reorder
+	}
+	if f.Encryption != nil {
+		b.Encryption = *f.Encryption
 	}
 	if f.ReorderMaxPackets != nil {
 		b.Reorder.MaxPackets = l.int(obj, p+"reorder_max_packets", "reorder_max_packets", *f.ReorderMaxPackets)

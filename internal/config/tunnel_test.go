@@ -116,6 +116,7 @@ func TestLoadExamples(t *testing.T) {
 		Braid: &BraidSettings{
 			PrivateKey:     mustPriv(t, privA),
 			PrivateKeyFile: "/etc/braid/site-a.key",
+			Encryption:     true,
 			ProbeInterval:  50 * ms,
 			DownAfter:      300 * ms,
 			Reorder:        Reorder{Enabled: true, MaxPackets: 1024, MaxBytes: 4 << 20, MaxHold: 100 * ms},
@@ -478,6 +479,10 @@ path = [{ uplink = "fibre", remote = "198.51.100.1:4754" }]` + mark + `
 		`peer site-b: no paths`},
 	{"braid key in mpt mode", edit(minimalMPT, "[tunnel]\n", "[tunnel]\nprivate_key = \""+privA+"\""+mark+"\n"),
 		`tunnel: private_key is a braid-mode key; mode is "mpt"`},
+	{"encryption in mpt mode", edit(minimalMPT, "[tunnel]\n", "[tunnel]\nencryption = false"+mark+"\n"),
+		`tunnel: encryption is a braid-mode key; mode is "mpt"`},
+	{"encryption not a boolean", edit(minimal, "[tunnel]\n", "[tunnel]\nencryption = \"off\""+mark+"\n"),
+		`encryption`},
 	{"probe in mpt mode", edit(minimalMPT, "[tunnel]\n", "[tunnel]\nprobe_interval = \"10ms\""+mark+"\n"),
 		`tunnel: probe_interval is a braid-mode key; mode is "mpt"`},
 	{"public key in mpt mode", edit(minimalMPT, `name = "server"`, `name = "server"`+"\npublic_key = \""+pubB+"\""+mark),
@@ -720,4 +725,19 @@ func FuzzLoadTunnel(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestEncryptionOff(t *testing.T) {
+	for _, tc := range []struct {
+		file string
+		want bool
+	}{{minimal, true}, {edit(minimal, "[tunnel]\n", "[tunnel]\nencryption = false\n"), false}} {
+		tun, err := LoadTunnel("site.toml", []byte(tc.file), newEnv())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tun.Braid.Encryption != tc.want {
+			t.Errorf("encryption %v, want %v", tun.Braid.Encryption, tc.want)
+		}
+	}
 }

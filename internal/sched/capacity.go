@@ -239,14 +239,17 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 		// A round trip well above the path's minimum means a standing queue: the estimate
 		// is a little above the path's rate (samples are noisy and the estimate is their
 		// maximum). If the path was busy, what it delivered is its rate: the estimate and
-		// the samples it remembers come down to it. Drain the queue in the next sample, and
-		// probe only a cycle later.
+		// the samples it remembers come down to it, by at most a tenth per sample. Drain the
+		// queue in the next sample, and probe only a cycle later.
 		if minRTT > 0 && rtt > minRTT+max(minQueue, minRTT/4) {
 			if busy { // the path was full: what it delivered is its rate
+				// At most a tenth per sample, though: a round trip also grows when the
+				// peer's CPU is busy, and what it delivered then says little about the path.
+				floor := max(delivered, c.est*(1-maxQueueCut))
 				for i := range c.samples[:c.filled] {
-					c.samples[i] = min(c.samples[i], delivered)
+					c.samples[i] = min(c.samples[i], floor)
 				}
-				c.est = max(delivered, 1)
+				c.est = floor
 			}
 			c.cycle, c.found, c.excess = 1, 0, max(c.excess, queueDrain)
 			return
@@ -275,8 +278,9 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 // A round trip minQueue (or a quarter) above the minimum is a standing queue; the sample
 // after drains it at least queueDrain below the estimate.
 const (
-	minQueue   = int64(2e6)
-	queueDrain = 0.05
+	minQueue    = int64(2e6)
+	queueDrain  = 0.05
+	maxQueueCut = 0.1
 )
 
 // probeExcess is how far above the estimate one sample window probes: what a queue of half a

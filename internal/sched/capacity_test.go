@@ -203,3 +203,23 @@ func TestCapacityDrainsAStandingQueue(t *testing.T) {
 		t.Fatalf("gain %v after the drain, want 0.98", g)
 	}
 }
+
+// A queued sample brings the estimate down to what the path delivered, but by at most a tenth
+// at a time: a peer starved of CPU must not make a path look ten times slower at once.
+func TestCapacityQueueCutIsBounded(t *testing.T) {
+	c := newCap(t)
+	for c.Phase() != PhaseCruise {
+		step(c, 100e6, math.Inf(1))
+	}
+	est := c.Estimate()
+	c.OnSample(10e6, est, window, rtt+10*int64(1e6), rtt) // busy, queued, delivered a tenth
+	if got := c.Estimate(); !within(got, 0.9*est, 0.001) {
+		t.Fatalf("estimate %.0f after one queued sample, want %.0f", got, 0.9*est)
+	}
+	for range 30 {
+		c.OnSample(10e6, c.Estimate(), window, rtt+10*int64(1e6), rtt)
+	}
+	if got := c.Estimate(); !within(got, 10e6, 0.01) {
+		t.Fatalf("estimate %.0f after a long queue at 10e6, want 10e6", got)
+	}
+}

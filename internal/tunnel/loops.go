@@ -104,10 +104,18 @@ func (t *Tunnel) sendData(b []byte, n int) {
 	g.Key = ls.s.RemoteIndex
 	g.Encode(b[:greLen])
 	h := mpath.Header{Type: mpath.TypeData, Path: pp.id, Counter: counter}
+	if t.o.Cleartext {
+		h.Flags = mpath.FlagClear
+	}
 	h.Encode(b[greLen : greLen+mpath.HeaderLen])
 	pre := mpath.DataPrefix{Seq: p.txSeq.Add(1), Timestamp: t.micros(now)}
 	pre.Encode(b[greLen+mpath.HeaderLen : headroom])
 	const aadLen = greLen + mpath.HeaderLen
+	if t.o.Cleartext {
+		tag := ls.s.Sign(b[headroom+n:headroom+n], b[greLen:aadLen], b[:headroom+n])
+		t.send(p, pp, b[:headroom+n+len(tag)])
+		return
+	}
 	sealed := ls.s.Seal(b[aadLen:aadLen], b[greLen:aadLen], b[:aadLen], b[aadLen:headroom+n])
 	t.send(p, pp, b[:aadLen+len(sealed)])
 }
@@ -216,7 +224,20 @@ func (t *Tunnel) receive(u *uplink, src netip.AddrPort, pb *packetBuf, n int) bo
 		t.stats.DropUnknownSession.Add(1)
 		return false
 	}
-	pt, err := ref.s.Open(body[:0], h.Counter, b[gl:aadLen], b[:aadLen], body)
+	var pt []byte
+	switch {
+	case h.Flags&mpath.FlagClear == 0:
+		pt, err = ref.s.Open(body[:0], h.Counter, b[gl:aadLen], b[:aadLen], body)
+	case !t.o.Cleartext:
+		t.stats.DropCleartext.Add(1)
+		return false
+	case len(body) < session.Overhead:
+		err = session.ErrCiphertext
+	default:
+		end := len(b) - session.Overhead
+		err = ref.s.Verify(h.Counter, b[gl:aadLen], b[:end], b[end:])
+		pt = b[aadLen:end]
+	}
 	switch {
 	case errors.Is(err, session.ErrReplay):
 		t.stats.DropReplay.Add(1)

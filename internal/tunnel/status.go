@@ -23,6 +23,7 @@ type Counters struct {
 	DropUnknownSession atomic.Uint64 // no session has the packet's key (index)
 	DropReplay         atomic.Uint64 // counter (or handshake) replayed or too old
 	DropAuth           atomic.Uint64 // did not authenticate: wrong key or tampered
+	DropCleartext      atomic.Uint64 // a data packet in clear, but this tunnel encrypts
 	DropUnknownPath    atomic.Uint64 // authenticated, from an address that is none of the peer's paths
 	DropBadInner       atomic.Uint64 // inner packet neither IPv4 nor IPv6
 	DropSpoofed        atomic.Uint64 // inner source outside the peer's routes
@@ -124,7 +125,7 @@ func (c *Counters) snapshot() map[string]uint64 {
 		"drop_no_path": c.DropNoPath.Load(), "drop_send": c.DropSend.Load(),
 		"drop_bad_gre": c.DropBadGRE.Load(), "drop_bad_header": c.DropBadHeader.Load(),
 		"drop_unknown_session": c.DropUnknownSession.Load(), "drop_replay": c.DropReplay.Load(),
-		"drop_auth": c.DropAuth.Load(), "drop_unknown_path": c.DropUnknownPath.Load(),
+		"drop_auth": c.DropAuth.Load(), "drop_cleartext": c.DropCleartext.Load(), "drop_unknown_path": c.DropUnknownPath.Load(),
 		"drop_bad_inner": c.DropBadInner.Load(), "drop_spoofed": c.DropSpoofed.Load(),
 		"drop_handshake": c.DropHandshake.Load(), "drop_device": c.DropDevice.Load(), "drop_too_big": c.DropTooBig.Load(),
 		"handshakes_sent": c.HandshakesSent.Load(), "handshakes_done": c.HandshakesDone.Load(),

@@ -82,7 +82,11 @@ type Options struct {
 	Path       path.Config
 	Reorder    bool
 	ReorderCfg reorder.Config
-	Scheduler  string // "paced" (default), "wrr", "minrtt"
+	// Cleartext turns encryption of data packets off: they are sent authenticated but in
+	// clear (FlagClear), and such packets from peers are accepted. Control messages stay
+	// sealed. Without it, clear data packets are refused (counted as drop_cleartext).
+	Cleartext bool
+	Scheduler string // "paced" (default), "wrr", "minrtt"
 	// CapacityCfg tunes the capacity estimator of paths with no configured capacity.
 	CapacityCfg sched.CapacityConfig
 	Logger      *slog.Logger

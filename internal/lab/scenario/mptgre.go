@@ -167,6 +167,7 @@ type SiteSpec struct {
 	Outer      int      // 4 or 6: the paths' address family
 	Capacities []uint64 // of the uplinks, bit/s, by link (missing or 0: unknown)
 	Reorder    *bool    // nil: the default
+	Encryption *bool    // nil: the default (on)
 	Control    string   // control socket
 }
 
@@ -186,6 +187,9 @@ func SiteFile(s SiteSpec) []byte {
 	fmt.Fprintf(&b, "control = %q\n", s.Control)
 	if s.Reorder != nil {
 		fmt.Fprintf(&b, "reorder = %v\n", *s.Reorder)
+	}
+	if s.Encryption != nil {
+		fmt.Fprintf(&b, "encryption = %v\n", *s.Encryption)
 	}
 	addr := func(link, side int) string {
 		if s.Outer == 6 {

@@ -48,6 +48,11 @@ var (
 	ErrInnerPacket  = errors.New("mpath: inner packet is neither a consistent IPv4 nor IPv6 packet")
 )
 
+// FlagClear marks a data packet whose payload is in clear, followed by a tag that authenticates
+// the whole packet (tunnels with encryption off). It is the only flag, and only data packets
+// carry it; Decode rejects any other use.
+const FlagClear = 0x0001
+
 // Message types (Header.Type).
 const (
 	TypeData          = 1
@@ -71,13 +76,14 @@ const PathReserved = 255
 type Header struct {
 	Type    uint8
 	Path    uint8  // the sender's path ID
-	Flags   uint16 // none defined: Decode rejects any
+	Flags   uint16 // FlagClear or none: Decode rejects any other
 	Counter uint64 // per session and direction: makes the header (the AEAD nonce) unique; replay window position
 }
 
 // Decode overwrites h with the header at the start of b and returns HeaderLen; the sealed
 // payload is b[HeaderLen:]. Errors, in the order checked: ErrTruncated, ErrType (a type other
-// than the eight defined), ErrUnknownFlags (Flags != 0).
+// than the eight defined), ErrUnknownFlags (a flag other than FlagClear, or FlagClear on
+// another type than data).
 func (h *Header) Decode(b []byte) (n int, err error) {
 	*h = Header{}
 	if len(b) < HeaderLen {
@@ -90,10 +96,10 @@ func (h *Header) Decode(b []byte) (n int, err error) {
 		return 0, ErrType
 	}
 	flags := binary.BigEndian.Uint16(b[2:])
-	if flags != 0 {
+	if flags&^FlagClear != 0 || flags&FlagClear != 0 && b[0] != TypeData {
 		return 0, ErrUnknownFlags
 	}
-	*h = Header{Type: b[0], Path: b[1], Counter: binary.BigEndian.Uint64(b[4:])}
+	*h = Header{Type: b[0], Path: b[1], Flags: flags, Counter: binary.BigEndian.Uint64(b[4:])}
 	return HeaderLen, nil
 }
 

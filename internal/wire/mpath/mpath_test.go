@@ -94,6 +94,7 @@ var headerVectors = []vector[Header]{
 	{name: "probe", in: "02 01 0000 0000000000000000", want: Header{Type: TypeProbe, Path: 1}, n: 12},
 	{name: "probe reply", in: "03 fe 0000 0102030405060708", want: Header{Type: TypeProbeReply, Path: 254, Counter: 0x0102030405060708}, n: 12},
 	{name: "feedback", in: "04 07 0000 ffffffffffffffff", want: Header{Type: TypeFeedback, Path: 7, Counter: 1<<64 - 1}, n: 12},
+	{name: "clear data", in: "01 01 0001 0000000000000004", want: Header{Type: TypeData, Path: 1, Flags: FlagClear, Counter: 4}, n: 12},
 	{name: "mtu probe", in: "05 02 0000 0000000000000009 00", want: Header{Type: TypeMTUProbe, Path: 2, Counter: 9}, n: 12},
 	{name: "mtu ack", in: "06 03 0000 000000000000000a", want: Header{Type: TypeMTUAck, Path: 3, Counter: 10}, n: 12},
 	{name: "handshake init", in: "10 00 0000 0000000000000000 01", want: Header{Type: TypeHandshakeInit}, n: 12},
@@ -111,7 +112,9 @@ var headerErrors = []errVector{
 	{"type 18", "12 00 0000 0000000000000000", ErrType},
 	{"type 255", "ff 00 0000 0000000000000000", ErrType},
 	{"type before flags", "00 00 0001 0000000000000000", ErrType},
-	{"flag 0x0001", "01 00 0001 0000000000000000", ErrUnknownFlags},
+	{"flag 0x0002", "01 00 0002 0000000000000000", ErrUnknownFlags},
+	{"clear flag on a probe", "02 00 0001 0000000000000000", ErrUnknownFlags},
+	{"clear flag on a reply", "03 00 0001 0000000000000000", ErrUnknownFlags},
 	{"flag 0x8000", "01 00 8000 0000000000000000", ErrUnknownFlags},
 }
 

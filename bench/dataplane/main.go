@@ -1,0 +1,244 @@
+// Command dataplane benchmarks the tunnel's data path against the plain links it runs over,
+// and writes its section of bench/BENCH.md.
+//
+// Sites a and b are joined by kernel veth links (no emulator: the links are far faster than the
+// tunnel), unlimited or limited to 1 Gbit/s by TBF. For 1 and 2 paths, unlimited and limited,
+// encrypted and not, one TCP flow runs for the measurement time over the plain links (the
+// baseline: each link alone, summed for two) and through `braid tunnel`. Recorded: throughput,
+// the ratio to the baseline, CPU seconds per gigabit of each tunnel process, TCP
+// retransmissions as a share of the segments sent, and the UDP receive errors of both sites
+// (the tunnel's sockets dropping what arrived). The tunnels and the traffic run as processes,
+// so their CPU times are their own.
+//
+// Usage: go run ./bench/dataplane -braid bin/braid -runs 5 -out bench/out/dataplane.md
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"braid/internal/lab"
+	"braid/internal/lab/scenario"
+	"braid/internal/traffic"
+)
+
+// config is one row of the table.
+type config struct {
+	paths   int
+	rate    uint64 // per link, bit/s; 0 unlimited
+	encrypt bool
+}
+
+func (c config) String() string {
+	r := "unlimited"
+	if c.rate > 0 {
+		r = fmt.Sprintf("%g Gbit/s", float64(c.rate)/1e9)
+	}
+	e := "encrypted"
+	if !c.encrypt {
+		e = "authenticated only"
+	}
+	return fmt.Sprintf("%d × %s, %s", c.paths, r, e)
+}
+
+// result is what one run of a config measured.
+type result struct {
+	base, tunnel float64    // bit/s
+	cpu          [2]float64 // core-seconds per gigabit, a and b
+	retrans      float64    // share of segments
+	drops        uint64     // UDP receive errors, both sites
+}
+
+func main() {
+	braid := flag.String("braid", "bin/braid", "path of the braid binary")
+	runs := flag.Int("runs", 5, "runs per figure; the table shows medians")
+	quick := flag.Bool("quick", false, "short measurements: a smoke run")
+	out := flag.String("out", "bench/out/dataplane.md", "where to write this section (Markdown)")
+	only := flag.String("only", "", "run only the configurations whose name contains this")
+	flag.Parse()
+	log.SetFlags(0)
+	if _, err := os.Stat(*braid); err != nil {
+		fatalf("braid binary: %v (run 'make build')", err)
+	}
+	dur := 10 * time.Second
+	if *quick {
+		dur = 2 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Minute)
+	defer cancel()
+
+	var configs []config
+	for _, paths := range []int{1, 2} {
+		for _, rate := range []uint64{0, 1e9} {
+			for _, enc := range []bool{true, false} {
+				c := config{paths, rate, enc}
+				if strings.Contains(c.String(), *only) {
+					configs = append(configs, c)
+				}
+			}
+		}
+	}
+	var md bytes.Buffer
+	w := io.MultiWriter(os.Stdout, &md)
+	fmt.Fprintf(w, "## Tunnel data path\n\n`go run ./bench/dataplane -braid bin/braid -runs %d`: one TCP flow for %v over kernel veth\n"+
+		"links (unlimited, or 1 Gbit/s each by TBF), through `braid tunnel` and, as the baseline, over the same\n"+
+		"links without it (each link alone, summed for two paths). CPU is each tunnel process's user and\n"+
+		"system time per gigabit carried; retransmissions are TCP's, as a share of the segments sent; drops\n"+
+		"are the UDP receive errors of both sites. Medians of %d runs.\n\n", *runs, dur, *runs)
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	fmt.Fprintln(tw, "| paths, links, mode\t| plain links\t| braid\t| ratio\t| CPU s/Gbit a\t| CPU s/Gbit b\t| retransmitted\t| receive drops\t|")
+	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
+	for _, c := range configs {
+		var rs []result
+		for range *runs {
+			rs = append(rs, measure(ctx, *braid, c, dur))
+		}
+		pick := func(f func(result) float64) float64 {
+			v := make([]float64, len(rs))
+			for i, r := range rs {
+				v[i] = f(r)
+			}
+			return scenario.Median(v)
+		}
+		var drops uint64
+		for _, r := range rs {
+			drops = max(drops, r.drops)
+		}
+		base, tun := pick(func(r result) float64 { return r.base }), pick(func(r result) float64 { return r.tunnel })
+		fmt.Fprintf(tw, "| %v\t| %.2f Gbit/s\t| %.2f Gbit/s\t| %.3f\t| %.3f\t| %.3f\t| %.3f %%\t| %d\t|\n", c, base/1e9, tun/1e9,
+			pick(func(r result) float64 { return r.tunnel / r.base }),
+			pick(func(r result) float64 { return r.cpu[0] }), pick(func(r result) float64 { return r.cpu[1] }),
+			100*pick(func(r result) float64 { return r.retrans }), drops)
+		tw.Flush()
+	}
+	fmt.Fprintf(w, "\nThe ratio is the median of each run's ratio (braid over the plain links measured in the same run);\n"+
+		"receive drops are the largest of the runs.\n\n")
+	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err == nil {
+		os.WriteFile(*out, md.Bytes(), 0o644)
+	}
+}
+
+// measure runs the baseline and the tunnel for c in a fresh lab.
+func measure(ctx context.Context, braid string, c config, dur time.Duration) result {
+	rates := make([]uint64, c.paths)
+	for i := range rates {
+		rates[i] = c.rate
+	}
+	l, err := lab.Up(ctx, scenario.KernelLinks("dataplane", rates...), lab.Options{})
+	if err != nil {
+		fatal(err)
+	}
+	defer l.Close()
+	var r result
+	stopPlain := server(l, braid, "0.0.0.0:5201")
+	for i := range c.paths {
+		r.base += bulk(ctx, l, braid, fmt.Sprintf("10.9.%d.2:5201", i), dur).Steady
+	}
+	stopPlain()
+
+	spec := scenario.SiteSpec{Paths: c.paths, Outer: 4, Capacities: rates, Encryption: &c.encrypt}
+	pair, err := scenario.StartTunnelPair(ctx, l, braid, spec, 4)
+	if err != nil {
+		fatal(err)
+	}
+	defer pair.Close()
+	stop := server(l, braid, "10.255.0.2:5201")
+	defer stop()
+	segs0, re0 := tcpSegments(ctx, l)
+	drops0 := rcvbufErrors(ctx, l, "a") + rcvbufErrors(ctx, l, "b")
+	cpu0 := pair.CPU()
+	res := bulk(ctx, l, braid, "10.255.0.2:5201", dur)
+	cpu1 := pair.CPU()
+	segs1, re1 := tcpSegments(ctx, l)
+	r.drops = rcvbufErrors(ctx, l, "a") + rcvbufErrors(ctx, l, "b") - drops0
+	r.tunnel = res.Steady
+	gbits := float64(res.Bytes) * 8 / 1e9
+	for i := range 2 {
+		r.cpu[i] = (cpu1[i] - cpu0[i]).Seconds() / gbits
+	}
+	if segs1 > segs0 {
+		r.retrans = float64(re1-re0) / float64(segs1-segs0)
+	}
+	return r
+}
+
+func server(l *lab.Lab, braid, addr string) func() {
+	srv := exec.Command(braid, "traffic", "serve", "--listen", addr)
+	if err := l.Host("b").Start(srv); err != nil {
+		fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	return func() { srv.Process.Signal(syscall.SIGTERM); srv.Wait() }
+}
+
+func bulk(ctx context.Context, l *lab.Lab, braid, addr string, dur time.Duration) traffic.BulkResult {
+	var res traffic.BulkResult
+	out, err := l.Host("a").Run(ctx, braid, "traffic", "bulk", addr, "--duration", dur.String(), "--json")
+	if err != nil {
+		fatalf("braid traffic bulk %s: %v\n%s", addr, err, out)
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		fatalf("braid traffic bulk %s: %v: %q", addr, err, out)
+	}
+	return res
+}
+
+// snmp returns the named counter of a protocol line of /proc/net/snmp in host h's namespace.
+func snmp(ctx context.Context, l *lab.Lab, h, proto, name string) uint64 {
+	out, err := l.Host(h).Run(ctx, "cat", "/proc/net/snmp")
+	if err != nil {
+		fatalf("snmp: %v", err)
+	}
+	var names []string
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != proto+":" {
+			continue
+		}
+		if names == nil {
+			names = f
+			continue
+		}
+		for i, n := range names {
+			if n == name && i < len(f) {
+				v, _ := strconv.ParseUint(f[i], 10, 64)
+				return v
+			}
+		}
+	}
+	fatalf("no %s %s in /proc/net/snmp", proto, name)
+	return 0
+}
+
+func rcvbufErrors(ctx context.Context, l *lab.Lab, h string) uint64 {
+	return snmp(ctx, l, h, "Udp", "RcvbufErrors")
+}
+
+// tcpSegments returns the TCP segments sent and retransmitted by a so far.
+func tcpSegments(ctx context.Context, l *lab.Lab) (sent, retrans uint64) {
+	return snmp(ctx, l, "a", "Tcp", "OutSegs"), snmp(ctx, l, "a", "Tcp", "RetransSegs")
+}
+
+// fatal and fatalf remove every lab of this process before exiting.
+func fatal(v ...any) {
+	lab.CloseAll()
+	log.Fatal(v...)
+}
+
+func fatalf(format string, v ...any) {
+	lab.CloseAll()
+	log.Fatalf(format, v...)
+}
