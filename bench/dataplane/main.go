@@ -68,6 +68,7 @@ func main() {
 	quick := flag.Bool("quick", false, "short measurements: a smoke run")
 	out := flag.String("out", "bench/out/dataplane.md", "where to write this section (Markdown)")
 	only := flag.String("only", "", "run only the configurations whose name contains this")
+	profile := flag.String("profile", "", "write the tunnels' CPU profiles to `DIR`/a.prof and b.prof (last run)")
 	flag.Parse()
 	log.SetFlags(0)
 	if _, err := os.Stat(*braid); err != nil {
@@ -104,7 +105,7 @@ func main() {
 	for _, c := range configs {
 		var rs []result
 		for range *runs {
-			rs = append(rs, measure(ctx, *braid, c, dur))
+			rs = append(rs, measure(ctx, *braid, c, dur, *profile))
 		}
 		pick := func(f func(result) float64) float64 {
 			v := make([]float64, len(rs))
@@ -132,7 +133,7 @@ func main() {
 }
 
 // measure runs the baseline and the tunnel for c in a fresh lab.
-func measure(ctx context.Context, braid string, c config, dur time.Duration) result {
+func measure(ctx context.Context, braid string, c config, dur time.Duration, profile string) result {
 	rates := make([]uint64, c.paths)
 	for i := range rates {
 		rates[i] = c.rate
@@ -150,7 +151,11 @@ func measure(ctx context.Context, braid string, c config, dur time.Duration) res
 	stopPlain()
 
 	spec := scenario.SiteSpec{Paths: c.paths, Outer: 4, Capacities: rates, Encryption: &c.encrypt}
-	pair, err := scenario.StartTunnelPair(ctx, l, braid, spec, 4)
+	var args []string
+	if profile != "" {
+		args = []string{"--cpuprofile", filepath.Join(profile, "{side}.prof")}
+	}
+	pair, err := scenario.StartTunnelPair(ctx, l, braid, spec, 4, args...)
 	if err != nil {
 		fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 	"time"
@@ -29,7 +30,7 @@ func init() {
 	commands["tunnel"] = command{summary: "multipath L3 tunnel between sites (MPT-GRE): run it, or change its paths", run: runTunnel}
 }
 
-const tunnelDoc = `Usage: braid tunnel --config FILE [--log-format text|json] [--verbose]
+const tunnelDoc = `Usage: braid tunnel --config FILE [--log-format text|json] [--verbose] [--cpuprofile FILE]
        braid tunnel check --config FILE
        braid tunnel import-mpt --interface interface.conf [--out FILE] CONNECTION.conf...
        braid tunnel path up|down PEER PATH [--control SOCKET]
@@ -46,6 +47,8 @@ The site file's [tunnel] section describes the TUN interface, the site's uplinks
 'import-mpt' writes one from an MPT daemon's configuration (mode "mpt", to interoperate). The
 running tunnel serves its status and Prometheus metrics on the 'metrics' address ('braid status'
 reads it) and takes path changes on its 'control' socket; a change applies to the next packet.
+--cpuprofile writes a Go CPU profile of the whole run to FILE when the tunnel stops (for 'go tool
+pprof'; docs/tunnel-profile.md shows how it was used).
 
 Example:
   braid keygen --out /etc/braid/site-a.key
@@ -72,12 +75,26 @@ func runTunnel(e env, args []string) int {
 	file := fs.String("config", "", "the site `FILE` (TOML)")
 	format := fs.String("log-format", "text", "log format: text or json")
 	verbose := fs.Bool("verbose", false, "log debug messages too")
+	profile := fs.String("cpuprofile", "", "write a CPU profile of the run to `FILE`")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
 	if *file == "" || fs.NArg() > 0 {
 		fmt.Fprintln(e.stderr, "braid tunnel: expected --config FILE (see 'braid tunnel --help')")
 		return exitUsage
+	}
+	if *profile != "" {
+		f, err := os.Create(*profile)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "braid tunnel: %v\n", err)
+			return exitUsage
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(e.stderr, "braid tunnel: cpu profile: %v\n", err)
+			return exitError
+		}
+		defer pprof.StopCPUProfile()
 	}
 	log, err := newLogger(e, *format, *verbose)
 	if err != nil {

@@ -31,8 +31,9 @@ type TunnelPair struct {
 // StartTunnelPair generates keys, writes both site files from spec (Side, Own and Peer are
 // filled in; Control too when empty), starts `self tunnel --config` on a and b, and waits until
 // a's packets reach b through the tunnel over IP version innerVersion (a TCP connection attempt
-// to b's inner address is answered, accepted or refused). Close stops the tunnels.
-func StartTunnelPair(ctx context.Context, l *lab.Lab, self string, spec SiteSpec, innerVersion int) (p *TunnelPair, err error) {
+// to b's inner address is answered, accepted or refused). Close stops the tunnels. args are
+// added to each command line, with "{side}" replaced by a or b.
+func StartTunnelPair(ctx context.Context, l *lab.Lab, self string, spec SiteSpec, innerVersion int, args ...string) (p *TunnelPair, err error) {
 	dir, err := os.MkdirTemp("", "braid-pair-")
 	if err != nil {
 		return nil, err
@@ -62,7 +63,11 @@ func StartTunnelPair(ctx context.Context, l *lab.Lab, self string, spec SiteSpec
 		if p.logs[i], err = os.Create(filepath.Join(dir, h+".log")); err != nil {
 			return nil, err
 		}
-		cmd := exec.Command(self, "tunnel", "--config", file)
+		cmdArgs := []string{"tunnel", "--config", file}
+		for _, a := range args {
+			cmdArgs = append(cmdArgs, strings.ReplaceAll(a, "{side}", h))
+		}
+		cmd := exec.Command(self, cmdArgs...)
 		cmd.Stderr = p.logs[i]
 		if err := l.Host(h).Start(cmd); err != nil {
 			return nil, err
