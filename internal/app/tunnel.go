@@ -226,7 +226,13 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 		return fmt.Errorf("mode mpt carries one connection: the site file has %d peers (run one braid tunnel per MPT connection, each with its own interface)", len(cfg.Peers))
 	}
 	mtu := tunnelMTU(cfg)
-	dev, err := tun.Open(cfg.Interface)
+	// braid mode moves packets in batches (TUN offloads, UDP segmentation and coalescing);
+	// mpt mode reads and writes one packet at a time.
+	open := tun.OpenOffload
+	if cfg.Mode == config.ModeMPT {
+		open = tun.Open
+	}
+	dev, err := open(cfg.Interface)
 	if err != nil {
 		return err
 	}
@@ -250,6 +256,9 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 	byName := map[string]config.Uplink{}
 	for _, u := range cfg.Uplinks {
 		c, err := sock.Listen(u.Socket(cfg.Port), u.Interface)
+		if err == nil && cfg.Mode != config.ModeMPT {
+			c.EnableGRO()
+		}
 		if err != nil {
 			closeAll()
 			return fmt.Errorf("uplink %s: %w", u.Name, err)

@@ -1,5 +1,6 @@
 // Package tun opens and configures the tunnel's TUN interface: one IP packet per read and per
-// write, no packet-information header.
+// write, no packet-information header (Open), or with offloads, up to 64 TCP segments per read
+// and per write (OpenOffload).
 package tun
 
 import (
@@ -7,6 +8,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+
+	"braid/internal/wire/vnet"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -16,6 +19,7 @@ import (
 type Device struct {
 	Name string
 	file *os.File
+	offloadState
 }
 
 // Open creates (or attaches to) the TUN interface name in the calling thread's network namespace.
@@ -41,11 +45,30 @@ func Open(name string) (*Device, error) {
 	return &Device{Name: ifr.Name(), file: os.NewFile(uintptr(fd), "tun:"+name)}, nil
 }
 
-// Read reads one packet.
-func (d *Device) Read(b []byte) (int, error) { return d.file.Read(b) }
+// Read reads one packet from a plain device.
+func (d *Device) Read(b []byte) (int, error) {
+	if d.offload {
+		return 0, ErrOffloadRead
+	}
+	return d.file.Read(b)
+}
 
-// Write writes one packet.
-func (d *Device) Write(b []byte) (int, error) { return d.file.Write(b) }
+// Write writes one packet (behind a header that asks for no offload, on a device with them).
+func (d *Device) Write(b []byte) (int, error) {
+	if !d.offload {
+		return d.file.Write(b)
+	}
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	if cap(d.wbuf) < vnet.HdrLen+len(b) {
+		d.wbuf = make([]byte, vnet.HdrLen+len(b))
+	}
+	w := d.wbuf[:vnet.HdrLen+len(b)]
+	clear(w[:vnet.HdrLen])
+	copy(w[vnet.HdrLen:], b)
+	n, err := d.file.Write(w)
+	return max(n-vnet.HdrLen, 0), err
+}
 
 // Close closes the device; a TUN interface that nothing holds disappears.
 func (d *Device) Close() error { return d.file.Close() }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/netip"
-	"sync"
 	"time"
 
 	"braid/internal/tunnel/path"
@@ -25,39 +24,56 @@ type packetBuf struct {
 
 func (pb *packetBuf) packet() []byte { return pb.b[pb.off : pb.off+pb.n] }
 
-// bufSize holds the largest datagram a peer may send us, and our own largest packet.
-const bufSize = 65536
+func (t *Tunnel) getBuf() *packetBuf  { return t.bufs.Get().(*packetBuf) }
+func (t *Tunnel) putBuf(b *packetBuf) { t.bufs.Put(b) }
 
-var bufPool = sync.Pool{New: func() any { return &packetBuf{b: make([]byte, bufSize)} }}
-
-func getBuf() *packetBuf  { return bufPool.Get().(*packetBuf) }
-func putBuf(b *packetBuf) { bufPool.Put(b) }
-
-// readDevice reads inner packets from the TUN device and sends each on a path of its peer.
+// readDevice reads inner packets from the TUN device, a batch at a time when the device has
+// offloads (the segments of one TCP super-packet), and sends each on a path of its peer; each
+// path's share of a batch leaves in one system call (txState).
 func (t *Tunnel) readDevice() error {
-	pb := getBuf()
-	defer putBuf(pb)
-	limit := headroom + t.o.MTU + 1 // one byte more than the MTU shows an oversized packet
+	bd, batched := t.o.Device.(BatchDevice)
+	n := 1
+	if batched {
+		n = maxBatch
+	}
+	bufs, sizes := make([][]byte, n), make([]int, n)
+	for i := range bufs {
+		// One byte more than the MTU shows an oversized packet.
+		bufs[i] = make([]byte, headroom+t.o.MTU+1)
+	}
+	tx := &txState{}
 	for {
-		n, err := t.o.Device.Read(pb.b[headroom:limit])
+		var k int
+		var err error
+		if batched {
+			k, err = bd.ReadBatch(bufs, headroom, sizes)
+		} else {
+			sizes[0], err = t.o.Device.Read(bufs[0][headroom:])
+			k = 1
+		}
 		if err != nil {
 			if t.closing.Load() {
 				return nil
 			}
 			return err
 		}
-		if n > int(t.mtu.Load()) {
-			// The device's MTU was raised past the tunnel's, or the packet was queued before
-			// path MTU discovery lowered it.
-			t.stats.DropTooBig.Add(1)
-			continue
+		mtu := int(t.mtu.Load())
+		for i := range k {
+			if sizes[i] > mtu {
+				// The device's MTU was raised past the tunnel's, or the packet was queued
+				// before path MTU discovery lowered it.
+				t.stats.DropTooBig.Add(1)
+				continue
+			}
+			t.sendData(tx, bufs[i], sizes[i])
 		}
-		t.sendData(pb.b, n)
+		tx.flush(t)
 	}
 }
 
-// sendData seals the inner packet at b[headroom:headroom+n] in place and sends it.
-func (t *Tunnel) sendData(b []byte, n int) {
+// sendData seals the inner packet at b[headroom:headroom+n] (b[:headroom] is scratch for its
+// headers) and queues it on a path.
+func (t *Tunnel) sendData(tx *txState, b []byte, n int) {
 	inner := b[headroom : headroom+n]
 	if _, err := mpath.InnerVersion(inner); err != nil {
 		t.stats.DropBadInner.Add(1)
@@ -87,6 +103,7 @@ func (t *Tunnel) sendData(b []byte, n int) {
 	wire := n + Overhead + p.outer
 	pp, wait := p.pick(now, wire)
 	for pp == nil && wait > 0 && !t.closing.Load() {
+		tx.flush(t) // what the pacer let through goes out before the wait
 		sleep(wait)
 		now = t.now()
 		pp, wait = p.pick(now, wire)
@@ -111,13 +128,109 @@ func (t *Tunnel) sendData(b []byte, n int) {
 	pre := mpath.DataPrefix{Seq: p.txSeq.Add(1), Timestamp: t.micros(now)}
 	pre.Encode(b[greLen+mpath.HeaderLen : headroom])
 	const aadLen = greLen + mpath.HeaderLen
+	dg := tx.reserve(t, p, pp, headroom+n+session.Overhead)
 	if t.o.Cleartext {
-		tag := ls.s.Sign(b[headroom+n:headroom+n], b[greLen:aadLen], b[:headroom+n])
-		t.send(p, pp, b[:headroom+n+len(tag)])
+		copy(dg, b[:headroom+n])
+		ls.s.Sign(dg[headroom+n:headroom+n], dg[greLen:aadLen], dg[:headroom+n])
 		return
 	}
-	sealed := ls.s.Seal(b[aadLen:aadLen], b[greLen:aadLen], b[:aadLen], b[aadLen:headroom+n])
-	t.send(p, pp, b[:aadLen+len(sealed)])
+	// Sealed straight into the path's batch: no copy of the plaintext.
+	copy(dg[:aadLen], b[:aadLen])
+	ls.s.Seal(dg[aadLen:aadLen], b[greLen:aadLen], b[:aadLen], b[aadLen:headroom+n])
+}
+
+// maxBatch is the most packets one device read or one path's send carries, and maxGSO the
+// most bytes of datagrams one send carries (a UDP datagram's limit, less headers).
+const (
+	maxBatch = 64
+	maxGSO   = 65000
+)
+
+// pathTx is the datagrams queued on one path during a device batch: packed back to back, all
+// seg bytes long but the last, as UDP segmentation offload takes them. Only the device reader
+// touches it.
+type pathTx struct {
+	buf    []byte
+	n, cnt int
+	seg    int
+	closed bool // the last datagram was shorter than seg: nothing may follow it
+	queued bool // on txState.pending
+}
+
+// txState is the device reader's queue of paths with datagrams to send.
+type txState struct {
+	pending []pathRef
+}
+
+type pathRef struct {
+	p  *peer
+	pp *peerPath
+}
+
+// reserve returns room for a datagram of size bytes at the end of pp's queue, sending the
+// queue first when the datagram cannot join it.
+func (tx *txState) reserve(t *Tunnel, p *peer, pp *peerPath, size int) []byte {
+	q := &pp.tx
+	if q.cnt > 0 && (size > q.seg || q.closed || q.cnt == maxBatch || q.n+size > maxGSO) {
+		t.flushPath(p, pp)
+	}
+	if q.buf == nil {
+		q.buf = make([]byte, maxGSO+t.pktSize)
+	}
+	if q.cnt == 0 {
+		q.seg, q.closed = size, false
+	} else if size < q.seg {
+		q.closed = true
+	}
+	if !q.queued {
+		q.queued = true
+		tx.pending = append(tx.pending, pathRef{p, pp})
+	}
+	dg := q.buf[q.n : q.n+size]
+	q.n += size
+	q.cnt++
+	return dg
+}
+
+// flush sends what every path has queued.
+func (tx *txState) flush(t *Tunnel) {
+	for _, r := range tx.pending {
+		t.flushPath(r.p, r.pp)
+		r.pp.tx.queued = false
+	}
+	tx.pending = tx.pending[:0]
+}
+
+// flushPath sends pp's queue in one system call when the socket can segment, and counts it.
+func (t *Tunnel) flushPath(p *peer, pp *peerPath) {
+	q := &pp.tx
+	if q.cnt == 0 {
+		return
+	}
+	b := q.buf[:q.n]
+	var err error
+	if bc, ok := pp.up.conn.(BatchConn); ok && q.cnt > 1 {
+		err = bc.SendSegments(b, q.seg, pp.remote)
+	} else {
+		for off := 0; off < len(b); off += q.seg {
+			if e := pp.up.conn.Send(b[off:min(off+q.seg, len(b))], pp.remote); e != nil && err == nil {
+				err = e
+			}
+		}
+	}
+	if err != nil {
+		pp.txDrops.Add(uint64(q.cnt))
+		t.stats.DropSend.Add(uint64(q.cnt))
+	} else {
+		pp.txPackets.Add(uint64(q.cnt))
+		pp.txBytes.Add(uint64(q.n))
+		t.stats.TxPackets.Add(uint64(q.cnt))
+		t.stats.TxBytes.Add(uint64(q.n))
+		p.mu.Lock()
+		pp.est.OnSendBatch(t.now(), q.n, q.cnt)
+		p.mu.Unlock()
+	}
+	q.n, q.cnt, q.closed = 0, 0, false
 }
 
 // send writes one datagram on a path and counts it.
@@ -146,8 +259,8 @@ func (t *Tunnel) sendSealed(p *peer, pp *peerPath, typ uint8, encode func(b []by
 	if err != nil {
 		return false
 	}
-	pb := getBuf()
-	defer putBuf(pb)
+	pb := t.getBuf()
+	defer t.putBuf(pb)
 	b := pb.b
 	g := greBraid
 	g.Key = ls.s.RemoteIndex
@@ -175,82 +288,104 @@ func (t *Tunnel) sendClear(pp *peerPath, key uint32, typ uint8, msg []byte) {
 	}
 }
 
-// readUplink receives the datagrams of one uplink.
+// readUplink receives the datagrams of one uplink, several per system call when the socket
+// coalesces them (UDP GRO), and writes what they deliver to the device in one batch.
 func (t *Tunnel) readUplink(u *uplink) error {
-	pb := getBuf()
+	bc, batched := u.conn.(BatchConn)
+	buf, oob := make([]byte, 65536), make([]byte, 128)
+	ob := &outbox{}
 	for {
-		n, src, err := u.conn.ReadFromUDPAddrPort(pb.b)
+		var n, seg int
+		var src netip.AddrPort
+		var err error
+		if batched {
+			n, seg, src, err = bc.ReadSegments(buf, oob)
+		} else {
+			n, src, err = u.conn.ReadFromUDPAddrPort(buf)
+			seg = n
+		}
 		if err != nil {
-			putBuf(pb)
 			if t.closing.Load() {
 				return nil
 			}
 			return err
 		}
-		if t.receive(u, src, pb, n) {
-			pb = getBuf() // the reorder buffer kept it
+		for off := 0; off < n; off += max(seg, 1) {
+			t.receive(u, src, buf[off:min(off+seg, n)], ob)
 		}
+		ob.flush(t)
 	}
 }
 
-// receive handles one datagram; it reports whether it kept pb.
-func (t *Tunnel) receive(u *uplink, src netip.AddrPort, pb *packetBuf, n int) bool {
-	b := pb.b[:n]
+// receive handles one datagram b; what it delivers goes into ob.
+func (t *Tunnel) receive(u *uplink, src netip.AddrPort, b []byte, ob *outbox) {
+	n := len(b)
 	t.stats.RxPackets.Add(1)
 	t.stats.RxBytes.Add(uint64(n))
 	var g gre.Header
 	gl, err := g.Decode(b)
 	if err != nil || !g.KeyPresent || g.Protocol != gre.ProtoBraid || g.ChecksumPresent || g.SeqPresent {
 		t.stats.DropBadGRE.Add(1)
-		return false
+		return
 	}
 	var h mpath.Header
 	if _, err := h.Decode(b[gl:]); err != nil {
 		t.stats.DropBadHeader.Add(1)
-		return false
+		return
 	}
 	aadLen := gl + mpath.HeaderLen
 	body := b[aadLen:]
 	switch h.Type {
 	case mpath.TypeHandshakeInit:
 		t.onInit(u, src, body)
-		return false
+		return
 	case mpath.TypeHandshakeResp:
 		t.onResponse(g.Key, body)
-		return false
+		return
 	}
 	ref := t.sessionFor(g.Key)
 	if ref == nil || ref.s == nil {
 		t.stats.DropUnknownSession.Add(1)
-		return false
+		return
 	}
+	if n > t.pktSize {
+		t.stats.DropTooBig.Add(1) // larger than any path of ours carries
+		return
+	}
+	// The plaintext goes into a buffer of its own, at the same offset: the datagram's buffer
+	// is the next datagram's.
+	pb := t.getBuf()
 	var pt []byte
 	switch {
 	case h.Flags&mpath.FlagClear == 0:
-		pt, err = ref.s.Open(body[:0], h.Counter, b[gl:aadLen], b[:aadLen], body)
+		pt, err = ref.s.Open(pb.b[aadLen:aadLen], h.Counter, b[gl:aadLen], b[:aadLen], body)
 	case !t.o.Cleartext:
+		t.putBuf(pb)
 		t.stats.DropCleartext.Add(1)
-		return false
+		return
 	case len(body) < session.Overhead:
 		err = session.ErrCiphertext
 	default:
-		end := len(b) - session.Overhead
-		err = ref.s.Verify(h.Counter, b[gl:aadLen], b[:end], b[end:])
-		pt = b[aadLen:end]
+		end := n - session.Overhead
+		if err = ref.s.Verify(h.Counter, b[gl:aadLen], b[:end], b[end:]); err == nil {
+			pt = pb.b[aadLen : aadLen+copy(pb.b[aadLen:], b[aadLen:end])]
+		}
 	}
-	switch {
-	case errors.Is(err, session.ErrReplay):
-		t.stats.DropReplay.Add(1)
-		return false
-	case err != nil:
-		t.stats.DropAuth.Add(1)
-		return false
+	if err != nil {
+		t.putBuf(pb)
+		if errors.Is(err, session.ErrReplay) {
+			t.stats.DropReplay.Add(1)
+		} else {
+			t.stats.DropAuth.Add(1)
+		}
+		return
 	}
 	p := ref.peer
 	pp := p.pathFrom(u, src)
 	if pp == nil {
+		t.putBuf(pb)
 		t.stats.DropUnknownPath.Add(1)
-		return false
+		return
 	}
 	now := t.now()
 	p.mu.Lock()
@@ -263,21 +398,24 @@ func (t *Tunnel) receive(u *uplink, src netip.AddrPort, pb *packetBuf, n int) bo
 	pp.rxBytes += uint64(n)
 	pp.rxPackets++
 	p.mu.Unlock()
+	if h.Type == mpath.TypeData {
+		t.deliver(p, now, pb, aadLen, pt, ob)
+		return
+	}
+	defer t.putBuf(pb)
 	switch h.Type {
-	case mpath.TypeData:
-		return t.deliver(p, now, pb, aadLen, pt)
 	case mpath.TypeProbe:
 		var pr mpath.Probe
 		if _, err := pr.Decode(pt); err != nil {
 			t.stats.DropBadHeader.Add(1)
-			return false
+			return
 		}
 		t.reply(p, pp, pr)
 	case mpath.TypeProbeReply:
 		var r mpath.ProbeReply
 		if _, err := r.Decode(pt); err != nil {
 			t.stats.DropBadHeader.Add(1)
-			return false
+			return
 		}
 		p.mu.Lock()
 		pp.est.OnReply(now, r.Seq, r.Timestamp, r.Hold, path.Feedback(r.Feedback))
@@ -287,15 +425,15 @@ func (t *Tunnel) receive(u *uplink, src netip.AddrPort, pb *packetBuf, n int) bo
 		var pr mpath.Probe
 		if _, err := pr.Decode(pt); err != nil {
 			t.stats.DropBadHeader.Add(1)
-			return false
+			return
 		}
 		ack := mpath.MTUAck{Seq: pr.Seq, Size: uint32(n)}
 		t.sendSealed(p, pp, mpath.TypeMTUAck, ack.Encode)
 	case mpath.TypeMTUAck:
 		var a mpath.MTUAck
-		if _, err := a.Decode(pt); err != nil || a.Size > bufSize {
+		if _, err := a.Decode(pt); err != nil || a.Size > 65535 {
 			t.stats.DropBadHeader.Add(1)
-			return false
+			return
 		}
 		p.mu.Lock()
 		pp.pmtu.OnAck(now, a.Seq, int(a.Size)+pp.outer)
@@ -303,47 +441,40 @@ func (t *Tunnel) receive(u *uplink, src netip.AddrPort, pb *packetBuf, n int) bo
 	case mpath.TypeFeedback:
 		// Feedback rides in probe replies for now; a lone one is accepted and ignored.
 	}
-	return false
 }
 
-// deliver writes an inner packet to the device, through the reorder buffer when it is on.
-func (t *Tunnel) deliver(p *peer, now int64, pb *packetBuf, off int, pt []byte) bool {
+// deliver passes an inner packet (in pb, which it takes) to ob, through the reorder buffer
+// when it is on.
+func (t *Tunnel) deliver(p *peer, now int64, pb *packetBuf, off int, pt []byte, ob *outbox) {
 	var pre mpath.DataPrefix
 	if _, err := pre.Decode(pt); err != nil {
+		t.putBuf(pb)
 		t.stats.DropBadHeader.Add(1)
-		return false
+		return
 	}
 	inner := pt[mpath.DataPrefixLen:]
 	if _, err := mpath.InnerVersion(inner); err != nil {
+		t.putBuf(pb)
 		t.stats.DropBadInner.Add(1)
-		return false
+		return
 	}
 	if src, ok := innerSrc(inner); !ok || !p.accepts(src) {
+		t.putBuf(pb)
 		t.stats.DropSpoofed.Add(1)
-		return false
+		return
 	}
 	pb.off, pb.n = off+mpath.DataPrefixLen, len(inner)
 	if p.rb == nil {
-		t.write(inner)
-		return false
+		ob.add(pb)
+		return
 	}
 	p.mu.Lock()
 	out := p.rb.Push(now, pre.Seq, len(inner), pb, p.released[:0])
 	p.released = out[:0]
-	p.mu.Unlock()
-	kept := false
 	for _, r := range out {
-		t.write(r.packet())
-		if r == pb {
-			kept = true // written already: the caller may reuse it
-			continue
-		}
-		putBuf(r)
+		ob.add(r)
 	}
-	if kept {
-		return false
-	}
-	return true
+	p.mu.Unlock()
 }
 
 // sleep waits d nanoseconds with the kernel's timer precision; the runtime's timers can be a
@@ -353,12 +484,40 @@ func sleep(d int64) {
 	unix.Nanosleep(&ts, nil)
 }
 
-func (t *Tunnel) write(pkt []byte) {
-	if _, err := t.o.Device.Write(pkt); err != nil {
-		t.stats.DropDevice.Add(1)
+// outbox gathers the inner packets one goroutine delivers, to write them to the device in one
+// batch (joined into super-packets where the device takes them).
+type outbox struct {
+	bufs []*packetBuf
+	pkts [][]byte
+}
+
+func (ob *outbox) add(pb *packetBuf) {
+	ob.bufs = append(ob.bufs, pb)
+	ob.pkts = append(ob.pkts, pb.packet())
+}
+
+// flush writes what ob holds and returns the buffers to the pool.
+func (ob *outbox) flush(t *Tunnel) {
+	if len(ob.pkts) == 0 {
 		return
 	}
-	t.stats.Delivered.Add(1)
+	if bd, ok := t.o.Device.(BatchDevice); ok {
+		if err := bd.WriteBatch(ob.pkts); err != nil {
+			t.stats.DropDevice.Add(1)
+		}
+	} else {
+		for _, p := range ob.pkts {
+			if _, err := t.o.Device.Write(p); err != nil {
+				t.stats.DropDevice.Add(1)
+			}
+		}
+	}
+	t.stats.Delivered.Add(uint64(len(ob.pkts)))
+	for i, pb := range ob.bufs {
+		t.putBuf(pb)
+		ob.bufs[i], ob.pkts[i] = nil, nil
+	}
+	ob.bufs, ob.pkts = ob.bufs[:0], ob.pkts[:0]
 }
 
 // reply answers a probe on the path it came by.
@@ -459,6 +618,7 @@ func (t *Tunnel) timers(ctx context.Context) {
 	defer tick.Stop()
 	var released []*packetBuf
 	rtts := make([]reorder.PathRTT, 0, 8)
+	ob := &outbox{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -500,9 +660,9 @@ func (t *Tunnel) timers(ctx context.Context) {
 			released = p.rb.Expire(now, released[:0])
 			p.mu.Unlock()
 			for _, r := range released {
-				t.write(r.packet())
-				putBuf(r)
+				ob.add(r)
 			}
+			ob.flush(t)
 		}
 		t.updateMTU()
 	}

@@ -68,6 +68,7 @@ type peerPath struct {
 	admin    bool // operator set it down
 	outer    int  // outer IP and UDP header bytes: 28 on IPv4, 48 on IPv6
 	pmtu     *path.PMTU
+	tx       pathTx // datagrams queued by the device reader (its goroutine only)
 
 	// measured capacity, when none is configured: fed one sample per delivery-rate window
 	capEst  *sched.Capacity

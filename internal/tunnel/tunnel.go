@@ -33,6 +33,28 @@ type Device interface {
 	Close() error
 }
 
+// BatchDevice is a Device that moves several packets per system call: a TUN device with
+// offloads. The tunnel uses it when the device has it.
+type BatchDevice interface {
+	// ReadBatch reads packets into bufs[i][offset:], up to len(bufs), with their lengths in
+	// sizes, and returns how many: possibly 0 (a packet the device could not split, which it
+	// counts).
+	ReadBatch(bufs [][]byte, offset int, sizes []int) (int, error)
+	// WriteBatch writes pkts in order, joining what it can; safe for concurrent use.
+	WriteBatch(pkts [][]byte) error
+}
+
+// BatchConn is a Conn that sends and receives several datagrams per system call (UDP
+// segmentation and coalescing offloads). The tunnel uses it when the socket has it.
+type BatchConn interface {
+	// SendSegments sends the datagrams packed in b, each seg bytes but the last (which may be
+	// shorter), to dst; like Send it never blocks.
+	SendSegments(b []byte, seg int, dst netip.AddrPort) error
+	// ReadSegments reads into b what arrived from one source: n bytes of datagrams of seg
+	// bytes each but the last. oob is scratch for the kernel's control message.
+	ReadSegments(b, oob []byte) (n, seg int, src netip.AddrPort, err error)
+}
+
 // Conn is one uplink's UDP socket. Send never blocks: a full buffer is an error the tunnel
 // counts as a drop on that path.
 type Conn interface {
@@ -112,9 +134,14 @@ type Tunnel struct {
 
 	mu       sync.Mutex // guards sessions
 	sessions map[uint32]*sessionRef
+	// sessionsRO is a copy of sessions for the receive loops (publishSessions).
+	sessionsRO atomic.Pointer[map[uint32]*sessionRef]
 
 	stats Counters
-	mtu   atomic.Int64 // the tunnel MTU now: the largest inner packet sent
+	bufs  sync.Pool // *packetBuf of pktSize bytes
+	// pktSize is the largest datagram a path of ours can carry, and then some.
+	pktSize int
+	mtu     atomic.Int64 // the tunnel MTU now: the largest inner packet sent
 	// mtuWarned: the log has said that a path carries less than the tunnel MTU can follow
 	// (timers goroutine only).
 	mtuWarned bool
@@ -153,6 +180,11 @@ func New(o Options) (*Tunnel, error) {
 	if o.MTU < 576 || o.MTU > 65535-Overhead-48 {
 		return nil, fmt.Errorf("tunnel: MTU %d outside 576..%d", o.MTU, 65535-Overhead-48)
 	}
+	for _, u := range o.Uplinks {
+		if u.MTU < 0 || u.MTU > 65535 {
+			return nil, fmt.Errorf("tunnel: uplink %s: MTU %d outside 0..65535", u.Name, u.MTU)
+		}
+	}
 	o.Path = o.Path.WithDefaults()
 	if err := o.Path.Validate(); err != nil {
 		return nil, fmt.Errorf("tunnel: %w", err)
@@ -173,6 +205,14 @@ func New(o Options) (*Tunnel, error) {
 		t.log = slog.New(slog.DiscardHandler)
 	}
 	t.mtu.Store(int64(o.MTU))
+	// Buffers hold the largest datagram any uplink can receive (a peer's packets are at most
+	// its path MTU), and our own largest packet with its headers.
+	t.pktSize = o.MTU + Overhead + 48
+	for _, u := range o.Uplinks {
+		t.pktSize = max(t.pktSize, u.MTU)
+	}
+	t.pktSize += 64
+	t.bufs.New = func() any { return &packetBuf{b: make([]byte, t.pktSize)} }
 	for _, u := range o.Uplinks {
 		if _, dup := t.uplinks[u.Name]; dup {
 			return nil, fmt.Errorf("tunnel: uplink %q twice", u.Name)
@@ -251,6 +291,7 @@ func (t *Tunnel) reserveIndex(p *peer) uint32 {
 		idx := randUint32()
 		if _, used := t.sessions[idx]; idx != 0 && !used {
 			t.sessions[idx] = &sessionRef{peer: p}
+			t.publishSessions()
 			return idx
 		}
 	}
@@ -259,19 +300,32 @@ func (t *Tunnel) reserveIndex(p *peer) uint32 {
 func (t *Tunnel) setSession(idx uint32, s *session.Session, p *peer) {
 	t.mu.Lock()
 	t.sessions[idx] = &sessionRef{s: s, peer: p}
+	t.publishSessions()
 	t.mu.Unlock()
 }
 
 func (t *Tunnel) dropIndex(idx uint32) {
 	t.mu.Lock()
 	delete(t.sessions, idx)
+	t.publishSessions()
 	t.mu.Unlock()
 }
 
+// publishSessions makes a copy of the sessions the receive loops read without a lock: they
+// change a few times per peer every two minutes, and are read for every packet. t.mu is held.
+func (t *Tunnel) publishSessions() {
+	m := make(map[uint32]*sessionRef, len(t.sessions))
+	for k, v := range t.sessions {
+		m[k] = v
+	}
+	t.sessionsRO.Store(&m)
+}
+
 func (t *Tunnel) sessionFor(idx uint32) *sessionRef {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.sessions[idx]
+	if m := t.sessionsRO.Load(); m != nil {
+		return (*m)[idx]
+	}
+	return nil
 }
 
 // greBraid is the GRE header of every braid-mode packet but the key.

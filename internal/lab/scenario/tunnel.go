@@ -33,14 +33,19 @@ func StartTunnel(ctx context.Context, h *lab.Host, inner []netip.Prefix, locals 
 	}
 	for _, a := range locals {
 		var c *sock.Conn
-		if err := h.NS.Do(func() (err error) { c, err = sock.Listen(netip.AddrPortFrom(a, TunnelPort), ""); return err }); err != nil {
+		if err := h.NS.Do(func() (err error) {
+			if c, err = sock.Listen(netip.AddrPortFrom(a, TunnelPort), ""); err == nil {
+				c.EnableGRO()
+			}
+			return err
+		}); err != nil {
 			closeAll()
 			return nil, nil, err
 		}
 		o.Uplinks = append(o.Uplinks, tunnel.Uplink{Name: a.String(), Conn: c})
 	}
 	var dev *tun.Device
-	if err := h.NS.Do(func() (err error) { dev, err = tun.Open("braid0"); return err }); err != nil {
+	if err := h.NS.Do(func() (err error) { dev, err = tun.OpenOffload("braid0"); return err }); err != nil {
 		closeAll()
 		return nil, nil, err
 	}

@@ -621,9 +621,12 @@ func (e *Estimator) OnReceive(now int64, bytes int) {
 }
 
 // OnSend records a packet of bytes bytes (probes included) sent on this path.
-func (e *Estimator) OnSend(now int64, bytes int) {
+func (e *Estimator) OnSend(now int64, bytes int) { e.OnSendBatch(now, bytes, 1) }
+
+// OnSendBatch records packets packets of bytes bytes in all sent on this path.
+func (e *Estimator) OnSendBatch(now int64, bytes, packets int) {
 	e.bytesSent += uint64(bytes)
-	e.pktsSent++
+	e.pktsSent += uint64(packets)
 }
 
 // Tick counts timed-out probes as lost and runs the state machine at now: an Up path not heard
