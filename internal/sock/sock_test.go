@@ -17,7 +17,9 @@ func listenLoop(t *testing.T) *Conn {
 	return c
 }
 
-func addr(c *Conn) netip.AddrPort { return c.LocalAddr().(interface{ AddrPort() netip.AddrPort }).AddrPort() }
+func addr(c *Conn) netip.AddrPort {
+	return c.LocalAddr().(interface{ AddrPort() netip.AddrPort }).AddrPort()
+}
 
 // Ten datagrams leave in one SendSegments call and arrive as ten datagrams of the right sizes
 // and contents, whether the receiver coalesces (one read, seg = 1000) or not (ten reads).
