@@ -22,6 +22,7 @@ import (
 	"braid/internal/tunnel"
 	"braid/internal/tunnel/path"
 	"braid/internal/tunnel/reorder"
+	"braid/internal/tunnel/session"
 
 	"github.com/vishvananda/netlink"
 )
@@ -322,24 +323,24 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 	return run(ctx)
 }
 
+// cipherSet is the set of transport ciphers the site file allows: one, or "" for those this
+// machine runs fast.
+func cipherSet(name string) session.Ciphers {
+	if c, err := session.ParseCipher(name); err == nil {
+		return session.Only(c)
+	}
+	return session.Fast()
+}
+
 func braidOptions(cfg *config.Tunnel, dev tunnel.Device, mtu int, uplinks []tunnel.Uplink, byName map[string]config.Uplink, log *slog.Logger) tunnel.Options {
 	o := tunnel.Options{
 		PrivateKey: cfg.Braid.PrivateKey, Device: dev, MTU: mtu, Logger: log, Uplinks: uplinks,
 		Path:    path.Config{ProbeInterval: cfg.Braid.ProbeInterval, DownAfter: cfg.Braid.DownAfter},
 		Reorder: cfg.Braid.Reorder.Enabled, Cleartext: !cfg.Braid.Encryption,
+		Ciphers: cipherSet(cfg.Braid.Cipher),
 		ReorderCfg: reorder.Config{MaxPackets: cfg.Braid.Reorder.MaxPackets, MaxBytes: cfg.Braid.Reorder.MaxBytes,
 			MaxHold: cfg.Braid.Reorder.MaxHold},
 		Scheduler: string(cfg.Scheduler),
-	}
-	if cfg.Scheduler == config.SchedulerPaced {
-		for _, u := range cfg.Uplinks {
-			if u.Capacity == 0 {
-				// Pacing at a guessed rate would cap a faster uplink at the guess.
-				log.Warn("paced scheduling needs the capacity of every uplink; using weighted round robin", "uplink", u.Name)
-				o.Scheduler = string(config.SchedulerWRR)
-				break
-			}
-		}
 	}
 	for _, p := range cfg.Peers {
 		pc := tunnel.PeerConfig{Name: p.Name, PublicKey: p.PublicKey, Routes: p.Routes}

@@ -182,6 +182,10 @@ type BraidSettings struct {
 	// already protected below, where the cipher's CPU is better spent elsewhere. Control
 	// messages and handshakes are always sealed.
 	Encryption bool
+	// Cipher is the transport cipher: "" (auto: AES-256-GCM where both sites' CPUs have AES
+	// instructions, ChaCha20-Poly1305 otherwise), or one of session's cipher names, which
+	// this site then insists on.
+	Cipher string
 }
 
 // Reorder bounds each peer's reorder buffer at the receiver.
@@ -396,6 +400,7 @@ type fileTunnel struct {
 	DownAfter         any          `toml:"down_after"`
 	Reorder           *bool        `toml:"reorder"`
 	Encryption        *bool        `toml:"encryption"`
+	Cipher            *string      `toml:"cipher"`
 	ReorderMaxPackets *int64       `toml:"reorder_max_packets"`
 	ReorderMaxBytes   any          `toml:"reorder_max_bytes"`
 	ReorderMaxHold    any          `toml:"reorder_max_hold"`
@@ -495,6 +500,7 @@ func (l *loader) tunnel(f *fileTunnel) *Tunnel {
 			{"down_after", f.DownAfter != nil},
 			{"reorder", f.Reorder != nil},
 			{"encryption", f.Encryption != nil},
+			{"cipher", f.Cipher != nil},
 			{"reorder_max_packets", f.ReorderMaxPackets != nil},
 			{"reorder_max_bytes", f.ReorderMaxBytes != nil},
 			{"reorder_max_hold", f.ReorderMaxHold != nil},
@@ -552,6 +558,13 @@ func (l *loader) braid(b *BraidSettings, f *fileTunnel) {
 	}
 	if f.Encryption != nil {
 		b.Encryption = *f.Encryption
+	}
+	if f.Cipher != nil && *f.Cipher != "auto" {
+		if _, err := session.ParseCipher(*f.Cipher); err != nil {
+			l.fail(obj, p+"cipher", "cipher %q: want auto, chacha20-poly1305 or aes-256-gcm", *f.Cipher)
+		} else {
+			b.Cipher = *f.Cipher
+		}
 	}
 	if f.ReorderMaxPackets != nil {
 		b.Reorder.MaxPackets = l.int(obj, p+"reorder_max_packets", "reorder_max_packets", *f.ReorderMaxPackets)

@@ -36,12 +36,13 @@ type CapacityConfig struct {
 	LossyShare float64
 }
 
-// Defaults returns c with zero fields set: 10 Mbit/s at first, the maximum of 10 samples,
-// gains 2 (startup), at most 1.25 (probe), 0.75 (drain) and 0.98 (cruise), cycles of 8, busy at 90 % of the pacing rate or when
-// less than 85 % of what was sent arrives.
+// Defaults returns c with zero fields set: 100 Mbit/s at first (a path is not held back much
+// before it is measured), the maximum of 10 samples, gains 2 (startup), at most 1.25 (probe),
+// 0.75 (drain) and 0.98 (cruise), cycles of 8, busy at 90 % of the pacing rate or when less
+// than 90 % of what was sent arrives.
 func (c CapacityConfig) Defaults() CapacityConfig {
 	if c.Initial == 0 {
-		c.Initial = 10e6
+		c.Initial = 100e6
 	}
 	if c.Window == 0 {
 		c.Window = 10
@@ -65,7 +66,7 @@ func (c CapacityConfig) Defaults() CapacityConfig {
 		c.BusyShare = 0.9
 	}
 	if c.LossyShare == 0 {
-		c.LossyShare = 0.85
+		c.LossyShare = 0.9
 	}
 	return c
 }
@@ -236,21 +237,12 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 	case PhaseDrain:
 		c.phase, c.cycle = PhaseCruise, c.cfg.CycleLength-1
 	case PhaseCruise:
-		// A round trip well above the path's minimum means a standing queue: the estimate
-		// is a little above the path's rate (samples are noisy and the estimate is their
-		// maximum). If the path was busy, what it delivered is its rate: the estimate and
-		// the samples it remembers come down to it, by at most a tenth per sample. Drain the
-		// queue in the next sample, and probe only a cycle later.
+		// A round trip well above the path's minimum may be a standing queue (the estimate a
+		// little above the path's rate: it is the maximum of noisy samples): drain in the
+		// next sample, and probe only a cycle later. The estimate itself is left alone: a
+		// round trip also grows when either site's CPU is busy, and lowering the rate on
+		// that signal would starve a path that is not full.
 		if minRTT > 0 && rtt > minRTT+max(minQueue, minRTT/4) {
-			if busy { // the path was full: what it delivered is its rate
-				// At most a tenth per sample, though: a round trip also grows when the
-				// peer's CPU is busy, and what it delivered then says little about the path.
-				floor := max(delivered, c.est*(1-maxQueueCut))
-				for i := range c.samples[:c.filled] {
-					c.samples[i] = min(c.samples[i], floor)
-				}
-				c.est = floor
-			}
 			c.cycle, c.found, c.excess = 1, 0, max(c.excess, queueDrain)
 			return
 		}
@@ -278,9 +270,8 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 // A round trip minQueue (or a quarter) above the minimum is a standing queue; the sample
 // after drains it at least queueDrain below the estimate.
 const (
-	minQueue    = int64(2e6)
-	queueDrain  = 0.05
-	maxQueueCut = 0.1
+	minQueue   = int64(2e6)
+	queueDrain = 0.05
 )
 
 // probeExcess is how far above the estimate one sample window probes: what a queue of half a

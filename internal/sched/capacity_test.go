@@ -39,7 +39,7 @@ func TestCapacityFindsTheRate(t *testing.T) {
 		if c.Phase() != PhaseCruise {
 			t.Fatalf("capacity %.0f: still in %v after %d samples", capacity, c.Phase(), n)
 		}
-		// Doubling from 10 Mbit/s reaches 10 Gbit/s in 10 samples; 4 more find the end.
+		// Doubling from 100 Mbit/s reaches 10 Gbit/s in 7 samples; a few more find the end.
 		if n > 16 {
 			t.Errorf("capacity %.0f: %d samples to leave startup", capacity, n)
 		}
@@ -120,9 +120,9 @@ func TestCapacityFollowsARise(t *testing.T) {
 
 func TestCapacityRaisedByLightTraffic(t *testing.T) {
 	c := newCap(t)
-	c.OnSample(50e6, 50e6, window, rtt, rtt) // more than the 10 Mbit/s guess arrived: the path carries that much
-	if c.Estimate() != 50e6 {
-		t.Fatalf("estimate %.0f, want 50e6", c.Estimate())
+	c.OnSample(150e6, 150e6, window, rtt, rtt) // more than the 100 Mbit/s guess arrived: the path carries that much
+	if c.Estimate() != 150e6 {
+		t.Fatalf("estimate %.0f, want 150e6", c.Estimate())
 	}
 }
 
@@ -134,7 +134,7 @@ func TestCapacityIgnoresBadSamples(t *testing.T) {
 	c.OnSample(50e6, 50e6, 0, rtt, rtt)
 	c.OnSample(50e6, 50e6, window, -1, rtt)
 	c.OnSample(50e6, 50e6, window, rtt, -1)
-	if c.Estimate() != 10e6 || c.Phase() != PhaseStartup {
+	if c.Estimate() != 100e6 || c.Phase() != PhaseStartup {
 		t.Fatalf("estimate %.0f phase %v after bad samples", c.Estimate(), c.Phase())
 	}
 }
@@ -204,22 +204,17 @@ func TestCapacityDrainsAStandingQueue(t *testing.T) {
 	}
 }
 
-// A queued sample brings the estimate down to what the path delivered, but by at most a tenth
-// at a time: a peer starved of CPU must not make a path look ten times slower at once.
-func TestCapacityQueueCutIsBounded(t *testing.T) {
+// A queued sample does not lower the estimate (a busy CPU also delays probes), it drains.
+func TestCapacityQueueLeavesEstimate(t *testing.T) {
 	c := newCap(t)
 	for c.Phase() != PhaseCruise {
 		step(c, 100e6, math.Inf(1))
 	}
 	est := c.Estimate()
-	c.OnSample(10e6, est, window, rtt+10*int64(1e6), rtt) // busy, queued, delivered a tenth
-	if got := c.Estimate(); !within(got, 0.9*est, 0.001) {
-		t.Fatalf("estimate %.0f after one queued sample, want %.0f", got, 0.9*est)
+	for range 30 { // busy and queued, delivering what was sent
+		c.OnSample(0.95*est, 0.95*est, window, rtt+10*int64(1e6), rtt)
 	}
-	for range 30 {
-		c.OnSample(10e6, c.Estimate(), window, rtt+10*int64(1e6), rtt)
-	}
-	if got := c.Estimate(); !within(got, 10e6, 0.01) {
-		t.Fatalf("estimate %.0f after a long queue at 10e6, want 10e6", got)
+	if got := c.Estimate(); got < 0.95*est {
+		t.Fatalf("estimate %.0f after queued samples at %.0f, want no lower", got, 0.95*est)
 	}
 }

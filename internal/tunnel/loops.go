@@ -564,10 +564,14 @@ func (t *Tunnel) onInit(u *uplink, src netip.AddrPort, msg []byte) {
 	}
 	p.lastInit = in.Timestamp
 	idx := t.reserveIndex(p)
-	resp, keys, err := in.Respond(idx)
+	resp, keys, err := in.Respond(idx, t.o.Ciphers)
 	if err != nil {
 		t.dropIndex(idx)
 		p.mu.Unlock()
+		t.stats.DropHandshake.Add(1)
+		if errors.Is(err, session.ErrNoCipher) && !p.cipherWarned.Swap(true) {
+			t.log.Warn("handshake refused: no cipher both sites accept", "peer", p.name, "offered", in.Offer, "accepted", t.o.Ciphers)
+		}
 		return
 	}
 	s := session.New(keys, idx, in.SenderIndex)

@@ -46,9 +46,11 @@ type peer struct {
 	hsIndex  uint32
 	hsSent   int64
 	lastInit session.Timestamp // newest initiation accepted from the peer
-	rb       *reorder.Buffer[*packetBuf]
-	released []*packetBuf
-	outer    int // outer IP and UDP header bytes: 28, or 48 when a path is IPv6
+	// cipherWarned: the log has said that the peer offers no cipher this side accepts.
+	cipherWarned atomic.Bool
+	rb           *reorder.Buffer[*packetBuf]
+	released     []*packetBuf
+	outer        int // outer IP and UDP header bytes: 28, or 48 when a path is IPv6
 }
 
 // liveSession is a session with its birth time.
@@ -279,7 +281,7 @@ func (p *peer) handshake(now int64) {
 		p.t.dropIndex(p.hsIndex)
 	}
 	idx := p.t.reserveIndex(p)
-	hs, msg, err := session.Initiate(p.t.priv, p.pub, idx, time.Now())
+	hs, msg, err := session.Initiate(p.t.priv, p.pub, idx, p.t.o.Ciphers, time.Now())
 	if err != nil {
 		p.t.dropIndex(idx)
 		p.mu.Unlock()

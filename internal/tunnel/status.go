@@ -48,6 +48,7 @@ type PeerStatus struct {
 	Name        string
 	Session     bool
 	SessionAge  time.Duration
+	Cipher      string `json:",omitempty"` // of the current session
 	ReorderHold time.Duration
 	Paths       []PathStatus
 }
@@ -82,7 +83,7 @@ func (t *Tunnel) Status() Status {
 	for _, p := range t.peers {
 		ps := PeerStatus{Name: p.name}
 		if cur := p.cur.Load(); cur != nil {
-			ps.Session, ps.SessionAge = true, time.Duration(now-cur.created)
+			ps.Session, ps.SessionAge, ps.Cipher = true, time.Duration(now-cur.created), cur.s.Cipher.String()
 		}
 		p.mu.Lock()
 		if p.rb != nil {

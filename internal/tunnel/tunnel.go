@@ -108,6 +108,10 @@ type Options struct {
 	// clear (FlagClear), and such packets from peers are accepted. Control messages stay
 	// sealed. Without it, clear data packets are refused (counted as drop_cleartext).
 	Cleartext bool
+	// Ciphers are the transport ciphers this side offers and accepts; 0 means those this
+	// machine runs fast (session.Fast). The responder of a handshake picks the best both
+	// accept.
+	Ciphers   session.Ciphers
 	Scheduler string // "paced" (default), "wrr", "minrtt"
 	// CapacityCfg tunes the capacity estimator of paths with no configured capacity.
 	CapacityCfg sched.CapacityConfig
@@ -192,6 +196,12 @@ func New(o Options) (*Tunnel, error) {
 	o.ReorderCfg = o.ReorderCfg.Defaults()
 	if err := o.ReorderCfg.Validate(); err != nil {
 		return nil, fmt.Errorf("tunnel: %w", err)
+	}
+	if o.Ciphers == 0 {
+		o.Ciphers = session.Fast()
+	}
+	if o.Ciphers&^session.AllCiphers != 0 {
+		return nil, fmt.Errorf("tunnel: unknown ciphers %#x", uint8(o.Ciphers))
 	}
 	o.CapacityCfg = o.CapacityCfg.Defaults()
 	if err := o.CapacityCfg.Validate(); err != nil {

@@ -21,21 +21,24 @@ const (
 
 // Handshake message sizes.
 const (
-	// InitLen: ephemeral | sealed static | sealed (timestamp | sender index)
-	InitLen = KeyLen + (KeyLen + tagLen) + (tsLen + 4 + tagLen)
-	// ResponseLen: receiver index (clear) | ephemeral | sealed sender index
-	ResponseLen = 4 + KeyLen + (4 + tagLen)
+	// InitLen: ephemeral | sealed static | sealed (timestamp | sender index | ciphers offered)
+	InitLen = KeyLen + (KeyLen + tagLen) + (tsLen + 4 + 1 + tagLen)
+	// ResponseLen: receiver index (clear) | ephemeral | sealed (sender index | cipher chosen)
+	ResponseLen = 4 + KeyLen + (4 + 1 + tagLen)
 )
 
 // Handshake errors.
 var (
 	ErrHandshake = errors.New("session: handshake message does not authenticate")
 	ErrLength    = errors.New("session: handshake message has the wrong length")
+	ErrNoCipher  = errors.New("session: no transport cipher both sides accept")
 )
 
-// Keys are the two transport keys of a session, as seen by one side.
+// Keys are the two transport keys of a session, as seen by one side, and the cipher the
+// handshake agreed on.
 type Keys struct {
 	Send, Recv [KeyLen]byte
+	Cipher     Cipher
 }
 
 // symmetric is Noise's SymmetricState with its CipherState.
@@ -143,21 +146,25 @@ type Initiator struct {
 	remote PublicKey
 	eph    PrivateKey
 	index  uint32
+	offer  Ciphers
 }
 
 // Initiate starts a handshake from local to the peer whose static key is remote. index is the
-// initiator's receiver index for the new session. It returns the initiation message (InitLen
-// bytes) to send.
-func Initiate(local PrivateKey, remote PublicKey, index uint32, now time.Time) (*Initiator, []byte, error) {
+// initiator's receiver index for the new session, offer the transport ciphers it accepts (the
+// responder chooses). It returns the initiation message (InitLen bytes) to send.
+func Initiate(local PrivateKey, remote PublicKey, index uint32, offer Ciphers, now time.Time) (*Initiator, []byte, error) {
 	eph, err := GenerateKey()
 	if err != nil {
 		return nil, nil, err
 	}
-	return initiate(local, remote, eph, index, now)
+	return initiate(local, remote, eph, index, offer, now)
 }
 
-func initiate(local PrivateKey, remote PublicKey, eph PrivateKey, index uint32, now time.Time) (*Initiator, []byte, error) {
-	in := &Initiator{sym: newSymmetric(), local: local, remote: remote, eph: eph, index: index}
+func initiate(local PrivateKey, remote PublicKey, eph PrivateKey, index uint32, offer Ciphers, now time.Time) (*Initiator, []byte, error) {
+	if offer&AllCiphers == 0 {
+		return nil, nil, ErrNoCipher
+	}
+	in := &Initiator{sym: newSymmetric(), local: local, remote: remote, eph: eph, index: index, offer: offer & AllCiphers}
 	s := in.sym
 	s.mixHash(remote[:]) // pre-message: <- s
 	msg := make([]byte, 0, InitLen)
@@ -176,16 +183,17 @@ func initiate(local PrivateKey, remote PublicKey, eph PrivateKey, index uint32, 
 		return nil, nil, err
 	}
 	s.mixKey(ss[:])
-	var payload [tsLen + 4]byte
+	var payload [tsLen + 4 + 1]byte
 	ts := NewTimestamp(now)
 	copy(payload[:], ts[:])
 	binary.BigEndian.PutUint32(payload[tsLen:], index)
+	payload[tsLen+4] = byte(in.offer)
 	msg = s.encryptAndHash(msg, payload[:])
 	return in, msg, nil
 }
 
 // Finish consumes the responder's message and returns the session keys and the responder's
-// receiver index.
+// receiver index. A response that chose a cipher the initiator did not offer is refused.
 func (in *Initiator) Finish(resp []byte) (Keys, uint32, error) {
 	if len(resp) != ResponseLen {
 		return Keys{}, 0, ErrLength
@@ -211,8 +219,12 @@ func (in *Initiator) Finish(resp []byte) (Keys, uint32, error) {
 	if err != nil {
 		return Keys{}, 0, err
 	}
+	chosen := Cipher(payload[4])
+	if !chosen.valid() || in.offer&chosen.bit() == 0 {
+		return Keys{}, 0, ErrNoCipher
+	}
 	k1, k2 := s.split()
-	return Keys{Send: k1, Recv: k2}, binary.BigEndian.Uint32(payload), nil
+	return Keys{Send: k1, Recv: k2, Cipher: chosen}, binary.BigEndian.Uint32(payload), nil
 }
 
 // Initiation is a verified initiation message, not yet answered.
@@ -220,6 +232,7 @@ type Initiation struct {
 	Peer        PublicKey // the initiator's static key: look it up before answering
 	Timestamp   Timestamp // refuse it unless it is after the peer's last one
 	SenderIndex uint32    // the initiator's receiver index
+	Offer       Ciphers   // the transport ciphers the initiator accepts
 	sym         *symmetric
 	local       PrivateKey
 	re          PublicKey
@@ -258,22 +271,28 @@ func Receive(local PrivateKey, msg []byte) (*Initiation, error) {
 	if err != nil {
 		return nil, err
 	}
-	in := &Initiation{Peer: rs, sym: s, local: local, re: re, SenderIndex: binary.BigEndian.Uint32(payload[tsLen:])}
+	in := &Initiation{Peer: rs, sym: s, local: local, re: re, SenderIndex: binary.BigEndian.Uint32(payload[tsLen:]),
+		Offer: Ciphers(payload[tsLen+4]) & AllCiphers}
 	copy(in.Timestamp[:], payload[:tsLen])
 	return in, nil
 }
 
 // Respond answers a verified initiation; index is the responder's receiver index for the new
-// session. It returns the response message and the session keys.
-func (in *Initiation) Respond(index uint32) ([]byte, Keys, error) {
+// session, accept the transport ciphers the responder accepts: the best one both accept is
+// chosen (ErrNoCipher if there is none). It returns the response message and the session keys.
+func (in *Initiation) Respond(index uint32, accept Ciphers) ([]byte, Keys, error) {
 	eph, err := GenerateKey()
 	if err != nil {
 		return nil, Keys{}, err
 	}
-	return in.respond(eph, index)
+	return in.respond(eph, index, accept)
 }
 
-func (in *Initiation) respond(eph PrivateKey, index uint32) ([]byte, Keys, error) {
+func (in *Initiation) respond(eph PrivateKey, index uint32, accept Ciphers) ([]byte, Keys, error) {
+	chosen, ok := (in.Offer & accept).Best()
+	if !ok {
+		return nil, Keys{}, ErrNoCipher
+	}
 	s := in.sym
 	msg := make([]byte, 4, ResponseLen)
 	binary.BigEndian.PutUint32(msg, in.SenderIndex)
@@ -290,11 +309,12 @@ func (in *Initiation) respond(eph PrivateKey, index uint32) ([]byte, Keys, error
 		return nil, Keys{}, ErrHandshake
 	}
 	s.mixKey(se[:])
-	var payload [4]byte
+	var payload [4 + 1]byte
 	binary.BigEndian.PutUint32(payload[:], index)
+	payload[4] = byte(chosen)
 	msg = s.encryptAndHash(msg, payload[:])
 	k1, k2 := s.split()
-	return msg, Keys{Send: k2, Recv: k1}, nil
+	return msg, Keys{Send: k2, Recv: k1, Cipher: chosen}, nil
 }
 
 // Equal reports whether two public keys are equal, in constant time.

@@ -28,17 +28,23 @@ const RejectAfterMessages = 1<<60 - 1
 // are safe for concurrent use (one sender goroutine per path, one receiver per path).
 type Session struct {
 	LocalIndex, RemoteIndex uint32 // receiver indices: ours (in packets to us), the peer's
+	Cipher                  Cipher
 	send, recv              cipher.AEAD
 	counter                 atomic.Uint64 // next counter to send
 	mu                      sync.Mutex    // guards window
 	window                  Window
 }
 
-// New returns a session for keys; local and remote are the receiver indices.
+// New returns a session for keys, with the cipher they name (ChaCha20-Poly1305 when none);
+// local and remote are the receiver indices.
 func New(k Keys, local, remote uint32) *Session {
-	send, _ := chacha20poly1305.New(k.Send[:])
-	recv, _ := chacha20poly1305.New(k.Recv[:])
-	return &Session{LocalIndex: local, RemoteIndex: remote, send: send, recv: recv}
+	c := k.Cipher
+	if !c.valid() {
+		c = ChaCha20Poly1305
+	}
+	send, _ := newAEAD(c, k.Send)
+	recv, _ := newAEAD(c, k.Recv)
+	return &Session{LocalIndex: local, RemoteIndex: remote, Cipher: c, send: send, recv: recv}
 }
 
 // NextCounter reserves the counter of the next packet to send; it goes in the packet's header

@@ -21,7 +21,7 @@ func mustKey(t testing.TB) PrivateKey {
 func handshake(t testing.TB) (ki, kr Keys, ii, ir uint32) {
 	t.Helper()
 	a, b := mustKey(t), mustKey(t)
-	in, msg, err := Initiate(a, b.Public(), 11, time.Now())
+	in, msg, err := Initiate(a, b.Public(), 11, AllCiphers, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +35,7 @@ func handshake(t testing.TB) (ki, kr Keys, ii, ir uint32) {
 	if !got.Peer.Equal(a.Public()) || got.SenderIndex != 11 {
 		t.Fatalf("responder sees peer %v index %d", got.Peer, got.SenderIndex)
 	}
-	resp, kr, err := got.Respond(22)
+	resp, kr, err := got.Respond(22, AllCiphers)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestHandshakeAgrees(t *testing.T) {
 // Any changed byte of either message makes the handshake fail.
 func TestHandshakeTamper(t *testing.T) {
 	a, b := mustKey(t), mustKey(t)
-	in, msg, _ := Initiate(a, b.Public(), 1, time.Now())
+	in, msg, _ := Initiate(a, b.Public(), 1, AllCiphers, time.Now())
 	for i := range msg {
 		bad := bytes.Clone(msg)
 		bad[i] ^= 0x01
@@ -84,7 +84,7 @@ func TestHandshakeTamper(t *testing.T) {
 		t.Errorf("initiation for another responder: %v, want ErrHandshake", err)
 	}
 	rcv, _ := Receive(b, msg)
-	resp, _, _ := rcv.Respond(2)
+	resp, _, _ := rcv.Respond(2, AllCiphers)
 	for i := range resp {
 		bad := bytes.Clone(resp)
 		bad[i] ^= 0x80
@@ -255,4 +255,82 @@ func BenchmarkSeal1400(b *testing.B) {
 func Nonce(n []byte, counter uint64) {
 	clear(n[:4])
 	binary.BigEndian.PutUint64(n[4:NonceSize], counter)
+}
+
+// The responder chooses the best cipher both accept; the keys name it and a session of either
+// kind carries packets.
+func TestCipherNegotiation(t *testing.T) {
+	for _, tc := range []struct {
+		offer, accept Ciphers
+		want          Cipher
+		err           error
+	}{
+		{AllCiphers, AllCiphers, AES256GCM, nil},
+		{Only(ChaCha20Poly1305), AllCiphers, ChaCha20Poly1305, nil},
+		{AllCiphers, Only(ChaCha20Poly1305), ChaCha20Poly1305, nil},
+		{Only(AES256GCM), Only(AES256GCM), AES256GCM, nil},
+		{Only(AES256GCM), Only(ChaCha20Poly1305), 0, ErrNoCipher},
+	} {
+		a, b := mustKey(t), mustKey(t)
+		in, msg, err := Initiate(a, b.Public(), 1, tc.offer, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Receive(b, msg)
+		if err != nil || got.Offer != tc.offer {
+			t.Fatalf("Receive: %v, offer %b want %b", err, got.Offer, tc.offer)
+		}
+		resp, kr, err := got.Respond(2, tc.accept)
+		if !errors.Is(err, tc.err) {
+			t.Fatalf("offer %b accept %b: %v, want %v", tc.offer, tc.accept, err, tc.err)
+		}
+		if err != nil {
+			continue
+		}
+		ki, _, err := in.Finish(resp)
+		if err != nil || ki.Cipher != tc.want || kr.Cipher != tc.want {
+			t.Fatalf("offer %b accept %b: %v, ciphers %v %v want %v", tc.offer, tc.accept, err, ki.Cipher, kr.Cipher, tc.want)
+		}
+		si, sr := New(ki, 1, 2), New(kr, 2, 1)
+		if si.Cipher != tc.want {
+			t.Fatalf("session cipher %v", si.Cipher)
+		}
+		var nonce [NonceSize]byte
+		sealed := si.Seal(nil, nonce[:], []byte("hdr"), []byte("payload"))
+		if pt, err := sr.Open(nil, 0, nonce[:], []byte("hdr"), sealed); err != nil || string(pt) != "payload" {
+			t.Fatalf("%v session: %v %q", tc.want, err, pt)
+		}
+	}
+	if _, _, err := Initiate(mustKey(t), mustKey(t).Public(), 1, 0, time.Now()); !errors.Is(err, ErrNoCipher) {
+		t.Fatalf("empty offer: %v", err)
+	}
+}
+
+// An initiator refuses a response that chose a cipher it did not offer.
+func TestFinishRefusesUnofferedCipher(t *testing.T) {
+	a, b := mustKey(t), mustKey(t)
+	in, msg, _ := Initiate(a, b.Public(), 1, Only(ChaCha20Poly1305), time.Now())
+	got, _ := Receive(b, msg)
+	got.Offer = AllCiphers // a responder that does not read the offer
+	resp, _, err := got.Respond(2, AllCiphers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := in.Finish(resp); !errors.Is(err, ErrNoCipher) {
+		t.Fatalf("Finish: %v, want ErrNoCipher", err)
+	}
+}
+
+func TestParseCipher(t *testing.T) {
+	for _, c := range []Cipher{ChaCha20Poly1305, AES256GCM} {
+		if got, err := ParseCipher(c.String()); err != nil || got != c {
+			t.Fatalf("%v: %v %v", c, got, err)
+		}
+	}
+	if _, err := ParseCipher("rot13"); err == nil {
+		t.Fatal("rot13 parsed")
+	}
+	if !Fast().Has(ChaCha20Poly1305) {
+		t.Fatal("ChaCha20-Poly1305 is always fast")
+	}
 }
