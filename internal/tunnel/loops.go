@@ -104,7 +104,9 @@ func (t *Tunnel) sendData(tx *txState, b []byte, n int) {
 	pp, wait := p.pick(now, wire)
 	for pp == nil && wait > 0 && !t.closing.Load() {
 		tx.flush(t) // what the pacer let through goes out before the wait
-		sleep(wait)
+		// Waking for every packet would cost a system call each: wait for a few packets'
+		// worth at once (the bucket holds it; the path still gets its rate).
+		sleep(max(wait, minPaceWait))
 		now = t.now()
 		pp, wait = p.pick(now, wire)
 	}
@@ -138,6 +140,10 @@ func (t *Tunnel) sendData(tx *txState, b []byte, n int) {
 	copy(dg[:aadLen], b[:aadLen])
 	ls.s.Seal(dg[aadLen:aadLen], b[greLen:aadLen], b[:aadLen], b[aadLen:headroom+n])
 }
+
+// minPaceWait is the shortest wait for the pacer: 250 µs is 30 KB at 1 Gbit/s, well within a
+// path's bucket (2 ms of its rate).
+const minPaceWait = int64(250 * time.Microsecond)
 
 // maxBatch is the most packets one device read or one path's send carries, and maxGSO the
 // most bytes of datagrams one send carries (a UDP datagram's limit, less headers).
