@@ -74,7 +74,7 @@ func main() {
 	if _, err := os.Stat(*braid); err != nil {
 		fatalf("braid binary: %v (run 'make build')", err)
 	}
-	dur := 10 * time.Second
+	dur := 5 * time.Second
 	if *quick {
 		dur = 2 * time.Second
 	}
