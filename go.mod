@@ -11,6 +11,8 @@ require (
 
 require golang.org/x/crypto v0.58.0
 
+require github.com/cilium/ebpf v0.22.0
+
 require (
 	github.com/mdlayher/genetlink v1.4.0
 	github.com/mdlayher/netlink v1.11.2

@@ -30,3 +30,17 @@ if ! command -v tshark >/dev/null 2>&1; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq && apt-get install -y -qq tshark >/dev/null
 fi
+# clang, llvm and libbpf-dev: braid lb's XDP program is compiled from internal/lb/xdp/lb.c, and
+# a test checks that the committed object matches the source.
+if ! command -v clang >/dev/null 2>&1 || ! command -v llvm-strip >/dev/null 2>&1 || [ ! -e /usr/include/bpf/bpf_helpers.h ]; then
+  echo "deps: installing clang, llvm, libbpf-dev (Debian packages)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq clang llvm libbpf-dev >/dev/null
+fi
+# nftables and curl: braid proxy installs its interception with nft, and its tests use curl as
+# an ordinary SOCKS5 client.
+if ! command -v nft >/dev/null 2>&1 || ! command -v curl >/dev/null 2>&1; then
+  echo "deps: installing nftables, curl (Debian packages)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq nftables curl >/dev/null
+fi

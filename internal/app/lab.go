@@ -43,7 +43,7 @@ Commands:
   link HOST1 HOST2 [--rate R] [--delay D] [--jitter J] [--loss L] [--down|--up]
                  change a link of the running lab while traffic flows
   run SCENARIO   run a built-in experiment and print its table
-  repro PAPER    reproduce a paper's experiment (mptgre), its figures printed beside braid's
+  repro PAPER    reproduce a paper's experiment (mptgre, amptcp, rbpm), its figures printed beside braid's
   demo           the main demonstration: two sites, two uplinks each, each path measured
 
 Names: namespaces are called braid-<id>-<host>, where <id> is a random run ID.
@@ -542,18 +542,20 @@ func labLink(e env, args []string) int {
 	return exitOK
 }
 
-const labRunDoc = `Usage: braid lab run SCENARIO [--quick]
-       braid lab repro SCENARIO [--quick]
+const labRunDoc = `Usage: braid lab run SCENARIO [--quick] [--out DIR] [--reps N]
+       braid lab repro SCENARIO [--quick] [--out DIR] [--reps N]
 
 Runs a built-in experiment on a lab it builds for itself, prints its table and removes the lab.
 'repro' is the same command, named for the experiments that reproduce a paper (mptgre): they
 print the paper's figures beside braid's. --quick shortens every measurement (a smoke run).
+Scenarios that draw figures (amptcp) write them as PNG files into --out.
 
 Scenarios:
 %s
 Example:
   braid lab run accuracy --quick
   braid lab repro mptgre
+  braid lab repro amptcp --out bench/amptcp
 `
 
 func labRun(e env, args []string) int {
@@ -564,6 +566,8 @@ func labRun(e env, args []string) int {
 	fs := newFlags(e, "braid lab run", fmt.Sprintf(labRunDoc, list.String()))
 	quick := fs.Bool("quick", false, "short measurements (a smoke run, less precise)")
 	verbose := fs.Bool("verbose", false, "log what is created and removed")
+	out := fs.String("out", "", "`DIR` for the figures (PNG) a scenario writes (default: the current directory)")
+	reps := fs.Int("reps", 0, "repetitions of each measurement, where a scenario repeats them (default: its own)")
 	pos, _, done, code := parseInterspersed(e, fs, args)
 	if done {
 		return code
@@ -577,7 +581,11 @@ func labRun(e env, args []string) int {
 		fmt.Fprintf(e.stderr, "braid lab run: unknown scenario %q; the scenarios are:\n%s", pos[0], list.String())
 		return exitUsage
 	}
-	return runScenario(e, "run "+s.Name, s, scenario.Options{Quick: *quick, Logger: labLogger(e, *verbose)})
+	if *reps < 0 {
+		fmt.Fprintln(e.stderr, "braid lab run: --reps must not be negative")
+		return exitUsage
+	}
+	return runScenario(e, "run "+s.Name, s, scenario.Options{Quick: *quick, Logger: labLogger(e, *verbose), Out: *out, Reps: *reps})
 }
 
 // runScenario runs s; cmd names the command line in messages ("run accuracy", "demo").

@@ -3,6 +3,7 @@ package app
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"text/tabwriter"
@@ -43,10 +44,21 @@ func runStatus(e env, args []string) int {
 		return exitError
 	}
 	defer resp.Body.Close()
-	var doc statusReport
-	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
 		fmt.Fprintf(e.stderr, "braid status: %s: %v\n", *addr, err)
 		return exitError
+	}
+	var doc statusReport
+	if err := json.Unmarshal(body, &doc); err != nil {
+		fmt.Fprintf(e.stderr, "braid status: %s: %v\n", *addr, err)
+		return exitError
+	}
+	if doc.Role == "proxy" {
+		return printProxyStatus(e, body, *asJSON)
+	}
+	if doc.Role == "pm" {
+		return printPMStatus(e, body, *asJSON)
 	}
 	if *asJSON {
 		enc := json.NewEncoder(e.stdout)
@@ -67,7 +79,7 @@ func runStatus(e env, args []string) int {
 	for _, p := range st.Peers {
 		session := "no session"
 		if p.Session {
-			session = "session " + p.SessionAge.Round(time.Second).String() + " old"
+			session = "session " + p.SessionAge.Round(time.Second).String() + " old, " + p.Cipher
 		}
 		fmt.Fprintf(e.stdout, "\npeer %s: %s, reorder hold %v\n", p.Name, session, p.ReorderHold)
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)

@@ -25,6 +25,20 @@ type PM struct {
 	PortBase    uint16
 	PortSpan    uint16
 	Uplinks     []PMUplink
+	AMPTCP      PMAMPTCP
+}
+
+// PMAMPTCP configures the amptcp policy (LISP-assisted subflows).
+type PMAMPTCP struct {
+	Routing       string           // "any" (the paper's N_a) or "bound" (N_b)
+	Resolvers     []netip.AddrPort // map-resolvers (port 4342 by default)
+	LookupSource  netip.Addr       // ITR-RLOC of the pm's Map-Requests; invalid: routed toward the resolver
+	LookupTimeout time.Duration
+	LookupRetries int
+	MaxAge        time.Duration  // a mapping is asked again after min(TTL, MaxAge)
+	EIDPrefixes   []netip.Prefix // destinations augmented; empty: all
+	MinBytes      uint64         // augment a connection once it carried this many bytes
+	Subflows      int            // force this many subflows instead of the formula; 0: formula
 }
 
 // PMUplink is one local path of MPTCP subflows.
@@ -36,12 +50,13 @@ type PMUplink struct {
 }
 
 // PMPolicies are the policies braid pm knows.
-var PMPolicies = []string{"fullmesh"}
+var PMPolicies = []string{"fullmesh", "amptcp", "rbpm"}
 
 // PMDefaults returns the defaults, without uplinks.
 func PMDefaults() PM {
 	return PM{Policy: "fullmesh", Metrics: "127.0.0.1:9475", Poll: 100 * time.Millisecond, JoinTimeout: time.Second,
-		DeadAfter: time.Second, Retry: 250 * time.Millisecond, PortBase: 45000, PortSpan: 5000}
+		DeadAfter: time.Second, Retry: 250 * time.Millisecond, PortBase: 45000, PortSpan: 5000,
+		AMPTCP: PMAMPTCP{Routing: "any", LookupTimeout: time.Second, LookupRetries: 2, MaxAge: time.Minute}}
 }
 
 // pmSite is the site file as LoadPM reads it: its own section strictly, the tunnel's for the
@@ -66,6 +81,16 @@ type filePM struct {
 	PortSpan    *int64       `toml:"port_span"`
 	Backup      []string     `toml:"backup"` // names of uplinks whose subflows are backup
 	Uplink      []fileUplink `toml:"uplink"`
+	// amptcp
+	Routing       *string  `toml:"routing"`
+	Resolvers     []string `toml:"resolvers"`
+	LookupSource  *string  `toml:"lookup_source"`
+	LookupTimeout any      `toml:"lookup_timeout"`
+	LookupRetries *int64   `toml:"lookup_retries"`
+	MappingMaxAge any      `toml:"mapping_max_age"`
+	EIDPrefixes   []string `toml:"eid_prefixes"`
+	MinBytes      *int64   `toml:"min_bytes"`
+	Subflows      *int64   `toml:"subflows"`
 }
 
 // LoadPM reads the path manager's configuration from the site file data (named filename in
@@ -117,6 +142,59 @@ func LoadPM(filename string, data []byte, env Env) (*PM, error) {
 		pm.PortSpan = l.port("pm", "pm.port_span", "port_span", *fp.PortSpan, 1)
 	}
 	c := &checker{}
+	a := &pm.AMPTCP
+	if fp.Routing != nil {
+		a.Routing = *fp.Routing
+	}
+	for i, r := range fp.Resolvers {
+		ap, err := netip.ParseAddrPort(r)
+		if err != nil {
+			var ad netip.Addr
+			if ad, err = netip.ParseAddr(r); err == nil {
+				ap = netip.AddrPortFrom(ad, 4342)
+			}
+		}
+		if err != nil {
+			c.report("pm", fmt.Sprintf("resolvers[%d] %q: want ADDR or ADDR:PORT", i, r), "pm.resolvers")
+			continue
+		}
+		a.Resolvers = append(a.Resolvers, ap)
+	}
+	if fp.LookupSource != nil {
+		ad, err := netip.ParseAddr(*fp.LookupSource)
+		if err != nil {
+			c.report("pm", fmt.Sprintf("lookup_source %q is not an address", *fp.LookupSource), "pm.lookup_source")
+		}
+		a.LookupSource = ad
+	}
+	l.duration("pm", "pm.lookup_timeout", "lookup_timeout", fp.LookupTimeout, &a.LookupTimeout)
+	l.duration("pm", "pm.mapping_max_age", "mapping_max_age", fp.MappingMaxAge, &a.MaxAge)
+	if fp.LookupRetries != nil {
+		if *fp.LookupRetries < 0 || *fp.LookupRetries > 10 {
+			c.report("pm", fmt.Sprintf("lookup_retries %d outside 0..10", *fp.LookupRetries), "pm.lookup_retries")
+		}
+		a.LookupRetries = int(*fp.LookupRetries)
+	}
+	for i, s := range fp.EIDPrefixes {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			c.report("pm", fmt.Sprintf("eid_prefixes[%d] %q is not a prefix", i, s), "pm.eid_prefixes")
+			continue
+		}
+		a.EIDPrefixes = append(a.EIDPrefixes, p.Masked())
+	}
+	if fp.MinBytes != nil {
+		if *fp.MinBytes < 0 {
+			c.report("pm", "min_bytes must not be negative", "pm.min_bytes")
+		}
+		a.MinBytes = uint64(max(*fp.MinBytes, 0))
+	}
+	if fp.Subflows != nil {
+		if *fp.Subflows < 0 || *fp.Subflows > 9 {
+			c.report("pm", fmt.Sprintf("subflows %d outside 0..9 (the kernel allows 8 beside the first)", *fp.Subflows), "pm.subflows")
+		}
+		a.Subflows = int(*fp.Subflows)
+	}
 	for _, name := range fp.Backup {
 		found := false
 		for i := range pm.Uplinks {
@@ -162,6 +240,20 @@ func (pm *PM) check(c *checker, prefix string, env Env) {
 	}
 	if int(pm.PortBase)+int(pm.PortSpan) > 65536 {
 		c.report("pm", fmt.Sprintf("port_base %d + port_span %d go past port 65535", pm.PortBase, pm.PortSpan), "pm.port_span", "pm")
+	}
+	if pm.AMPTCP.Routing != "any" && pm.AMPTCP.Routing != "bound" {
+		c.report("pm", fmt.Sprintf("routing %q: want \"any\" (hosts reach their ITRs non-deterministically, N_a) or \"bound\" (interfaces bound to RLOCs, N_b)", pm.AMPTCP.Routing), "pm.routing", "pm")
+	}
+	if pm.Policy == "amptcp" && len(pm.AMPTCP.Resolvers) == 0 {
+		c.report("pm", "policy amptcp needs resolvers (the LISP map-resolvers to look EIDs up in)", "pm.policy", "pm")
+	}
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{{"lookup_timeout", pm.AMPTCP.LookupTimeout}, {"mapping_max_age", pm.AMPTCP.MaxAge}} {
+		if d.v <= 0 {
+			c.report("pm", d.key+" must be positive", "pm."+d.key, "pm")
+		}
 	}
 	if len(pm.Uplinks) == 0 {
 		c.report("pm", "no uplinks: add a [[pm.uplink]] (or [[tunnel.uplink]]) for each local path", "pm")

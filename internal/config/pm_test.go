@@ -68,7 +68,7 @@ address = "10.0.0.300"
 		t.Fatal("accepted")
 	}
 	for _, want := range []string{
-		`site.toml:2: pm: policy "roundrobin": known policies are fullmesh`,
+		`site.toml:2: pm: policy "roundrobin": known policies are amptcp, fullmesh`,
 		`site.toml:3: pm: backup "nope": no uplink has this name`,
 		`site.toml:5: pm: port_base 65000 + port_span 1000`,
 		`site.toml:9: uplink a: interface "missing0" does not exist`,
@@ -83,5 +83,54 @@ address = "10.0.0.300"
 	}
 	if _, err := LoadPM("site.toml", []byte("[pm]\n"), newEnv()); err == nil || !strings.Contains(err.Error(), "no uplinks") {
 		t.Errorf("no uplinks: %v", err)
+	}
+}
+
+func TestLoadPMAMPTCP(t *testing.T) {
+	doc := `[pm]
+policy = "amptcp"
+routing = "bound"
+resolvers = ["10.0.9.1", "[fd00:9::1]:4343"]
+lookup_timeout = "500ms"
+mapping_max_age = "5s"
+eid_prefixes = ["192.168.2.7/24"]
+min_bytes = 1048576
+subflows = 3
+
+[[pm.uplink]]
+name = "lan"
+interface = "wan0"
+address = "192.168.1.1"
+`
+	pm, err := LoadPM("site.toml", []byte(doc), newEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := pm.AMPTCP
+	if pm.Policy != "amptcp" || a.Routing != "bound" || len(a.Resolvers) != 2 || a.Resolvers[0].String() != "10.0.9.1:4342" ||
+		a.Resolvers[1].String() != "[fd00:9::1]:4343" || a.LookupTimeout != 500*time.Millisecond || a.MaxAge != 5*time.Second ||
+		len(a.EIDPrefixes) != 1 || a.EIDPrefixes[0].String() != "192.168.2.0/24" || a.MinBytes != 1<<20 || a.Subflows != 3 || a.LookupRetries != 2 {
+		t.Errorf("amptcp %+v", a)
+	}
+	bad := `[pm]
+policy = "amptcp"
+routing = "ecmp"
+eid_prefixes = ["nope"]
+subflows = 12
+
+[[pm.uplink]]
+name = "lan"
+interface = "wan0"
+address = "192.168.1.1"
+`
+	_, err = LoadPM("site.toml", []byte(bad), newEnv())
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, want := range []string{`site.toml:2: pm: policy amptcp needs resolvers`, `site.toml:3: pm: routing "ecmp"`,
+		`site.toml:4: pm: eid_prefixes[0] "nope" is not a prefix`, `site.toml:5: pm: subflows 12 outside 0..9`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
 	}
 }

@@ -6,13 +6,25 @@
 // no lock; the data path owns one scheduler per peer and serialises calls to it. Pick does not
 // allocate once the scheduler has seen the largest path set it will be given.
 //
-// Three schedulers are provided:
+// The schedulers provided:
 //
 //   - WRR: MPT's deterministic weighted round robin, as the interoperable baseline;
 //   - Paced, the default: capacity-proportional shares with a token bucket per path, so that no
 //     path is sent more than it can carry (glorytun's reason for staying loss-free on shaped
 //     links, tunnels.md section 4) and unequal paths aggregate in proportion;
-//   - MinRTT: the MPTCP default rule (lowest smoothed RTT with room), a baseline for RBPM.
+//   - MinRTT: the MPTCP default rule (lowest smoothed RTT with room in the window, backup
+//     paths only when no other can send), a baseline for RBPM;
+//   - BLEST and ECF: MPTCP's receive-window-aware schedulers, which wait for the fast path
+//     rather than send on a slow one that would block the receiver (blest.go, ecf.go);
+//   - RBPM: receive-buffer-based path management: paths whose slowness would fill the
+//     receiver's buffer with out-of-order data are demoted, MinRTT runs over the rest
+//     (rbpm.go).
+//
+// The receive-buffer-aware ones need the connection's state as well as the paths': they
+// implement ConnScheduler, and their Pick assumes an unbounded receiver.
+//
+// sim.go is a deterministic simulator of paths, TCP-like senders and a bounded receiver that
+// drives any Scheduler, for tests and for the figures in docs/scheduling.md.
 package sched
 
 import (
@@ -32,7 +44,48 @@ type Path struct {
 	// times the estimator's probing or draining gain (Capacity.PacingRate). 0 means Capacity.
 	PaceRate     float64
 	SRTT, RTTVar time.Duration
-	InFlight     int // bytes sent and not yet known to have arrived or been lost
+	// MinRTT is the path's recent minimum RTT (its propagation delay, without the queue the
+	// sender builds; tcpi_min_rtt); 0 means unknown. RBPM uses it, else SRTT.
+	MinRTT   time.Duration
+	InFlight int // bytes sent and not yet known to have arrived or been lost
+	// DeliveryRate is the rate in bit/s at which the path's data was last acknowledged
+	// (tcpi_delivery_rate, or the tunnel's receive rate); 0 means unknown.
+	DeliveryRate float64
+	// CWnd is the congestion window in bytes: the path takes data while InFlight < CWnd.
+	// 0 means unknown: the window is then derived from Capacity (or DeliveryRate) and SRTT.
+	CWnd int
+	// MSS is the path's segment size in bytes; 0 means DefaultMSS.
+	MSS int
+	// Backup paths take data only when no other Up path can (MPTCP's backup flag).
+	// WRR and Paced ignore it.
+	Backup bool
+}
+
+// DefaultMSS stands in for an unknown Path.MSS: a TCP segment in a 1500-byte packet.
+const DefaultMSS = 1448
+
+func (p *Path) mss() int {
+	if p.MSS > 0 {
+		return p.MSS
+	}
+	return DefaultMSS
+}
+
+// Conn is the connection-level state that the receive-buffer-aware schedulers need.
+type Conn struct {
+	// Avail is the receiver's free buffer in bytes as last reported (the advertised window:
+	// the buffer less the out-of-order data it holds). Only meaningful when AvailKnown.
+	Avail      int
+	AvailKnown bool
+	// Queued is the data in bytes waiting at the connection level, not yet given to a path
+	// (ECF's k); 0 when unknown.
+	Queued int
+}
+
+// ConnScheduler is a Scheduler that also takes the connection's state.
+type ConnScheduler interface {
+	Scheduler
+	PickConn(now int64, c Conn, paths []Path, size int) (index int, ok bool)
 }
 
 // Scheduler picks the path for the next packet of size bytes. index is an index into paths;
@@ -116,13 +169,15 @@ func (s *WRR) sync(paths []Path) {
 	}
 }
 
-// MinRTT picks the Up path with the lowest SRTT that has room in a simple in-flight limit:
-// InFlight < 1.2 × Capacity × SRTT / 8 (the bandwidth-delay product plus 20 % for queueing),
-// never less than MinWindow. A path with unknown Capacity has no limit; one with unknown SRTT
-// (0) sorts first so that it gets measured, but only up to MinWindow. Ties go to the lowest
-// index. When every Up path is full Pick returns ok=false: the caller waits for feedback, as
-// an MPTCP sender waits for its congestion windows. It is a baseline for RBPM, not a tuned
-// scheduler.
+// MinRTT picks the Up path with the lowest SRTT that has room in its window, the out-of-tree
+// MPTCP kernel's default rule with upstream's backup rule (upstream ranks by the time to drain
+// each subflow's send queue, which a snapshot of windows cannot give): a path takes data while InFlight < CWnd; without a CWnd the window is
+// 1.2 × Capacity × SRTT / 8 (the bandwidth-delay product plus 20 % for queueing; DeliveryRate
+// stands in for an unknown Capacity), never less than MinWindow. A path with neither rate has
+// no limit; one with unknown SRTT (0) sorts first so that it gets measured, but only up to
+// MinWindow. Ties go to the lowest index. Backup paths are considered only when no other Up
+// path has room. When every Up path is full Pick returns ok=false: the caller waits for
+// feedback, as an MPTCP sender waits for its congestion windows.
 type MinRTT struct {
 	// MinWindow is the smallest in-flight limit in bytes; 0 means 64 KiB, enough that a path
 	// with a tiny RTT estimate still carries a burst.
@@ -131,29 +186,62 @@ type MinRTT struct {
 
 // Pick implements Scheduler.
 func (m *MinRTT) Pick(now int64, paths []Path, size int) (int, bool) {
-	minWin := float64(m.MinWindow)
-	if minWin <= 0 {
-		minWin = 64 << 10
+	best := minRTTPick(paths, m.MinWindow, nil)
+	return max(best, 0), best >= 0
+}
+
+// minWindow is the window of a path whose window cannot be derived.
+func minWindow(w int) float64 {
+	if w <= 0 {
+		return 64 << 10
 	}
-	best := -1
+	return float64(w)
+}
+
+// pathWindow is p's in-flight limit in bytes (see MinRTT).
+func pathWindow(p *Path, minWin float64) float64 {
+	if p.CWnd > 0 {
+		return float64(p.CWnd)
+	}
+	if p.SRTT <= 0 {
+		return minWin
+	}
+	rate := p.Capacity
+	if !(rate > 0) || math.IsInf(rate, 0) {
+		rate = p.DeliveryRate
+	}
+	if !(rate > 0) || math.IsInf(rate, 0) {
+		return math.Inf(1)
+	}
+	return max(1.2*rate*p.SRTT.Seconds()/8, minWin)
+}
+
+// hasRoom reports whether p is Up and has room in its window.
+func hasRoom(p *Path, minWin float64) bool {
+	return p.Up && float64(p.InFlight) < pathWindow(p, minWin)
+}
+
+// minRTTPick is MinRTT's rule over the paths for which use (nil: all) is true; -1 if none.
+func minRTTPick(paths []Path, minWin int, use func(i int) bool) int {
+	mw := minWindow(minWin)
+	best, bestBackup := -1, -1
 	for i := range paths {
 		p := &paths[i]
-		if !p.Up {
+		if (use != nil && !use(i)) || !hasRoom(p, mw) {
 			continue
 		}
-		limit := math.Inf(1)
-		switch {
-		case p.SRTT <= 0:
-			limit = minWin
-		case p.Capacity > 0:
-			limit = max(1.2*p.Capacity*p.SRTT.Seconds()/8, minWin)
-		}
-		if float64(p.InFlight) >= limit {
+		if p.Backup {
+			if bestBackup < 0 || p.SRTT < paths[bestBackup].SRTT {
+				bestBackup = i
+			}
 			continue
 		}
 		if best < 0 || p.SRTT < paths[best].SRTT {
 			best = i
 		}
 	}
-	return max(best, 0), best >= 0
+	if best < 0 {
+		return bestBackup
+	}
+	return best
 }

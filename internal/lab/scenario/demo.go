@@ -100,7 +100,12 @@ func runDemo(ctx context.Context, w io.Writer, o Options) error {
 	if err != nil {
 		return err
 	}
+	pr, err := MeasureProxy(ctx, l, o.Quick)
+	if err != nil {
+		return err
+	}
 	printPaths(w, results, tr)
+	printProxy(w, pr, results)
 	return nil
 }
 

@@ -62,20 +62,28 @@ var LispEIDSpace = []netip.Prefix{netip.MustParsePrefix("192.168.0.0/16"), netip
 // a default route through each uplink (different metrics) and binds each RLOC's sockets to its
 // interface. Links are shaped with delay (rate when set).
 func LispTopology(delay time.Duration, rate uint64) *topo.Topology {
-	pf := netip.MustParsePrefix
 	sh := topo.Shape{Delay: delay, Rate: rate}
-	t := &topo.Topology{Name: "lisp", Hosts: []topo.Host{
+	return LispSitesTopology("lisp", LispSites[:], func(int, int) (topo.Shape, topo.Shape) { return sh, sh }, sh)
+}
+
+// LispSitesTopology is LispTopology for two sites of any number of RLOCs (sites[i] has the
+// addresses of LispSites[i], with RLOCs, Ifaces and Links possibly cut short); shape gives the
+// shapes of site i's uplink j, from the router to the core and back, and ms the map server's.
+func LispSitesTopology(name string, sites []LispSite, shape func(site, j int) (up, down topo.Shape), ms topo.Shape) *topo.Topology {
+	pf := netip.MustParsePrefix
+	t := &topo.Topology{Name: name, Hosts: []topo.Host{
 		{Name: "h1", Routes: []topo.Route{{Dst: pf("0.0.0.0/0"), Via: netip.MustParseAddr("192.168.1.254")}, {Dst: pf("::/0"), Via: netip.MustParseAddr("fd00:1::fe")}}},
 		{Name: "h2", Routes: []topo.Route{{Dst: pf("0.0.0.0/0"), Via: netip.MustParseAddr("192.168.2.254")}, {Dst: pf("::/0"), Via: netip.MustParseAddr("fd00:2::fe")}}},
 		{Name: "core", Forward: true},
 		{Name: "ms", Routes: []topo.Route{{Dst: pf("0.0.0.0/0"), Via: netip.MustParseAddr("10.0.9.2")}}},
 	}}
-	for i, s := range LispSites {
+	for i, s := range sites {
 		h := topo.Host{Name: s.Router, Forward: true}
 		for j, r := range s.RLOCs {
 			core := r.Next()
 			h.Routes = append(h.Routes, topo.Route{Dst: pf("0.0.0.0/0"), Via: core, Metric: 10 * (j + 1)})
-			t.Links = append(t.Links, topo.Link{Name: s.Links[j], AB: sh, BA: sh,
+			up, down := shape(i, j)
+			t.Links = append(t.Links, topo.Link{Name: s.Links[j], AB: up, BA: down,
 				A: topo.Endpoint{Host: s.Router, Ifname: s.Ifaces[j], Addrs: []netip.Prefix{netip.PrefixFrom(r, 30)}},
 				B: topo.Endpoint{Host: "core", Ifname: fmt.Sprintf("s%d-%d", i+1, j+1), Addrs: []netip.Prefix{netip.PrefixFrom(core, 30)}}})
 		}
@@ -87,7 +95,7 @@ func LispTopology(delay time.Duration, rate uint64) *topo.Topology {
 				netip.PrefixFrom(netip.MustParseAddr(s.EIDs[1].Addr().String()+"fe"), 64)}}}
 		t.Links = append(t.Links, lan)
 	}
-	t.Links = append(t.Links, topo.Link{Name: "ms-core", AB: sh, BA: sh,
+	t.Links = append(t.Links, topo.Link{Name: "ms-core", AB: ms, BA: ms,
 		A: topo.Endpoint{Host: "ms", Ifname: "core", Addrs: []netip.Prefix{pf("10.0.9.1/30")}},
 		B: topo.Endpoint{Host: "core", Ifname: "ms", Addrs: []netip.Prefix{pf("10.0.9.2/30")}}})
 	return t
@@ -119,8 +127,10 @@ func StartMapServer(ctx context.Context, h *lab.Host, addr netip.AddrPort, cfg m
 }
 
 // LispXTROptions are the options of site i's xTR in LispTopology, without device and uplinks.
-func LispXTROptions(i int) xtr.Options {
-	s := LispSites[i]
+func LispXTROptions(i int) xtr.Options { return LispSiteXTROptions(LispSites[i]) }
+
+// LispSiteXTROptions are the options of site s's xTR, without device and uplinks.
+func LispSiteXTROptions(s LispSite) xtr.Options {
 	o := xtr.Options{EIDs: s.EIDs, Resolvers: []netip.AddrPort{LispMapServer},
 		MapServers:    []xtr.MapServer{{Addr: LispMapServer, Key: []byte(s.Key), AlgID: lisp.AlgHMACSHA256}},
 		ProbeInterval: 300 * time.Millisecond, DownAfter: time.Second, RegisterInterval: 10 * time.Second,
@@ -134,7 +144,11 @@ func LispXTROptions(i int) xtr.Options {
 // StartXTR runs the xTR of site i in its router: uplink sockets on each RLOC, a TUN device
 // "lisp0" into which the EID space is routed, and the options o (LispXTROptions, adjusted).
 func StartXTR(ctx context.Context, l *lab.Lab, i int, o xtr.Options) (x *xtr.XTR, stop func() error, err error) {
-	s := LispSites[i]
+	return StartSiteXTR(ctx, l, LispSites[i], o)
+}
+
+// StartSiteXTR is StartXTR for site s.
+func StartSiteXTR(ctx context.Context, l *lab.Lab, s LispSite, o xtr.Options) (x *xtr.XTR, stop func() error, err error) {
 	h := l.Host(s.Router)
 	closeAll := func() {
 		for _, u := range o.Uplinks {
@@ -217,6 +231,11 @@ type LispLab struct {
 // StartLisp starts the map server and both xTRs on l and waits for their registrations;
 // adjust, if given, changes each xTR's options first. They run until ctx ends or Close.
 func StartLisp(ctx context.Context, l *lab.Lab, adjust func(site int, o *xtr.Options)) (*LispLab, error) {
+	return StartLispSites(ctx, l, LispSites[:], adjust)
+}
+
+// StartLispSites is StartLisp for the sites of a LispSitesTopology.
+func StartLispSites(ctx context.Context, l *lab.Lab, sites []LispSite, adjust func(site int, o *xtr.Options)) (*LispLab, error) {
 	ll := &LispLab{Lab: l}
 	ms, stop, err := StartMapServer(ctx, l.Host("ms"), LispMapServer, LispMapServerConfig())
 	if err != nil {
@@ -224,12 +243,12 @@ func StartLisp(ctx context.Context, l *lab.Lab, adjust func(site int, o *xtr.Opt
 	}
 	ll.MapServer = ms
 	ll.stops = append(ll.stops, stop)
-	for i := range LispSites {
-		o := LispXTROptions(i)
+	for i, s := range sites {
+		o := LispSiteXTROptions(s)
 		if adjust != nil {
 			adjust(i, &o)
 		}
-		x, stop, err := StartXTR(ctx, l, i, o)
+		x, stop, err := StartSiteXTR(ctx, l, s, o)
 		if err != nil {
 			ll.Close()
 			return nil, err

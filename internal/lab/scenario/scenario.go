@@ -15,6 +15,8 @@ type Options struct {
 	File   string // a topology file replacing the embedded one, where the scenario has one
 	Logger *slog.Logger
 	Seed   uint64 // links' random seed; 0 for a random one
+	Out    string // directory for the figures a scenario writes; "" for the current one
+	Reps   int    // repetitions, where a scenario repeats its measurements; 0 for its default
 }
 
 // Scenario is one built-in experiment.

@@ -80,6 +80,8 @@ func (x *XTR) control(now time.Time, i int, from netip.AddrPort, b []byte) {
 func (x *XTR) ownRecord(p netip.Prefix, probed netip.Addr) lisp.Record {
 	p = p.Masked()
 	r := lisp.Record{TTL: x.o.RegisterTTL, MaskLen: uint8(p.Bits()), Authoritative: true, EID: lisp.AddrFrom(p.Addr())}
+	x.mu.RLock() // SetLocators changes priorities and weights
+	defer x.mu.RUnlock()
 	for j, l := range x.locals {
 		fl := uint16(lisp.LocLocal | lisp.LocReachable)
 		if l.Addr == probed {

@@ -274,9 +274,13 @@ func (x *XTR) place(e *entry, f *flow) (int, *pair) {
 	m := nx * ny
 	for step := range m {
 		_, ix, iy := Placement(f.sport, f.dport+uint16(step), nx, ny)
-		la, ra := x.usableL[iy].Addr, e.remote[ix].Addr
+		// X is the site whose prefix sorts first; with sites of different sizes only the
+		// right one of the two readings is in range.
+		var la, ra netip.Addr
 		if localFirst {
 			la, ra = x.usableL[ix].Addr, e.remote[iy].Addr
+		} else {
+			la, ra = x.usableL[iy].Addr, e.remote[ix].Addr
 		}
 		li, ri := x.localIndex(la), -1
 		for r, l := range e.all {

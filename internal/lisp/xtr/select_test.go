@@ -1,6 +1,7 @@
 package xtr
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -71,5 +72,32 @@ func TestXtrWeighted(t *testing.T) {
 	}
 	if Usable([]Loc{{Priority: 255}}) != nil {
 		t.Fatal("priority 255 is usable")
+	}
+}
+
+// SetLocators changes the mapping the site registers and the placement set at once, and
+// refuses settings that leave no usable RLOC.
+func TestSetLocators(t *testing.T) {
+	x, err := New(Options{Device: nullDevice{}, EIDs: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")},
+		Uplinks:   []*Uplink{{Addr: netip.MustParseAddr("10.0.1.1"), raw: -1}, {Addr: netip.MustParseAddr("10.0.2.1"), raw: -1}},
+		Locators:  []Locator{{Priority: 1, Weight: 50}, {Priority: 1, Weight: 50}},
+		Resolvers: []netip.AddrPort{netip.MustParseAddrPort("10.0.9.1:4342")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range [][]Locator{{{Priority: 1}}, {{Priority: 255}, {Priority: 255}}} {
+		if err := x.SetLocators(bad); !errors.Is(err, ErrLocators) {
+			t.Errorf("%v: %v", bad, err)
+		}
+	}
+	if err := x.SetLocators([]Locator{{Priority: 1, Weight: 50}, {Priority: 255, Weight: 0}}); err != nil {
+		t.Fatal(err)
+	}
+	rec := x.ownRecord(netip.MustParsePrefix("192.168.1.0/24"), netip.Addr{})
+	if len(rec.Locators) != 2 || rec.Locators[1].Priority != 255 || rec.Locators[0].Priority != 1 {
+		t.Errorf("registered record %+v", rec.Locators)
+	}
+	if len(x.usableL) != 1 || x.usableL[0].Addr != netip.MustParseAddr("10.0.1.1") {
+		t.Errorf("placement set %v", x.usableL)
 	}
 }

@@ -221,6 +221,7 @@ func New(o Options) (*XTR, error) {
 	case len(o.Resolvers) == 0:
 		return nil, errors.New("xtr: no map-resolver")
 	}
+	o.Locators = slices.Clone(o.Locators) // SetLocators changes them
 	x := &XTR{o: o, log: o.Logger, pairs: map[pairKey]*pair{}, probes: map[uint64]probe{}, counts: map[string]*atomic.Uint64{},
 		regs: make([]registrationState, len(o.MapServers))}
 	for _, n := range counterNames {
@@ -237,6 +238,39 @@ func New(o Options) (*XTR, error) {
 		return nil, errors.New("xtr: every RLOC has priority 255")
 	}
 	return x, nil
+}
+
+// ErrLocators is returned by SetLocators for settings it cannot take.
+var ErrLocators = errors.New("xtr: want one priority and weight per RLOC, at least one below priority 255")
+
+// SetLocators changes the priorities and weights of the site's RLOCs at run time (an RLOC
+// taken out of service gets priority 255) and registers the new mapping at once, so that the
+// mapping system, and through it the sites that look the mapping up, follow.
+func (x *XTR) SetLocators(locs []Locator) error {
+	if len(locs) != len(x.locals) {
+		return ErrLocators
+	}
+	next := slices.Clone(x.locals)
+	for i, l := range locs {
+		next[i].Priority, next[i].Weight = l.Priority, l.Weight
+	}
+	usable := Usable(next)
+	if len(usable) == 0 {
+		return ErrLocators
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for i, l := range locs {
+		// In place: the data loops read the addresses of x.locals without the lock.
+		x.locals[i].Priority, x.locals[i].Weight = l.Priority, l.Weight
+		x.o.Locators[i] = l
+	}
+	x.usableL = usable
+	for k := range x.regs {
+		x.regs[k].sent = time.Time{} // register at the next tick
+	}
+	x.log.Info("locators changed; registering", "locators", locs)
+	return nil
 }
 
 func (x *XTR) count(name string) { x.counts[name].Add(1) }

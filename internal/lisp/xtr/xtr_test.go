@@ -276,3 +276,38 @@ func FuzzXtrControl(f *testing.F) {
 		}
 	})
 }
+
+// TestXtrPlacementUnequalSites: with one local RLOC and two remote ones (the A-MPTCP paper's
+// testbed), TCP flows whose port sums differ mod 2 take the two remote RLOCs, from either side
+// of the prefix order.
+func TestXtrPlacementUnequalSites(t *testing.T) {
+	x, _ := testXTR(t)
+	x.o.Placement = true
+	for _, remote := range []string{"192.168.2.0", "192.168.0.0"} { // sorts after, then before 192.168.1.0/24
+		rec := lisp.Record{TTL: 10, MaskLen: 24, EID: lisp.AddrFrom(netip.MustParseAddr(remote)),
+			Locators: []lisp.Locator{{Priority: 1, Weight: 1, Addr: lisp.AddrFrom(netip.MustParseAddr("10.0.3.1"))},
+				{Priority: 1, Weight: 1, Addr: lisp.AddrFrom(netip.MustParseAddr("10.0.4.1"))}}}
+		x.mu.Lock()
+		x.installLocked(time.Now(), &rec)
+		x.mu.Unlock()
+		dst := netip.MustParseAddr(remote).Next()
+		x.mu.RLock()
+		_, e, _ := x.cache.Lookup(dst)
+		for _, pr := range e.pairs {
+			pr.up.Store(true)
+		}
+		got := map[netip.Addr]bool{}
+		for sport := uint16(40000); sport < 40002; sport++ {
+			f := flow{src: netip.MustParseAddr("192.168.1.1"), dst: dst, proto: 6, sport: sport, dport: 5201}
+			_, pr := x.place(e, &f)
+			if pr == nil {
+				t.Fatalf("%s: no pair for port %d", remote, sport)
+			}
+			got[pr.remote] = true
+		}
+		x.mu.RUnlock()
+		if len(got) != 2 {
+			t.Errorf("%s: two residues went to %v", remote, got)
+		}
+	}
+}

@@ -33,6 +33,8 @@ type Options struct {
 	Logger  *slog.Logger
 	// KeepPMType leaves net.mptcp.pm_type as found instead of selecting the userspace PM.
 	KeepPMType bool
+	// Resolver serves the amptcp policy's mapping lookups; the daemon runs and closes it.
+	Resolver *Resolver
 }
 
 // ErrMPTCPDisabled is returned when net.mptcp.enabled is 0 in the namespace.
@@ -65,7 +67,7 @@ type Daemon struct {
 
 	restorePMType string // the pm_type found at start, written back by Close
 
-	mu       sync.Mutex // guards mgr and the counters below
+	mu       sync.Mutex // guards mgr and the counters below; taken before the Resolver's
 	mgr      *core.Manager
 	failures map[string]uint64 // refused commands by errno name
 	overruns uint64
@@ -117,16 +119,40 @@ func New(o Options) (*Daemon, error) {
 		}
 		d.restorePMType = strings.TrimSpace(string(old))
 	}
+	if a, ok := o.Policy.(*core.AMPTCP); ok {
+		d.prepareAMPTCP(a)
+	}
 	cfg := o.Core
 	cfg.Uplinks = o.Uplinks
 	d.mgr = core.New(cfg, o.Policy)
 	return d, nil
 }
 
+// prepareAMPTCP bounds the policy by the kernel's subflow limit and logs its notes.
+func (d *Daemon) prepareAMPTCP(a *core.AMPTCP) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if a.MaxSubflows == 0 {
+		if l, err := d.client.Limits(ctx); err == nil {
+			a.MaxSubflows = int(l.Subflows) + 1
+		} else {
+			d.log.Warn("cannot read the kernel's MPTCP limits; subflows unbounded", "err", err)
+		}
+	}
+	if a.Note == nil {
+		a.Note = func(reason, detail string) {
+			d.log.Info("amptcp: connection left to the plain mesh or clamped", "reason", reason, "detail", detail)
+		}
+	}
+}
+
 func (d *Daemon) closeSockets() {
 	d.stream.Close()
 	d.client.Close()
 	d.diag.Close()
+	if d.o.Resolver != nil {
+		d.o.Resolver.Close()
+	}
 }
 
 // Close closes the sockets and puts net.mptcp.pm_type back as it was. It must run on a thread
@@ -182,6 +208,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 		}
 	}()
+	if r := d.o.Resolver; r != nil {
+		resDone := make(chan struct{})
+		go func() {
+			defer close(resDone)
+			if err := r.Run(ctx); err != nil {
+				d.log.Warn("map-resolver client stopped", "err", err)
+			}
+		}()
+		defer func() { cancel(); <-resDone }()
+	}
 	d.log.Info("path manager running", "policy", d.o.Policy.Name(), "uplinks", len(d.o.Uplinks))
 	// Connections opened before the daemon (or while events were lost) are taken up from
 	// sock_diag; the event stream is already subscribed, so none falls between the two.
@@ -206,9 +242,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 			d.mu.Unlock()
 			d.apply(ctx, acts)
 		case <-tick.C:
-			d.poll()
+			conns := d.poll()
 			d.mu.Lock()
 			acts := d.mgr.Tick(time.Now())
+			acts = append(acts, d.decideRBPM(time.Now(), conns)...)
 			d.mu.Unlock()
 			d.apply(ctx, acts)
 		}
@@ -255,14 +292,20 @@ func (d *Daemon) resync() []core.Action {
 	return acts
 }
 
-// poll feeds the subflows' statistics to the manager.
-func (d *Daemon) poll() {
+// poll feeds the subflows' statistics to the manager and returns them (nil on failure).
+func (d *Daemon) poll() []info.Conn {
 	conns, err := d.diag.Dump()
 	if err != nil {
 		d.noteErr("sock_diag", err)
-		return
+		return nil
 	}
 	var st []core.Stats
+	d.mu.Lock()
+	for _, c := range conns {
+		_, acked, received := c.SubflowBytes()
+		d.mgr.ObserveBytes(c.Info.Token, acked+received)
+	}
+	d.mu.Unlock()
 	for _, c := range conns {
 		for _, s := range c.Subflows {
 			st = append(st, core.Stats{Token: c.Info.Token, Local: endpoint(s.Local), Remote: endpoint(s.Remote),
@@ -272,6 +315,7 @@ func (d *Daemon) poll() {
 	d.mu.Lock()
 	d.mgr.Observe(st)
 	d.mu.Unlock()
+	return conns
 }
 
 func (d *Daemon) noteErr(what string, err error) {
@@ -330,6 +374,12 @@ func (d *Daemon) apply(ctx context.Context, acts []core.Action) {
 			return
 		}
 		d.noteErr(a.Kind.String(), err)
+		if a.Kind == core.Create && errors.Is(err, syscall.EADDRINUSE) {
+			d.mu.Lock()
+			d.mgr.PortInUse(time.Now(), a)
+			d.mu.Unlock()
+			continue
+		}
 		var pe *pmnl.Error
 		// A token the kernel no longer knows is a connection that has closed; a connection
 		// created under the in-kernel PM keeps it for life (the PM type is latched at creation)
@@ -381,6 +431,14 @@ type Status struct {
 	Refused     map[string]uint64 `json:"refused"`
 	Overruns    uint64            `json:"event_overruns"`
 	LastError   string            `json:"last_error,omitempty"`
+	AMPTCP      *AMPTCPStatus     `json:"amptcp,omitempty"`
+	RBPM        *RBPMStatus       `json:"rbpm,omitempty"`
+}
+
+// AMPTCPStatus is the amptcp policy's part of the status.
+type AMPTCPStatus struct {
+	Decisions core.AMPTCPCounters `json:"decisions"`
+	Lookups   ResolverCounters    `json:"lookups"`
 }
 
 // Status returns the daemon's state.
@@ -391,8 +449,15 @@ func (d *Daemon) Status() Status {
 	for k, v := range d.failures {
 		ref[k] = v
 	}
-	return Status{Policy: d.o.Policy.Name(), Uplinks: d.o.Uplinks, Connections: d.mgr.Status(), Counters: d.mgr.Counters,
-		Refused: ref, Overruns: d.overruns, LastError: d.lastErr}
+	st := Status{Policy: d.o.Policy.Name(), Uplinks: d.o.Uplinks, Connections: d.mgr.Status(), Counters: d.mgr.Counters,
+		Refused: ref, Overruns: d.overruns, LastError: d.lastErr, RBPM: d.rbpmStatus()}
+	if a, ok := d.o.Policy.(*core.AMPTCP); ok {
+		st.AMPTCP = &AMPTCPStatus{Decisions: a.Counters}
+		if d.o.Resolver != nil {
+			st.AMPTCP.Lookups = d.o.Resolver.Counters()
+		}
+	}
+	return st
 }
 
 // StatusJSON implements metrics.Source.
@@ -432,6 +497,31 @@ func (d *Daemon) WriteMetrics(w *metrics.Writer) {
 		}
 		w.Sample("braid_pm_connection_subflows_up", metrics.Gauge, "Subflows up per connection.", float64(up), "token", fmt.Sprintf("%08x", cs.Token))
 	}
+	if a := st.AMPTCP; a != nil {
+		for _, m := range []struct {
+			name, help string
+			v          uint64
+		}{
+			{"braid_pm_amptcp_placed_total", "Connections given one subflow per RLOC pair.", a.Decisions.Placed},
+			{"braid_pm_amptcp_fallbacks_total", "Connections left to the plain mesh (no mapping, no answer, no usable locator, closed in lookup).", a.Decisions.FallbackToKernel},
+			{"braid_pm_amptcp_no_mapping_total", "Connections whose end had a negative mapping.", a.Decisions.NoMapping},
+			{"braid_pm_amptcp_resolver_no_answer_total", "Connections whose lookup no map-resolver answered.", a.Decisions.NoAnswer},
+			{"braid_pm_amptcp_no_usable_locator_total", "Connections whose mapping had no usable locator.", a.Decisions.NoLocator},
+			{"braid_pm_amptcp_closed_during_lookup_total", "Connections closed while their lookup was in flight.", a.Decisions.ClosedInLookup},
+			{"braid_pm_amptcp_clamped_total", "Connections given fewer subflows than the formula for the kernel limit.", a.Decisions.Clamped},
+			{"braid_pm_amptcp_mapping_changes_total", "Placed connections whose subflow count followed a mapping change.", a.Decisions.MappingChanges},
+			{"braid_pm_amptcp_out_of_scope_total", "Connections to destinations outside the configured EID prefixes.", a.Decisions.OutOfScope},
+			{"braid_pm_amptcp_short_flows_total", "Connections closed before carrying the configured bytes.", a.Decisions.ShortFlows},
+			{"braid_pm_map_requests_total", "Map-Requests sent to map-resolvers.", a.Lookups.Requests},
+			{"braid_pm_map_replies_total", "Map-Replies received.", a.Lookups.Replies},
+			{"braid_pm_map_lookups_unanswered_total", "Lookups no map-resolver answered.", a.Lookups.Timeouts},
+			{"braid_pm_map_cache_hits_total", "Mapping lookups answered from the cache.", a.Lookups.Hits},
+		} {
+			w.Sample(m.name, metrics.Counter, m.help, float64(m.v))
+		}
+		w.Sample("braid_pm_map_cache_entries", metrics.Gauge, "Mappings in the cache.", float64(a.Lookups.Cached))
+	}
+	writeRBPMMetrics(w, st.RBPM)
 	for _, k := range metrics.SortedKeys(st.Refused) {
 		w.Sample("braid_pm_refused_total", metrics.Counter, "Commands the kernel refused, by command and errno.", float64(st.Refused[k]), "reason", k)
 	}

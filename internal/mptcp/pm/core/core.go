@@ -12,6 +12,12 @@
 //
 // A retried subflow gets a fresh local port and address ID, because the kernel may still hold
 // the old port (FIN_WAIT on a dead path) and binds an ID to one (address, port).
+//
+// Each slot a policy wants claims one subflow (the initial subflow first). A slot with a
+// Modulus wants a subflow whose ports sum to its Residue (A-MPTCP's RLOC-pair placement); its
+// port is the next free one of that residue. A Planner may ask for exactly its slots: the
+// subflows no slot claims are then destroyed, never the initial one and never while no
+// claimed subflow works.
 package core
 
 import (
@@ -123,11 +129,40 @@ type Stats struct {
 	LastAckRecv time.Duration
 }
 
-// Slot is a subflow a policy wants: from an uplink to a remote endpoint.
+// Slot is a subflow a policy wants: from an uplink to a remote endpoint; with a Modulus, one
+// whose ports sum to Residue mod Modulus (A-MPTCP's RLOC-pair placement).
 type Slot struct {
-	Uplink int // index into Config.Uplinks
-	Remote Endpoint
-	Backup bool
+	Uplink  int // index into Config.Uplinks
+	Remote  Endpoint
+	Backup  bool
+	Modulus int // 0: any local port
+	Residue int
+}
+
+// matches reports whether subflow s fills slot (whose uplink address is addr).
+func (sl Slot) matches(addr string, s *subflow) bool {
+	if s.local.Addr != addr || s.remote != sl.Remote {
+		return false
+	}
+	return sl.Modulus <= 0 || Residue(s.local.Port, s.remote.Port, sl.Modulus) == sl.Residue
+}
+
+// Plan is a policy's full answer: the slots, and whether they are all the connection should
+// have (Exact: subflows no slot claims are destroyed, never the last working one).
+type Plan struct {
+	Slots []Slot
+	Exact bool
+}
+
+// Planner is a policy that may ask for exactly its slots.
+type Planner interface {
+	Policy
+	Plan(c ConnView, uplinks []Uplink) Plan
+}
+
+// Forgetter is a policy that keeps per-connection state, dropped when the connection closes.
+type Forgetter interface {
+	Forget(token uint32)
 }
 
 // ConnView is what a policy sees of a connection.
@@ -138,6 +173,7 @@ type ConnView struct {
 	Remote     Endpoint   // the initial subflow's
 	Remotes    []Endpoint // the initial remote, then the peer's announced addresses, sorted by ID
 	V6         bool
+	Bytes      uint64 // bytes the connection carried (acked + received), as last observed
 }
 
 // Policy decides which subflows a connection should have.
@@ -209,6 +245,7 @@ type conn struct {
 	subflows    map[tuple]*subflow
 	lastTry     map[Slot]time.Time
 	nextID      uint8
+	bytes       uint64
 }
 
 // Counters count what the manager did.
@@ -220,6 +257,8 @@ type Counters struct {
 	JoinTimeouts   uint64
 	DeadSubflows   uint64
 	Established    uint64 // subflows that came up
+	PortsInUse     uint64 // creates refused because the local port was taken
+	Unwanted       uint64 // subflows destroyed because the policy no longer wants them
 }
 
 // Manager is the state of every connection of a namespace. Not safe for concurrent use.
@@ -228,6 +267,7 @@ type Manager struct {
 	policy   Policy
 	conns    map[uint32]*conn
 	nextPort uint16
+	busy     map[Endpoint]time.Time // local ports the kernel found in use, until then
 	Counters Counters
 }
 
@@ -271,6 +311,9 @@ func (m *Manager) Event(now time.Time, e Event) []Action {
 		}
 	case Closed:
 		delete(m.conns, e.Token)
+		if f, ok := m.policy.(Forgetter); ok {
+			f.Forget(e.Token)
+		}
 	case Announced:
 		if c != nil {
 			r := e.Remote
@@ -333,11 +376,37 @@ func (m *Manager) Failed(now time.Time, a Action, gone bool) {
 	}
 	if gone {
 		delete(m.conns, a.Token)
+		if f, ok := m.policy.(Forgetter); ok {
+			f.Forget(a.Token)
+		}
 		return
 	}
 	if a.Kind == Create {
 		m.Counters.CreateFailures++
 		delete(c.subflows, tuple{a.Local, a.Remote})
+	}
+}
+
+// PortInUse tells the manager that the kernel refused a's local port as taken (EADDRINUSE):
+// the port is skipped for a while and the slot is tried again at once with the next one.
+func (m *Manager) PortInUse(now time.Time, a Action) {
+	m.Counters.PortsInUse++
+	if m.busy == nil {
+		m.busy = map[Endpoint]time.Time{}
+	}
+	m.busy[a.Local] = now.Add(time.Minute)
+	if c := m.conns[a.Token]; c != nil {
+		delete(c.subflows, tuple{a.Local, a.Remote})
+		for k := range c.lastTry {
+			delete(c.lastTry, k)
+		}
+	}
+}
+
+// ObserveBytes records the bytes connection token has carried (acked + received).
+func (m *Manager) ObserveBytes(token uint32, bytes uint64) {
+	if c := m.conns[token]; c != nil {
+		c.bytes = bytes
 	}
 }
 
@@ -381,7 +450,7 @@ func (m *Manager) tokens() []uint32 {
 }
 
 func (m *Manager) view(c *conn) ConnView {
-	v := ConnView{Token: c.token, ServerSide: c.serverSide, Local: c.local, Remote: c.remote, V6: c.v6}
+	v := ConnView{Token: c.token, ServerSide: c.serverSide, Local: c.local, Remote: c.remote, V6: c.v6, Bytes: c.bytes}
 	ids := make([]int, 0, len(c.remotes))
 	for id := range c.remotes {
 		ids = append(ids, int(id))
@@ -452,12 +521,22 @@ func (m *Manager) plan(now time.Time, c *conn) []Action {
 			out = append(out, Action{Kind: SetBackup, Token: c.token, LocalID: s.id, Local: s.local, Remote: s.remote, Backup: want})
 		}
 	}
-	for _, slot := range m.policy.Want(m.view(c), m.cfg.Uplinks) {
+	var plan Plan
+	if p, ok := m.policy.(Planner); ok {
+		plan = p.Plan(m.view(c), m.cfg.Uplinks)
+	} else {
+		plan.Slots = m.policy.Want(m.view(c), m.cfg.Uplinks)
+	}
+	// Each slot claims one subflow: the initial subflow first, then those up, then joining.
+	order := sortedTuples(c.subflows)
+	sort.SliceStable(order, func(i, j int) bool { return rank(c.subflows[order[i]]) < rank(c.subflows[order[j]]) })
+	claimed := map[tuple]bool{}
+	for _, slot := range plan.Slots {
 		u := m.cfg.Uplinks[slot.Uplink]
 		have := false
-		for _, s := range c.subflows {
-			if s.local.Addr == u.Addr && s.remote == slot.Remote {
-				have = true
+		for _, t := range order {
+			if !claimed[t] && slot.matches(u.Addr, c.subflows[t]) {
+				claimed[t], have = true, true
 				break
 			}
 		}
@@ -469,17 +548,100 @@ func (m *Manager) plan(now time.Time, c *conn) []Action {
 		if last, ok := c.lastTry[key]; ok && now.Sub(last) < m.cfg.Retry {
 			continue
 		}
+		port, ok := m.portFor(now, u.Addr, slot)
+		if !ok {
+			continue
+		}
 		id, ok := m.allocID(c)
 		if !ok {
 			break
 		}
-		a := Action{Kind: Create, Token: c.token, LocalID: id, Local: Endpoint{u.Addr, m.port()}, Remote: slot.Remote, IfIndex: u.IfIndex, Backup: slot.Backup}
-		c.subflows[tuple{a.Local, a.Remote}] = &subflow{state: joining, id: id, local: a.Local, remote: a.Remote, since: now, ours: true, backup: slot.Backup, uplink: slot.Uplink}
+		a := Action{Kind: Create, Token: c.token, LocalID: id, Local: Endpoint{u.Addr, port}, Remote: slot.Remote, IfIndex: u.IfIndex, Backup: slot.Backup}
+		t := tuple{a.Local, a.Remote}
+		c.subflows[t] = &subflow{state: joining, id: id, local: a.Local, remote: a.Remote, since: now, ours: true, backup: slot.Backup, uplink: slot.Uplink}
+		claimed[t] = true
 		c.lastTry[key] = now
 		m.Counters.Creates++
 		out = append(out, a)
 	}
+	if !plan.Exact {
+		return out
+	}
+	// Subflows no slot wants go, as long as a claimed working subflow stays.
+	working := false
+	for t := range claimed {
+		if s := c.subflows[t]; s != nil && s.state == up && !s.dead {
+			working = true
+		}
+	}
+	if !working {
+		return out
+	}
+	for _, t := range order {
+		s := c.subflows[t]
+		if claimed[t] || s.initial || s.local.Port == 0 || s.remote.Port == 0 {
+			continue
+		}
+		out = append(out, Action{Kind: Destroy, Token: c.token, LocalID: s.id, Local: s.local, Remote: s.remote})
+		m.Counters.Destroys++
+		m.Counters.Unwanted++
+		delete(c.subflows, t)
+	}
 	return out
+}
+
+// rank orders subflows for claiming slots: the initial one, then working ones, then joins.
+func rank(s *subflow) int {
+	switch {
+	case s.initial:
+		return 0
+	case s.state == up && !s.dead:
+		return 1
+	case s.state == up:
+		return 3
+	}
+	return 2
+}
+
+// portFor returns a local port on addr for a new subflow of slot: the next of the port range,
+// or, for a placed slot, the next port of its residue; ports of known subflows and ports the
+// kernel found taken are skipped.
+func (m *Manager) portFor(now time.Time, addr string, slot Slot) (uint16, bool) {
+	used := map[uint16]bool{}
+	for _, c := range m.conns {
+		for t := range c.subflows {
+			if t.local.Addr == addr {
+				used[t.local.Port] = true
+			}
+		}
+	}
+	for ep, until := range m.busy {
+		if !now.Before(until) {
+			delete(m.busy, ep)
+		} else if ep.Addr == addr {
+			used[ep.Port] = true
+		}
+	}
+	if slot.Modulus <= 0 {
+		for range m.cfg.PortSpan {
+			if p := m.port(); !used[p] {
+				return p, true
+			}
+		}
+		return 0, false
+	}
+	// Start where the shared cursor is, so that successive connections spread over the range.
+	start := int(m.nextPort) / slot.Modulus
+	count := int(m.cfg.PortSpan)/slot.Modulus + 1
+	for i := range count {
+		j := (start + i) % count
+		p, ok := PortCandidate(slot.Residue, slot.Remote.Port, slot.Modulus, m.cfg.PortBase, m.cfg.PortSpan, j)
+		if ok && !used[p] {
+			m.nextPort = uint16((int(p-m.cfg.PortBase) + 1) % int(m.cfg.PortSpan))
+			return p, true
+		}
+	}
+	return 0, false
 }
 
 func sortedTuples(m map[tuple]*subflow) []tuple {

@@ -1,0 +1,318 @@
+// Command lb benchmarks braid lb's XDP data plane and writes its section of bench/BENCH.md.
+//
+// Two tables, each the median of -runs runs:
+//
+//   - cost per packet: the kernel's time per run of the program under BPF_PROG_RUN for each
+//     kind of packet (established flows, first SYNs, third ACKs that teach a token with SHA-256
+//     or SHA-1, joins steered by token, joins dropped), beside the baseline of plain XDP_TX
+//     forwarding (the MACs swapped) measured the same way in the same run;
+//   - forwarding rate on veth: packets per second that the program forwards (XDP_TX out of a
+//     veth, received by an XDP sink on the peer) in live-frames mode, as a ratio to the same
+//     for the baseline program.
+//
+// Usage: go run ./bench/lb -runs 5 -out bench/out/lb.md
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"slices"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"braid/internal/lab"
+	"braid/internal/lab/scenario"
+	"braid/internal/lb/maglev"
+	"braid/internal/lb/xdp"
+	"braid/internal/wire/mptcpopt"
+)
+
+var (
+	vip4 = netip.MustParseAddrPort("10.100.0.1:80")
+	vip6 = netip.MustParseAddrPort("[fd00:100::1]:80")
+)
+
+func main() {
+	flag.String("braid", "bin/braid", "path of the braid binary (unused: the data plane is loaded in process)")
+	runs := flag.Int("runs", 5, "runs per figure; the tables show medians")
+	quick := flag.Bool("quick", false, "short measurements: a smoke run")
+	out := flag.String("out", "bench/out/lb.md", "where to write this section (Markdown)")
+	flag.Parse()
+	log.SetFlags(0)
+	var md bytes.Buffer
+	w := io.MultiWriter(os.Stdout, &md)
+	repeat, flows, live := 200000, 2000, 2000000
+	if *quick {
+		repeat, flows, live = 20000, 200, 200000
+	}
+	fmt.Fprintf(w, "## LB data plane: cost per packet\n\n`go run ./bench/lb -runs %d` (%s, %d cores, Linux XDP through BPF_PROG_RUN). The kernel's\n"+
+		"time per run of the program, 4 backends, MPTCP-aware, MAC rewrite. Steady-state rows repeat one\n"+
+		"packet %d times; rows that change state (a new flow, a token learned) run %d distinct packets\n"+
+		"once each, so they include the test-run timer's fixed cost per call, as the baseline row of\n"+
+		"the same kind shows. Medians of %d runs.\n\n", *runs, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), repeat, flows, *runs)
+	if err := costTable(w, *runs, repeat, flows); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Fprintf(w, "\n## LB data plane: forwarding rate on veth\n\nLive-frames BPF_PROG_RUN: %d frames of an established IPv4 flow (74 bytes) injected as if\n"+
+		"received on one end of a veth pair; the program sends them back out with XDP_TX and an XDP\n"+
+		"sink on the peer counts them. The baseline is plain XDP_TX forwarding (MACs swapped) on the\n"+
+		"same pair in the same run. Medians of %d runs.\n\n", live, *runs)
+	if err := vethTable(w, *runs, live); err != nil {
+		fmt.Fprintf(w, "not measured: %v\n", err)
+	}
+	if *out != "" {
+		if err := os.WriteFile(*out, md.Bytes(), 0o644); err != nil {
+			log.Fatal(err)
+		}
+	}
+}
+
+func client(i int, v6 bool) netip.AddrPort {
+	port := uint16(1024 + i%60000)
+	if v6 {
+		return netip.AddrPortFrom(netip.AddrFrom16([16]byte{0x20, 0x01, 0xd, 0xb8, 12: byte(i >> 24), 13: byte(i >> 16), 14: byte(i >> 8), 15: byte(i)}), port)
+	}
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{100, byte(i >> 16), byte(i >> 8), byte(i)}), port)
+}
+
+var planeConfig = xdp.Config{Aware: true, HashSeed: 1, SrcMAC: net.HardwareAddr{2, 0x4c, 0x42, 0, 0, 1}}
+
+// setup loads the data plane with 4 backends behind vip4 and vip6.
+func setup() (*xdp.Dataplane, error) {
+	d, err := xdp.Load(xdp.Options{Conns: 1 << 20, Tokens: 1 << 18})
+	if err != nil {
+		return nil, err
+	}
+	if err := d.SetConfig(planeConfig); err != nil {
+		d.Close()
+		return nil, err
+	}
+	var bs []maglev.Backend
+	for i := 0; i < 4; i++ {
+		d.SetBackend(uint32(i), xdp.Backend{MAC: net.HardwareAddr{2, 0xbe, 0, 0, 0, byte(i)}, Addr: netip.AddrFrom4([4]byte{10, 50, 0, byte(i + 1)})})
+		bs = append(bs, maglev.Backend{Name: fmt.Sprint("b", i), ID: uint32(i), Weight: 1})
+	}
+	table := maglev.Table(bs, xdp.TableSize)
+	for id, v := range []netip.AddrPort{vip4, vip6} {
+		d.SetService(uint32(id), v)
+		d.SetTable(uint32(id), table)
+	}
+	return d, nil
+}
+
+var key = [8]byte{0xd4, 0x1c, 0x1a, 0x70, 0x7a, 0xd2, 0x8d, 0xc6}
+
+func synOpts() []byte {
+	return mptcpopt.AppendCapable(nil, mptcpopt.Capable{Length: 4, Version: 1, Flags: 1})
+}
+
+func ackOpts(version uint8, i int) []byte {
+	var k [8]byte
+	binary.BigEndian.PutUint64(k[:], uint64(i)*0x9e3779b97f4a7c15+1)
+	return mptcpopt.AppendCapable(nil, mptcpopt.Capable{Length: 20, Version: version, Flags: 1, SenderKey: key, ReceiverKey: k})
+}
+
+type row struct {
+	name    string
+	ns      []float64
+	repeats bool // steady state (repeat) or distinct packets once each
+}
+
+func costTable(w io.Writer, runs, repeat, flows int) error {
+	rows := []*row{
+		{name: "baseline: plain XDP_TX (repeated)", repeats: true},
+		{name: "established IPv4 flow (repeated)", repeats: true},
+		{name: "established IPv6 flow (repeated)", repeats: true},
+		{name: "TCP not for a service, passed (repeated)", repeats: true},
+		{name: "MP_JOIN SYN, unknown token, dropped (repeated)", repeats: true},
+		{name: "baseline: plain XDP_TX (once each)"},
+		{name: "established IPv4 flow, MAC rewrite (once each)"},
+		{name: "established IPv4 flow, IP-in-IP encapsulation (once each)"},
+		{name: "first SYN with MP_CAPABLE: Maglev + new flow (once each)"},
+		{name: "third ACK, token learned with SHA-256, v1 (once each)"},
+		{name: "third ACK, token learned with SHA-1, v0 (once each)"},
+		{name: "MP_JOIN SYN steered by token (once each)"},
+	}
+	for r := 0; r < runs; r++ {
+		d, err := setup()
+		if err != nil {
+			return err
+		}
+		prog := d.Program()
+		rep := func(p *ebpf.Program, pkt []byte) float64 {
+			per, _, err := xdp.Time(p, pkt, repeat)
+			if err != nil {
+				log.Fatal(err)
+			}
+			return float64(per.Nanoseconds())
+		}
+		est4 := xdp.Packet{Src: client(1, false), Dst: vip4, Flags: 0x10, Payload: make([]byte, 20)}
+		est6 := xdp.Packet{Src: client(1, true), Dst: vip6, Flags: 0x10, Payload: make([]byte, 20)}
+		xdp.Time(prog, est4.Frame(), 1)
+		xdp.Time(prog, est6.Frame(), 1)
+		rows[0].ns = append(rows[0].ns, rep(d.Baseline(), est4.Frame()))
+		rows[1].ns = append(rows[1].ns, rep(prog, est4.Frame()))
+		rows[2].ns = append(rows[2].ns, rep(prog, est6.Frame()))
+		rows[3].ns = append(rows[3].ns, rep(prog, xdp.Packet{Src: client(1, false), Dst: netip.AddrPortFrom(vip4.Addr(), 22), Flags: 0x10}.Frame()))
+		rows[4].ns = append(rows[4].ns, rep(prog, xdp.Packet{Src: client(2, false), Dst: vip4, Flags: 0x02, Opts: mptcpopt.AppendJoinSYN(nil, 1, false, 0x12345678, 1)}.Frame()))
+
+		once := func(p *ebpf.Program, pkts [][]byte) float64 {
+			var total time.Duration
+			for _, pkt := range pkts {
+				per, _, err := xdp.Time(p, pkt, 1)
+				if err != nil {
+					log.Fatal(err)
+				}
+				total += per
+			}
+			return float64(total.Nanoseconds()) / float64(len(pkts))
+		}
+		var syns, acks1, acks0, joins, base [][]byte
+		var tokens []uint32
+		for i := 0; i < flows; i++ {
+			c1, c0 := client(1000+i, false), client(500000+i, false)
+			syns = append(syns, xdp.Packet{Src: c1, Dst: vip4, Flags: 0x02, Opts: synOpts()}.Frame())
+			acks1 = append(acks1, xdp.Packet{Src: c1, Dst: vip4, Flags: 0x10, Opts: ackOpts(1, i)}.Frame())
+			base = append(base, xdp.Packet{Src: c1, Dst: vip4, Flags: 0x02, Opts: synOpts()}.Frame())
+			// v0 flows: SYN first (not timed), then the ACK
+			d.Run(xdp.Packet{Src: c0, Dst: vip4, Flags: 0x02, Opts: mptcpopt.AppendCapable(nil, mptcpopt.Capable{Length: 12, Version: 0, Flags: 1, SenderKey: key})}.Frame())
+			acks0 = append(acks0, xdp.Packet{Src: c0, Dst: vip4, Flags: 0x10, Opts: ackOpts(0, flows+i)}.Frame())
+			var k [8]byte
+			binary.BigEndian.PutUint64(k[:], uint64(i)*0x9e3779b97f4a7c15+1)
+			tokens = append(tokens, mptcpopt.Token(k, 1))
+		}
+		rows[5].ns = append(rows[5].ns, once(d.Baseline(), base))
+		// The same established packet, once per call: encapsulation grows the frame, so a
+		// repeated run would see its own output.
+		ests := make([][]byte, flows)
+		for i := range ests {
+			ests[i] = est4.Frame()
+		}
+		rows[6].ns = append(rows[6].ns, once(prog, ests))
+		cfg := planeConfig
+		cfg.Mode, cfg.Src4 = xdp.ModeIPIP, netip.MustParseAddr("10.200.0.1")
+		d.SetConfig(cfg)
+		rows[7].ns = append(rows[7].ns, once(prog, ests))
+		d.SetConfig(planeConfig)
+		rows[8].ns = append(rows[8].ns, once(prog, syns))
+		rows[9].ns = append(rows[9].ns, once(prog, acks1))
+		rows[10].ns = append(rows[10].ns, once(prog, acks0))
+		for i, t := range tokens {
+			joins = append(joins, xdp.Packet{Src: client(900000+i, false), Dst: vip4, Flags: 0x02, Opts: mptcpopt.AppendJoinSYN(nil, 1, false, t, 7)}.Frame())
+		}
+		rows[11].ns = append(rows[11].ns, once(prog, joins))
+		c, err := d.Counters()
+		if err != nil {
+			log.Fatal(err)
+		}
+		if c[xdp.CounterTokenLearned] != uint64(2*flows) || c[xdp.CounterJoinSteered] != uint64(flows) {
+			log.Fatalf("the benchmark's packets did not do what they should: learned %d, joins steered %d", c[xdp.CounterTokenLearned], c[xdp.CounterJoinSteered])
+		}
+		d.Close()
+	}
+	fmt.Fprintln(w, "| packet | ns/packet | vs baseline |")
+	fmt.Fprintln(w, "|---|---:|---:|")
+	for i, r := range rows {
+		base := rows[0]
+		if !r.repeats {
+			base = rows[5]
+		}
+		m := median(r.ns)
+		ratio := fmt.Sprintf("%.2fx", m/median(base.ns))
+		if i == 0 || i == 5 {
+			ratio = "1.00x"
+		}
+		fmt.Fprintf(w, "| %s | %.0f | %s |\n", r.name, m, ratio)
+	}
+	return nil
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)/2]
+}
+
+func vethTable(w io.Writer, runs, frames int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	l, err := lab.Up(ctx, scenario.KernelLinks("lbbench", 0), lab.Options{})
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	d, err := setup()
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	a, b := l.Host("a"), l.Host("b")
+	la, err := a.NS.Netlink().LinkList()
+	if err != nil {
+		return err
+	}
+	lbIf := -1
+	for _, lk := range la {
+		if lk.Type() == "veth" {
+			lbIf = lk.Attrs().Index
+		}
+	}
+	lbb, err := b.NS.Netlink().LinkList()
+	if err != nil {
+		return err
+	}
+	for _, lk := range lbb {
+		if lk.Type() == "veth" {
+			idx := lk.Attrs().Index
+			if err := b.NS.Do(func() error { return d.AttachSink(idx, xdp.AttachNative) }); err != nil {
+				return fmt.Errorf("sink on the peer: %w", err)
+			}
+		}
+	}
+	if lbIf < 0 {
+		return fmt.Errorf("no veth in host a")
+	}
+	pkt := xdp.Packet{Src: client(1, false), Dst: vip4, Flags: 0x10, Payload: make([]byte, 20)}.Frame()
+	d.Run(pkt) // the flow is established
+	var lbRate, baseRate []float64
+	for r := 0; r < runs; r++ {
+		for _, p := range []struct {
+			prog *ebpf.Program
+			out  *[]float64
+		}{{d.Baseline(), &baseRate}, {d.Program(), &lbRate}} {
+			before, _ := d.SinkCount()
+			var el time.Duration
+			err := a.NS.Do(func() error {
+				var err error
+				el, err = xdp.RunLive(p.prog, pkt, lbIf, frames)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			after, _ := d.SinkCount()
+			if got := after - before; got < uint64(frames)*9/10 {
+				return fmt.Errorf("the sink received %d of %d frames", got, frames)
+			}
+			*p.out = append(*p.out, float64(frames)/el.Seconds())
+		}
+	}
+	fmt.Fprintln(w, "| program | Mpps | ratio |")
+	fmt.Fprintln(w, "|---|---:|---:|")
+	fmt.Fprintf(w, "| baseline: plain XDP_TX | %.2f | 1.00x |\n", median(baseRate)/1e6)
+	fmt.Fprintf(w, "| braid lb, established flow | %.2f | %.2fx |\n", median(lbRate)/1e6, median(lbRate)/median(baseRate))
+	return nil
+}

@@ -1,0 +1,73 @@
+package app
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"braid/internal/lab/scenario"
+	"braid/internal/proxy"
+	"braid/internal/proxy/ident"
+)
+
+func TestProxyHelpKeygenCheck(t *testing.T) {
+	code, out, _ := run("proxy", "--help")
+	if code != 0 || !strings.Contains(out, "braid proxy --cleanup") || !strings.Contains(out, "Example:") {
+		t.Errorf("help: %d %q", code, out)
+	}
+	if code, _, errOut := run("proxy"); code != exitUsage || !strings.Contains(errOut, "--config") {
+		t.Errorf("no config: %d %q", code, errOut)
+	}
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "p.key")
+	code, out, errOut := run("proxy", "keygen", "--out", keyFile)
+	if code != 0 || !strings.Contains(out, "public key") {
+		t.Fatalf("keygen: %d %q %q", code, out, errOut)
+	}
+	if code, _, _ := run("proxy", "keygen", "--out", keyFile); code == 0 {
+		t.Error("keygen overwrote a key file")
+	}
+	data, _ := os.ReadFile(keyFile)
+	var o, e bytes.Buffer
+	if code := Main([]string{"proxy", "keygen", "--public"}, bytes.NewReader(data), &o, &e); code != 0 || !strings.Contains(out, strings.TrimSpace(o.String())) {
+		t.Errorf("--public: %d %q, keygen said %q", code, o.String(), out)
+	}
+	k, _ := ident.ParsePrivateKey(strings.TrimSpace(string(data)))
+	peer, _ := ident.Generate()
+	site := scenario.FedSite{Side: 1, Links: 1, Key: k, PeerKey: peer.Public(), PM: "none", Mode: "redirect"}.Bytes()
+	// The uplink interface wan0 does not exist here; the check says so with its line.
+	file := filepath.Join(dir, "site.toml")
+	os.WriteFile(file, site, 0o600)
+	code, _, errOut = run("proxy", "check", "--config", file)
+	if code != exitError || !strings.Contains(errOut, `interface "wan0" does not exist`) || !strings.Contains(errOut, "site.toml:") {
+		t.Errorf("check: %d %q", code, errOut)
+	}
+	good := strings.Replace(string(site), `interface = "wan0"`, `interface = "lo"`, 1)
+	os.WriteFile(file, []byte(good), 0o600)
+	if code, out, errOut := run("proxy", "check", "--config", file); code != 0 || !strings.Contains(out, "valid (mode redirect, 2 tenants") {
+		t.Errorf("check of a good file: %d %q %q", code, out, errOut)
+	}
+}
+
+func TestProxyStatusTable(t *testing.T) {
+	st := proxy.Status{Uptime: 90 * time.Second, Encrypted: true, Tenants: []proxy.TenantStatus{{Name: "blue", Out: 3, In: 1, Active: 1,
+		PoolReady: map[string]int{"site2": 2}, Refused: map[string]uint64{"auth_failed": 4}}},
+		Connections: []proxy.ConnStatus{{ID: 7, Tenant: "blue", Role: "out", Peer: "site2", Src: netip.MustParseAddrPort("10.1.0.1:4000"),
+			Dst: netip.MustParseAddrPort("10.2.0.1:80"), BytesUp: 10, Down: 20, MPTCP: true,
+			Subflows: []proxy.SubflowStatus{{Local: netip.MustParseAddrPort("10.9.0.1:45000"), Remote: netip.MustParseAddrPort("10.9.1.2:7101"), RTT: 2 * time.Millisecond}}}}}
+	body, _ := json.Marshal(map[string]any{"role": "proxy", "proxy": st, "path_manager": "braid", "announced": 1})
+	var o, e bytes.Buffer
+	if code := printProxyStatus(env{stdout: &o, stderr: &e}, body, false); code != 0 {
+		t.Fatalf("code %d: %s", code, e.String())
+	}
+	for _, want := range []string{"TLS 1.3", "auth_failed=4", "10.1.0.1:4000", "10.9.1.2:7101", "rtt 2.0 ms", "blue"} {
+		if !strings.Contains(o.String(), want) {
+			t.Errorf("missing %q in:\n%s", want, o.String())
+		}
+	}
+}

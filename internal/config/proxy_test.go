@@ -1,0 +1,145 @@
+package config
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"braid/internal/proxy/ident"
+)
+
+func proxyPeerKey(t *testing.T) string {
+	k, err := ident.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.Public().String()
+}
+
+func TestLoadProxy(t *testing.T) {
+	doc := `
+[proxy]
+mode = "redirect"
+private_key_file = "/etc/braid/site-a.key"
+pool = 3
+drain_timeout = "5s"
+backup = ["lte"]
+
+[[proxy.uplink]]
+name = "fibre"
+interface = "wan0"
+address = "192.0.2.1"
+
+[[proxy.uplink]]
+name = "lte"
+interface = "wwan0"
+address = "203.0.113.10"
+
+[[proxy.tenant]]
+name = "blue"
+networks = ["10.1.0.0/24", "fd01::/64"]
+port = 7001
+peer_port = 7101
+socks = "10.1.0.254:1080"
+  [[proxy.tenant.peer]]
+  name = "site-b"
+  public_key = "` + proxyPeerKey(t) + `"
+  address = ["198.51.100.1:7101", "198.51.100.9:7101"]
+  networks = "10.2.0.0/24"
+`
+	p, err := LoadProxy("/etc/braid/site.toml", []byte(doc), newEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Mode != "redirect" || !p.HasKey || p.Plaintext || p.Pool != 3 || p.DrainTimeout != 5*time.Second || p.PathManager != "braid" || p.FwMark != 0x1b5 {
+		t.Errorf("proxy %+v", p)
+	}
+	if len(p.Uplinks) != 2 || !p.Uplinks[1].Backup {
+		t.Errorf("uplinks %+v", p.Uplinks)
+	}
+	tn := p.Tenants[0]
+	if tn.Name != "blue" || len(tn.Networks) != 2 || tn.Port != 7001 || tn.PeerPort != 7101 || tn.Socks != netip.MustParseAddrPort("10.1.0.254:1080") {
+		t.Errorf("tenant %+v", tn)
+	}
+	if pr := tn.Peers[0]; len(pr.Addresses) != 2 || pr.Networks[0] != netip.MustParsePrefix("10.2.0.0/24") {
+		t.Errorf("peer %+v", pr)
+	}
+}
+
+func TestLoadProxyErrors(t *testing.T) {
+	key := proxyPeerKey(t)
+	doc := `
+[proxy]
+mode = "nat"
+path_manager = "fullmesh"
+
+[[proxy.uplink]]
+name = "fibre"
+interface = "nosuch0"
+address = "192.0.2.1"
+
+[[proxy.tenant]]
+name = "blue"
+networks = ["10.1.0.1/24"]
+port = 7001
+peer_port = 7001
+  [[proxy.tenant.peer]]
+  name = "site-b"
+  address = "198.51.100.1"
+  networks = ["10.1.0.0/16"]
+  [[proxy.tenant.peer]]
+  name = "site-c"
+  public_key = "` + key + `"
+  address = "198.51.100.2:7101"
+  networks = ["10.3.0.0/24"]
+  [[proxy.tenant.peer]]
+  name = "site-d"
+  public_key = "` + key + `"
+  address = "198.51.100.3:7101"
+  networks = ["10.4.0.0/24"]
+`
+	_, err := LoadProxy("site.toml", []byte(doc), newEnv())
+	if err == nil {
+		t.Fatal("no error")
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		`site.toml:3: proxy: mode "nat": known modes are tproxy, redirect, socks`,
+		`site.toml:4: proxy: path_manager "fullmesh"`,
+		`no private_key or private_key_file`,
+		`site.toml:8: uplink fibre: interface "nosuch0" does not exist`,
+		`site.toml:13: tenant blue: networks 10.1.0.1/24 has host bits set (did you mean 10.1.0.0/24?)`,
+		`site.toml:15: tenant blue: peer_port 7001 is already tenant blue's port`,
+		`site.toml:18: tenant blue peer site-b: address "198.51.100.1": want address:port`,
+		`site.toml:19: tenant blue peer site-b: networks 10.1.0.0/16 overlaps the tenant's own 10.1.0.1/24`,
+		`tenant blue peer site-b: missing public_key`,
+		`site.toml:27: tenant blue peer site-d: public_key is also another peer's of this tenant`,
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("missing %q in:\n%s", want, msg)
+		}
+	}
+	if _, err := LoadProxy("site.toml", []byte("[tunnel]\n"), newEnv()); err == nil || !strings.Contains(err.Error(), "no [proxy] section") {
+		t.Errorf("no section: %v", err)
+	}
+	// Plaintext needs no keys, and says so explicitly.
+	plain := `
+[proxy]
+plaintext = true
+path_manager = "none"
+mode = "socks"
+[[proxy.tenant]]
+name = "t"
+networks = ["10.1.0.0/24"]
+peer_port = 7101
+socks = "127.0.0.1:1080"
+  [[proxy.tenant.peer]]
+  name = "b"
+  address = "10.0.0.2:7101"
+  networks = ["10.2.0.0/24"]
+`
+	if p, err := LoadProxy("site.toml", []byte(plain), newEnv()); err != nil || !p.Plaintext {
+		t.Errorf("plaintext: %v", err)
+	}
+}

@@ -1,0 +1,323 @@
+package scenario
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"braid/internal/lab"
+	"braid/internal/lab/topo"
+	"braid/internal/proxy"
+	"braid/internal/proxy/ident"
+)
+
+// The federation topology: a client host c at site 1 behind proxy p1, a server host s at site 2
+// behind proxy p2, and one or more WAN links between the proxies (the uplinks):
+//
+//	c --lan-- p1 ==wan0== p2 --lan-- s
+//	             ==wan1==
+//
+// Tenant "blue" has 10.1.0.0/24 and fd01::/64 at site 1, 10.2.0.0/24 and fd02::/64 at site 2;
+// tenant "red" has 10.1.1.0/24 and 10.2.1.0/24. c and s have an address in each. WAN link i
+// has 10.9.i.1 and fd09:i::1 (p1), 10.9.i.2 and fd09:i::2 (p2). Of the other site's LANs
+// only blue's are routed, over wan0 (the plain-TCP baseline); a running proxy intercepts
+// them first.
+const (
+	FedClient4   = "10.1.0.1"
+	FedClient6   = "fd01::1"
+	FedClientRed = "10.1.1.1"
+	FedServer4   = "10.2.0.1"
+	FedServer6   = "fd02::1"
+	FedServerRed = "10.2.1.1"
+	FedSocks     = "10.1.0.254:1080"
+	FedMetrics   = "127.0.0.1:9478"
+	FedBluePort  = 7001
+	FedBluePeer  = 7101
+	FedRedPort   = 7002
+	FedRedPeer   = 7102
+)
+
+// FederationTopology returns the topology with one WAN link per shape; kernel makes every link
+// a veth pair (fast, rate by TBF only).
+func FederationTopology(name string, kernel bool, wan ...topo.Shape) *topo.Topology {
+	pf := netip.MustParsePrefix
+	tp := &topo.Topology{Name: name, Hosts: []topo.Host{
+		{Name: "c", Routes: []topo.Route{
+			{Dst: pf("0.0.0.0/0"), Via: netip.MustParseAddr("10.1.0.254")},
+			{Dst: pf("::/0"), Via: netip.MustParseAddr("fd01::fe")}}},
+		// Tenant blue's site networks are routed over wan0 too: the plain-TCP baseline takes that
+		// route when no proxy runs (a running proxy intercepts before forwarding).
+		{Name: "p1", Forward: true, Routes: []topo.Route{
+			{Dst: pf("10.2.0.0/24"), Via: netip.MustParseAddr("10.9.0.2")},
+			{Dst: pf("fd02::/64"), Via: netip.MustParseAddr("fd09::2")}}},
+		{Name: "p2", Forward: true, Routes: []topo.Route{
+			{Dst: pf("10.1.0.0/24"), Via: netip.MustParseAddr("10.9.0.1")},
+			{Dst: pf("fd01::/64"), Via: netip.MustParseAddr("fd09::1")}}},
+		{Name: "s", Routes: []topo.Route{
+			{Dst: pf("0.0.0.0/0"), Via: netip.MustParseAddr("10.2.0.254")},
+			{Dst: pf("::/0"), Via: netip.MustParseAddr("fd02::fe")}}},
+	}}
+	// The LANs are always kernel links: only the WAN is shaped.
+	tp.Links = append(tp.Links, topo.Link{Name: "lan1", Kernel: true,
+		A: topo.Endpoint{Host: "c", Ifname: "lan", Addrs: []netip.Prefix{pf("10.1.0.1/24"), pf("10.1.1.1/24"), pf("fd01::1/64")}},
+		B: topo.Endpoint{Host: "p1", Ifname: "lan", Addrs: []netip.Prefix{pf("10.1.0.254/24"), pf("10.1.1.254/24"), pf("fd01::fe/64")}}})
+	for i, s := range wan {
+		tp.Links = append(tp.Links, topo.Link{Name: fmt.Sprintf("wan%d", i), Kernel: kernel, AB: s, BA: s,
+			A: topo.Endpoint{Host: "p1", Ifname: fmt.Sprintf("wan%d", i), Addrs: []netip.Prefix{pf(fmt.Sprintf("10.9.%d.1/24", i)), pf(fmt.Sprintf("fd09:%d::1/64", i))}},
+			B: topo.Endpoint{Host: "p2", Ifname: fmt.Sprintf("wan%d", i), Addrs: []netip.Prefix{pf(fmt.Sprintf("10.9.%d.2/24", i)), pf(fmt.Sprintf("fd09:%d::2/64", i))}}})
+	}
+	tp.Links = append(tp.Links, topo.Link{Name: "lan2", Kernel: true,
+		A: topo.Endpoint{Host: "s", Ifname: "lan", Addrs: []netip.Prefix{pf("10.2.0.1/24"), pf("10.2.1.1/24"), pf("fd02::1/64")}},
+		B: topo.Endpoint{Host: "p2", Ifname: "lan", Addrs: []netip.Prefix{pf("10.2.0.254/24"), pf("10.2.1.254/24"), pf("fd02::fe/64")}}})
+	return tp
+}
+
+// FedSite describes one proxy's site file.
+type FedSite struct {
+	Side       int // 1 (p1) or 2 (p2)
+	Uplinks    int // WAN links used as uplinks (0: all of Links)
+	Links      int // WAN links in the topology
+	Key        ident.PrivateKey
+	PeerKey    ident.PublicKey
+	Plaintext  bool
+	Mode       string // tproxy (default) or redirect
+	PM         string // braid (default), kernel, none
+	Pool       int    // -1: 0 (no pool); 0: the default
+	NoMPTCP    bool   // plain TCP between the proxies: path_manager none and one uplink (the "proxied TCP" baseline uses this with Uplinks 1)
+	Drain      time.Duration
+	ExtraBlue  []string // more networks claimed for the peer of tenant blue (tests of isolation)
+	PeerAddrs  []string // peer addresses; default the peer's wan0 address
+	MetricsOff bool
+}
+
+// Bytes returns the TOML of the site file.
+func (f FedSite) Bytes() []byte {
+	me, other := f.Side, 3-f.Side
+	var b bytes.Buffer
+	mode := f.Mode
+	if mode == "" {
+		mode = "tproxy"
+	}
+	pmName := f.PM
+	if pmName == "" {
+		pmName = "braid"
+	}
+	fmt.Fprintf(&b, "[proxy]\nmode = %q\npath_manager = %q\n", mode, pmName)
+	if f.Plaintext {
+		b.WriteString("plaintext = true\n")
+	} else {
+		fmt.Fprintf(&b, "private_key = %q\n", f.Key.String())
+	}
+	switch {
+	case f.Pool < 0:
+		b.WriteString("pool = 0\n")
+	case f.Pool > 0:
+		fmt.Fprintf(&b, "pool = %d\n", f.Pool)
+	}
+	if f.Drain > 0 {
+		fmt.Fprintf(&b, "drain_timeout = %q\n", f.Drain.String())
+	}
+	if f.MetricsOff {
+		b.WriteString("metrics = \"\"\n")
+	} else {
+		fmt.Fprintf(&b, "metrics = %q\n", FedMetrics)
+	}
+	ups := f.Uplinks
+	if ups == 0 {
+		ups = f.Links
+	}
+	for i := 0; i < ups; i++ {
+		fmt.Fprintf(&b, "[[proxy.uplink]]\nname = \"wan%d\"\ninterface = \"wan%d\"\naddress = \"10.9.%d.%d\"\n", i, i, i, me)
+	}
+	peerAddrs := f.PeerAddrs
+	if len(peerAddrs) == 0 {
+		peerAddrs = []string{fmt.Sprintf("10.9.0.%d", other)}
+	}
+	tenant := func(name string, port, peerPort int, own, theirs []string, socks string) {
+		fmt.Fprintf(&b, "[[proxy.tenant]]\nname = %q\nnetworks = [%s]\nport = %d\npeer_port = %d\n", name, quoteAll(own), port, peerPort)
+		if socks != "" {
+			fmt.Fprintf(&b, "socks = %q\n", socks)
+		}
+		var addrs []string
+		for _, a := range peerAddrs {
+			addrs = append(addrs, netip.AddrPortFrom(netip.MustParseAddr(a), uint16(peerPort)).String())
+		}
+		fmt.Fprintf(&b, "  [[proxy.tenant.peer]]\n  name = \"site%d\"\n  address = [%s]\n  networks = [%s]\n", other, quoteAll(addrs), quoteAll(theirs))
+		if !f.Plaintext {
+			fmt.Fprintf(&b, "  public_key = %q\n", f.PeerKey.String())
+		}
+	}
+	nets := func(side int) []string {
+		return []string{fmt.Sprintf("10.%d.0.0/24", side), fmt.Sprintf("fd0%d::/64", side)}
+	}
+	socks := ""
+	if me == 1 {
+		socks = FedSocks
+	}
+	tenant("blue", FedBluePort, FedBluePeer, nets(me), append(nets(other), f.ExtraBlue...), socks)
+	tenant("red", FedRedPort, FedRedPeer, []string{fmt.Sprintf("10.%d.1.0/24", me)}, []string{fmt.Sprintf("10.%d.1.0/24", other)}, "")
+	return b.Bytes()
+}
+
+func quoteAll(s []string) string {
+	q := make([]string, len(s))
+	for i, x := range s {
+		q[i] = fmt.Sprintf("%q", x)
+	}
+	return strings.Join(q, ", ")
+}
+
+// ProxyProc is a braid proxy process running in a lab host.
+type ProxyProc struct {
+	Host *lab.Host
+	File string
+	Cmd  *exec.Cmd
+	out  *lockedBuffer
+	done chan struct{}
+	err  error
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// StartProxy writes site to dir and runs 'bin proxy --config' in h; env is added to the
+// process's environment (BRAID_TEST_MAIN=1 when bin is a test binary).
+func StartProxy(h *lab.Host, bin, dir string, site []byte, env ...string) (*ProxyProc, error) {
+	file := filepath.Join(dir, h.Name+".toml")
+	if err := os.WriteFile(file, site, 0o600); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "proxy", "--config", file)
+	cmd.Env = append(os.Environ(), env...)
+	pp := &ProxyProc{Host: h, File: file, Cmd: cmd, out: &lockedBuffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = pp.out, pp.out
+	if err := h.Start(cmd); err != nil {
+		return nil, err
+	}
+	go func() { pp.err = cmd.Wait(); close(pp.done) }()
+	return pp, nil
+}
+
+// Log returns what the process wrote.
+func (pp *ProxyProc) Log() string { return pp.out.String() }
+
+// Done is closed when the process has exited.
+func (pp *ProxyProc) Done() <-chan struct{} { return pp.done }
+
+// Err is the process's exit status, once Done.
+func (pp *ProxyProc) Err() error { return pp.err }
+
+// Signal sends sig to the process.
+func (pp *ProxyProc) Signal(sig syscall.Signal) error { return pp.Cmd.Process.Signal(sig) }
+
+// Stop ends the process with SIGTERM and waits up to 10 s (then kills it).
+func (pp *ProxyProc) Stop() error {
+	pp.Signal(syscall.SIGTERM)
+	select {
+	case <-pp.done:
+	case <-time.After(10 * time.Second):
+		pp.Cmd.Process.Kill()
+		<-pp.done
+	}
+	return pp.err
+}
+
+// ProxyStatusDoc is the proxy's /status document.
+type ProxyStatusDoc struct {
+	Role        string        `json:"role"`
+	Proxy       *proxy.Status `json:"proxy"`
+	PathManager string        `json:"path_manager"`
+	Announced   uint64        `json:"announced"`
+}
+
+// ProxyStatus reads the /status of the proxy running in h.
+func ProxyStatus(ctx context.Context, h *lab.Host) (*ProxyStatusDoc, error) {
+	c := http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) { return h.Dial(ctx, network, addr) }}}
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+FedMetrics+"/status", nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var doc ProxyStatusDoc
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+		return nil, err
+	}
+	if doc.Proxy == nil {
+		return nil, fmt.Errorf("scenario: %s: status of role %q, not a proxy", h.Name, doc.Role)
+	}
+	return &doc, nil
+}
+
+// WaitProxyPair waits until both proxies answer and each has a pooled connection to the other
+// for tenant blue (with pool 0: until both answer).
+func WaitProxyPair(ctx context.Context, a, b *ProxyProc, pooled bool, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	var last error
+	for time.Now().Before(deadline) {
+		ok := true
+		for _, pp := range []*ProxyProc{a, b} {
+			select {
+			case <-pp.done:
+				return fmt.Errorf("scenario: proxy in %s exited: %v\n%s", pp.Host.Name, pp.err, pp.Log())
+			default:
+			}
+			st, err := ProxyStatus(ctx, pp.Host)
+			if err != nil {
+				last, ok = err, false
+				break
+			}
+			if pooled {
+				for _, t := range st.Proxy.Tenants {
+					if t.Name == "blue" {
+						for _, n := range t.PoolReady {
+							if n == 0 {
+								ok, last = false, fmt.Errorf("%s: no pooled connection yet", pp.Host.Name)
+							}
+						}
+					}
+				}
+			}
+		}
+		if ok {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("scenario: proxies not ready within %v: %v", within, last)
+}
+
+// FedKeys returns a fresh key pair for each proxy.
+func FedKeys() (k1, k2 ident.PrivateKey, err error) {
+	if k1, err = ident.Generate(); err != nil {
+		return
+	}
+	k2, err = ident.Generate()
+	return
+}

@@ -1,0 +1,973 @@
+//go:build ignore
+
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * braid lb: the XDP data plane of an MPTCP-aware layer-4 load balancer.
+ *
+ * Packets to a virtual service (VIP:port, TCP, IPv4 or IPv6) are sent to one backend:
+ *  - a packet of a known flow (connection table) goes where its flow went;
+ *  - a SYN without MP_JOIN (a first subflow) goes to the backend that Maglev consistent
+ *    hashing picks for its 5-tuple, and the flow is pinned in the connection table;
+ *  - the first client-to-server MP_CAPABLE carrying the server's key (lengths 20, 22, 24) on a
+ *    flow whose MP_CAPABLE SYN this balancer placed teaches the server's token
+ *    (SHA-256(key)[0:4] in v1, SHA-1(key)[0:4] in v0), computed here so that a join arriving
+ *    microseconds later is already steered; a live token is never overwritten;
+ *  - an MP_JOIN SYN goes to the backend that owns its token; a join with an unknown token is
+ *    dropped and counted (hashing it would earn an RST that the client never retries);
+ *  - stateless services map (VIP, port) to one backend with no per-connection state, for
+ *    backends that announce their own port and refuse joins to the VIP (MPTCP's C flag).
+ * Backends share the VIP and answer the client directly; the balancer forwards by rewriting
+ * the destination MAC, or by IP-in-IP encapsulation for backends that are not on its segment.
+ * Every packet it does not forward is counted by reason.
+ */
+#include "lb.h"
+
+#define MAX_BACKENDS 256
+#define MAX_SERVICES 4
+#define MAGLEV_M 65521 /* prime, > 100 x MAX_BACKENDS */
+#define NO_BACKEND 0xffffffff
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* Counters, indexes of the counters map (xdp.Counter mirrors them). */
+enum {
+	C_RX = 0,
+	C_PASS_NOT_VIP,
+	C_PASS_OTHER,
+	C_FWD,
+	C_NEW_CONN,
+	C_NEW_MIDFLOW,
+	C_JOIN_STEERED,
+	C_DROP_JOIN_UNKNOWN,
+	C_DROP_JOIN_COLLIDED,
+	C_TOKEN_LEARNED,
+	C_TOKEN_REPEAT,
+	C_TOKEN_COLLISION,
+	C_TOKEN_FULL,
+	C_LEARN_NO_FLOW,
+	C_LEARN_LIMITED,
+	C_TOKEN_FASTCLOSE,
+	C_TOKEN_CLOSING,
+	C_MPC_BAD,
+	C_OPT_MALFORMED,
+	C_DROP_MALFORMED,
+	C_DROP_NO_BACKEND,
+	C_DROP_ENCAP,
+	C_STATELESS_FWD,
+	C_NUM
+};
+
+/* config flags */
+#define CFG_AWARE (1 << 0)       /* MPTCP-aware: learn tokens, steer joins */
+#define CFG_HASH_ADDRS (1 << 1)  /* hash addresses only (the paper's unaware balancer) */
+#define CFG_COLLIDE_DROP (1 << 2) /* a token two backends claim steers no join */
+#define CFG_STATELESS (1 << 3)    /* the stateless table has entries */
+
+/* forwarding modes */
+#define FWD_MAC 0
+#define FWD_IPIP 1
+
+struct lb_config {
+	__u32 flags;
+	__u32 mode;
+	__u32 hash_seed;
+	__u32 learn_rate;  /* token learnings per second per client address; 0: no limit */
+	__u32 learn_burst;
+	__u32 global_rate; /* token learnings per second per CPU; 0: no limit */
+	__u32 global_burst;
+	__u32 src4;        /* outer source of IPv4 encapsulation (network order) */
+	__u8 src6[16];     /* outer source of IPv6 encapsulation */
+	__u8 src_mac[6];   /* source MAC of forwarded frames */
+	__u8 pad[2];
+};
+
+/* backend flags */
+#define BE_PRESENT (1 << 0)
+#define BE_OUTER6 (1 << 1) /* encapsulate in IPv6 */
+
+struct backend {
+	__u8 mac[6];
+	__u16 flags;
+	__u32 ifindex; /* 0: send back out of the receiving interface (XDP_TX) */
+	__u32 addr4;   /* encapsulation destination (network order) */
+	__u8 addr6[16];
+};
+
+struct svc_key {
+	__u8 addr[16]; /* IPv4: first 4 bytes, the rest zero */
+	__u16 port;    /* network order */
+	__u8 family;   /* 4 or 6 */
+	__u8 pad;
+};
+
+struct svc {
+	__u32 id; /* < MAX_SERVICES: row of the Maglev table, tokens are kept per service */
+	__u32 flags;
+};
+
+struct flow {
+	__u8 src[16];
+	__u8 dst[16];
+	__u16 sport;
+	__u16 dport;
+	__u8 family;
+	__u8 pad[3];
+};
+
+/* conn flags */
+#define CONN_SYN (1 << 0)     /* the balancer placed this flow's SYN */
+#define CONN_MPC (1 << 1)     /* ... and that SYN carried MP_CAPABLE */
+#define CONN_V0 (1 << 2)      /* MPTCP version 0 (SHA-1) */
+#define CONN_LEARNED (1 << 3) /* the token of its connection is known */
+#define CONN_JOIN (1 << 4)    /* a subflow placed by its MP_JOIN token */
+
+struct conn {
+	__u32 backend;
+	__u32 flags;
+	__u32 token;
+	__u32 svc;
+	__u64 refreshed; /* when the token's activity was last refreshed */
+};
+
+struct token_key {
+	__u32 svc;
+	__u32 token;
+};
+
+/* token flags */
+#define TOK_V0 (1 << 0)
+#define TOK_CLOSING (1 << 1)  /* the client sent DATA_FIN */
+#define TOK_COLLIDED (1 << 2) /* another backend claimed the same token */
+
+struct token_val {
+	__u32 backend;
+	__u32 flags;
+	__u64 created;
+	__u64 active;
+};
+
+struct bucket {
+	__u64 last;
+	__u64 credit; /* in nanosecond-units: one learning costs 1e9 */
+};
+
+struct be_stats {
+	__u64 packets;
+	__u64 bytes;
+	__u64 conns;
+	__u64 joins;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lb_config);
+	__uint(max_entries, 1);
+} config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct svc_key);
+	__type(value, struct svc);
+	__uint(max_entries, MAX_SERVICES);
+} services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct svc_key);
+	__type(value, __u32);
+	__uint(max_entries, 1024);
+} stateless SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, MAX_SERVICES *MAGLEV_M);
+} maglev SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct backend);
+	__uint(max_entries, MAX_BACKENDS);
+} backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct flow);
+	__type(value, struct conn);
+	__uint(max_entries, 1 << 20);
+} conns SEC(".maps");
+
+/* A plain hash, not an LRU: forged handshakes cannot evict a live token; they can only fill
+ * free slots, at the learning rate limit, and the control plane expires idle tokens. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct token_key);
+	__type(value, struct token_val);
+	__uint(max_entries, 1 << 18);
+} tokens SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct svc_key);
+	__type(value, struct bucket);
+	__uint(max_entries, 1 << 16);
+} learn_limit SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct bucket);
+	__uint(max_entries, 1);
+} global_limit SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, C_NUM);
+} counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct be_stats);
+	__uint(max_entries, MAX_BACKENDS);
+} backend_stats SEC(".maps");
+
+static __always_inline void count(__u32 c)
+{
+	__u64 *v = bpf_map_lookup_elem(&counters, &c);
+	if (v)
+		*v += 1;
+}
+
+static __always_inline __u32 rotl(__u32 x, int r) { return (x << r) | (x >> (32 - r)); }
+static __always_inline __u32 rotr(__u32 x, int r) { return (x >> r) | (x << (32 - r)); }
+
+/* ---- tokens: the first 32 bits of SHA-256 or SHA-1 of the 8-byte key ---- */
+
+static const __u32 k256[64] = {
+	0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+	0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+	0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+	0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+	0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+	0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+	0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+	0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+};
+
+/* One padded block: the 8-byte key (hi, lo big-endian words), 0x80, zeros, bit length 64.
+ * Global subprograms with rolled loops: the verifier checks each once, whatever the number
+ * of call sites, and unrolled they would not fit the stack of their callers. */
+__noinline __u32 sha256_token(__u32 hi, __u32 lo)
+{
+	__u32 w[16] = {hi, lo, 0x80000000, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 64};
+	__u32 a = 0x6a09e667, b = 0xbb67ae85, c = 0x3c6ef372, d = 0xa54ff53a;
+	__u32 e = 0x510e527f, f = 0x9b05688c, g = 0x1f83d9ab, h = 0x5be0cd19;
+
+	for (__u32 i = 0; i < 64; i++) {
+		__u32 wi;
+		if (i < 16) {
+			wi = w[i & 15];
+		} else {
+			__u32 w15 = w[(i - 15) & 15], w2 = w[(i - 2) & 15];
+			__u32 s0 = rotr(w15, 7) ^ rotr(w15, 18) ^ (w15 >> 3);
+			__u32 s1 = rotr(w2, 17) ^ rotr(w2, 19) ^ (w2 >> 10);
+			wi = w[i & 15] + s0 + w[(i - 7) & 15] + s1;
+			w[i & 15] = wi;
+		}
+		__u32 S1 = rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25);
+		__u32 ch = (e & f) ^ (~e & g);
+		__u32 t1 = h + S1 + ch + k256[i & 63] + wi;
+		__u32 S0 = rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22);
+		__u32 maj = (a & b) ^ (a & c) ^ (b & c);
+		h = g;
+		g = f;
+		f = e;
+		e = d + t1;
+		d = c;
+		c = b;
+		b = a;
+		a = t1 + S0 + maj;
+	}
+	return a + 0x6a09e667;
+}
+
+__noinline __u32 sha1_token(__u32 hi, __u32 lo)
+{
+	__u32 w[16] = {hi, lo, 0x80000000, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 64};
+	__u32 a = 0x67452301, b = 0xefcdab89, c = 0x98badcfe, d = 0x10325476, e = 0xc3d2e1f0;
+
+	for (__u32 i = 0; i < 80; i++) {
+		__u32 wi, f, k;
+		if (i < 16) {
+			wi = w[i & 15];
+		} else {
+			wi = rotl(w[(i - 3) & 15] ^ w[(i - 8) & 15] ^ w[(i - 14) & 15] ^ w[i & 15], 1);
+			w[i & 15] = wi;
+		}
+		if (i < 20) {
+			f = (b & c) | (~b & d);
+			k = 0x5a827999;
+		} else if (i < 40) {
+			f = b ^ c ^ d;
+			k = 0x6ed9eba1;
+		} else if (i < 60) {
+			f = (b & c) | (b & d) | (c & d);
+			k = 0x8f1bbcdc;
+		} else {
+			f = b ^ c ^ d;
+			k = 0xca62c1d6;
+		}
+		__u32 t = rotl(a, 5) + f + e + k + wi;
+		e = d;
+		d = c;
+		c = rotl(b, 30);
+		b = a;
+		a = t;
+	}
+	return a + 0x67452301;
+}
+
+/* ---- the flow hash (xdp.FlowHash is the same function in Go) ---- */
+
+static __always_inline __u32 mix(__u32 h, __u32 k)
+{
+	k *= 0xcc9e2d51;
+	k = rotl(k, 15);
+	k *= 0x1b873593;
+	h ^= k;
+	h = rotl(h, 13);
+	return h * 5 + 0xe6546b64;
+}
+
+static __always_inline __u32 flow_hash(const struct flow *f, __u32 seed, int addrs_only)
+{
+	const __u32 *s = (const __u32 *)f->src, *d = (const __u32 *)f->dst;
+	__u32 h = seed;
+	h = mix(h, s[0]);
+	h = mix(h, s[1]);
+	h = mix(h, s[2]);
+	h = mix(h, s[3]);
+	h = mix(h, d[0]);
+	h = mix(h, d[1]);
+	h = mix(h, d[2]);
+	h = mix(h, d[3]);
+	if (!addrs_only)
+		h = mix(h, (__u32)f->sport | ((__u32)f->dport << 16));
+	h = mix(h, f->family);
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+/* ---- TCP options ---- */
+
+#define OPTBUF 64
+/* VOL reads or writes memory on every use: the compiler keeps no copy in a register */
+#define VOL(x) (*(volatile typeof(x) *)&(x))
+
+struct optbuf {
+	__u8 b[OPTBUF];
+	__u32 n; /* bytes of options in b */
+};
+
+/* what parse_mptcp found (mp_info.bits) */
+#define MP_MALFORMED (1 << 0) /* an option length lies: the list is ignored */
+#define MP_CAP (1 << 1)       /* an MP_CAPABLE option */
+#define MP_CAP_KEY (1 << 2)   /* ... of a form that carries the receiver's key */
+#define MP_CAP_BAD (1 << 3)   /* ... of a length, version or flags no RFC defines */
+#define MP_V0 (1 << 4)        /* ... version 0 */
+#define MP_JOIN (1 << 5)      /* an MP_JOIN option */
+#define MP_JOIN_SYN (1 << 6)  /* ... of the SYN form (length 12) */
+#define MP_FASTCLOSE (1 << 7) /* an MP_FASTCLOSE of length 12 */
+#define MP_DATA_FIN (1 << 8)  /* a DSS with DATA_FIN */
+
+struct mp_info {
+	__u32 bits;
+	__u32 key_hi, key_lo; /* MP_CAPABLE receiver's key (MP_CAP_KEY) */
+	__u32 fc_hi, fc_lo;   /* MP_FASTCLOSE key */
+	__u32 token;          /* MP_JOIN receiver's token (MP_JOIN_SYN) */
+	/* scratch of parse_mptcp: offsets + 1 of the first option of each kind, 0 for none.
+	 * They live in memory, not registers, so that the verifier does not track each
+	 * combination of positions as a state of its own. */
+	__u32 cap, join, dss, fc;
+	__u32 i, n; /* the walk's position and end, in memory for the same reason */
+};
+
+static __always_inline __u32 be32_at(const __u8 *o, __u32 at)
+{
+	return ((__u32)o[at & (OPTBUF - 1)] << 24) | ((__u32)o[(at + 1) & (OPTBUF - 1)] << 16) |
+	       ((__u32)o[(at + 2) & (OPTBUF - 1)] << 8) | (__u32)o[(at + 3) & (OPTBUF - 1)];
+}
+
+/* parse_mptcp walks the option list (a global subprogram: verified once, and what it finds
+ * reaches the caller as plain values, so the caller's paths do not multiply by option
+ * positions). The first MP_CAPABLE, MP_JOIN, DSS and MP_FASTCLOSE count. Returns bits. */
+__noinline int parse_mptcp(struct optbuf *ob, struct mp_info *mi)
+{
+	if (!ob || !mi)
+		return 0;
+	const __u8 *o = ob->b;
+
+	mi->n = ob->n > 40 ? 40 : ob->n;
+	mi->i = 0;
+	mi->bits = 0;
+	mi->cap = mi->join = mi->dss = mi->fc = 0;
+	for (int step = 0; step < 40; step++) {
+		__u32 i = VOL(mi->i), n = VOL(mi->n);
+		if (i >= n)
+			break;
+		__u8 kind = o[i & (OPTBUF - 1)];
+		if (kind == 0)
+			break;
+		if (kind == 1) {
+			VOL(mi->i) = i + 1;
+			continue;
+		}
+		if (i + 1 >= n) {
+			mi->bits = MP_MALFORMED;
+			return MP_MALFORMED;
+		}
+		__u32 len = o[(i + 1) & (OPTBUF - 1)];
+		if (len < 2 || i + len > n) {
+			mi->bits = MP_MALFORMED;
+			return MP_MALFORMED;
+		}
+		if (kind == 30 && len >= 3) {
+			__u8 sub = o[(i + 2) & (OPTBUF - 1)] >> 4;
+			if (sub == 0 && !VOL(mi->cap))
+				VOL(mi->cap) = i + 1;
+			else if (sub == 1 && !VOL(mi->join))
+				VOL(mi->join) = i + 1;
+			else if (sub == 2 && !VOL(mi->dss))
+				VOL(mi->dss) = i + 1;
+			else if (sub == 7 && !VOL(mi->fc))
+				VOL(mi->fc) = i + 1;
+		}
+		VOL(mi->i) = i + len;
+	}
+
+	__u32 bits = 0;
+	if (VOL(mi->cap)) {
+		__u32 at = (VOL(mi->cap) - 1) & (OPTBUF - 1);
+		__u32 len = o[(at + 1) & (OPTBUF - 1)];
+		__u8 ver = o[(at + 2) & (OPTBUF - 1)] & 0x0f;
+		__u8 fl = len >= 4 ? o[(at + 3) & (OPTBUF - 1)] : 0;
+		bits |= MP_CAP;
+		if (ver == 0)
+			bits |= MP_V0;
+		if (ver > 1 || len < 4 || (fl & 0x1f) != 0x01 || (fl & 0x40))
+			bits |= MP_CAP_BAD;
+		else if (len == 20 || (ver == 1 && (len == 22 || len == 24))) {
+			bits |= MP_CAP_KEY;
+			mi->key_hi = be32_at(o, at + 12);
+			mi->key_lo = be32_at(o, at + 16);
+		} else if (!(len == 4 && ver == 1) && len != 12)
+			bits |= MP_CAP_BAD;
+	}
+	if (VOL(mi->join)) {
+		__u32 at = (VOL(mi->join) - 1) & (OPTBUF - 1);
+		bits |= MP_JOIN;
+		if (o[(at + 1) & (OPTBUF - 1)] == 12) {
+			bits |= MP_JOIN_SYN;
+			mi->token = be32_at(o, at + 4);
+		}
+	}
+	if (VOL(mi->fc)) {
+		__u32 at = (VOL(mi->fc) - 1) & (OPTBUF - 1);
+		if (o[(at + 1) & (OPTBUF - 1)] == 12) {
+			bits |= MP_FASTCLOSE;
+			mi->fc_hi = be32_at(o, at + 4);
+			mi->fc_lo = be32_at(o, at + 8);
+		}
+	}
+	if (VOL(mi->dss)) {
+		__u32 at = (VOL(mi->dss) - 1) & (OPTBUF - 1);
+		if (o[(at + 1) & (OPTBUF - 1)] >= 4 && (o[(at + 3) & (OPTBUF - 1)] & 0x10))
+			bits |= MP_DATA_FIN;
+	}
+	mi->bits = bits;
+	return bits;
+}
+
+static __always_inline __u32 token_of(__u32 hi, __u32 lo, int v0)
+{
+	return v0 ? sha1_token(hi, lo) : sha256_token(hi, lo);
+}
+
+/* take spends one learning from a bucket refilled at rate per second up to burst. */
+static __always_inline int take(struct bucket *b, __u64 now, __u32 rate, __u32 burst)
+{
+	__u64 cap = (__u64)(burst ? burst : 1) * 1000000000ULL;
+	__u64 elapsed = now - b->last;
+	if (now < b->last || elapsed > 10000000000ULL)
+		elapsed = 10000000000ULL; /* rate <= 1e6 (config), so no overflow */
+	__u64 credit = b->credit + elapsed * rate;
+	if (credit > cap)
+		credit = cap;
+	b->last = now;
+	if (credit < 1000000000ULL) {
+		b->credit = credit;
+		return 0;
+	}
+	b->credit = credit - 1000000000ULL;
+	return 1;
+}
+
+static __always_inline int learn_allowed(const struct lb_config *cfg, const struct flow *f, __u64 now)
+{
+	if (cfg->learn_rate) {
+		struct svc_key k = {};
+		__builtin_memcpy(k.addr, f->src, 16);
+		k.family = f->family;
+		struct bucket *b = bpf_map_lookup_elem(&learn_limit, &k);
+		if (!b) {
+			struct bucket nb = {.last = now, .credit = (__u64)cfg->learn_burst * 1000000000ULL};
+			bpf_map_update_elem(&learn_limit, &k, &nb, BPF_ANY);
+			b = bpf_map_lookup_elem(&learn_limit, &k);
+			if (!b)
+				return 0;
+		}
+		if (!take(b, now, cfg->learn_rate, cfg->learn_burst))
+			return 0;
+	}
+	if (cfg->global_rate) {
+		__u32 zero = 0;
+		struct bucket *b = bpf_map_lookup_elem(&global_limit, &zero);
+		if (!b)
+			return 0;
+		if (b->last == 0) {
+			b->last = now;
+			b->credit = (__u64)cfg->global_burst * 1000000000ULL;
+		}
+		if (!take(b, now, cfg->global_rate, cfg->global_burst))
+			return 0;
+	}
+	return 1;
+}
+
+/* learn records the server's token of the connection whose first subflow is c. */
+static __always_inline void learn(const struct lb_config *cfg, struct conn *c, const struct flow *f,
+				  const struct mp_info *mi, __u64 now)
+{
+	if (!(c->flags & CONN_SYN) || !(c->flags & CONN_MPC)) {
+		count(C_LEARN_NO_FLOW);
+		return;
+	}
+	if (c->flags & CONN_LEARNED)
+		return;
+	if (!learn_allowed(cfg, f, now)) {
+		count(C_LEARN_LIMITED);
+		return;
+	}
+	int v0 = mi->bits & MP_V0;
+	__u32 token = token_of(mi->key_hi, mi->key_lo, v0);
+	struct token_key k = {.svc = c->svc, .token = token};
+	struct token_val v = {.backend = c->backend, .flags = v0 ? TOK_V0 : 0, .created = now, .active = now};
+	c->flags |= CONN_LEARNED | (v0 ? CONN_V0 : 0);
+	c->token = token;
+	c->refreshed = now;
+	long err = bpf_map_update_elem(&tokens, &k, &v, BPF_NOEXIST);
+	if (err == 0) {
+		count(C_TOKEN_LEARNED);
+		return;
+	}
+	struct token_val *old = bpf_map_lookup_elem(&tokens, &k);
+	if (!old) {
+		count(C_TOKEN_FULL);
+		return;
+	}
+	if (old->backend == c->backend) {
+		count(C_TOKEN_REPEAT);
+		return;
+	}
+	count(C_TOKEN_COLLISION);
+	if (cfg->flags & CFG_COLLIDE_DROP)
+		old->flags |= TOK_COLLIDED;
+}
+
+/* ---- forwarding ---- */
+
+static __always_inline __u16 csum_fold(__u32 s)
+{
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)~s;
+}
+
+static __always_inline int forward(struct xdp_md *ctx, const struct lb_config *cfg, __u32 idx,
+				   const struct backend *be, int inner6)
+{
+	if (!be)
+		be = bpf_map_lookup_elem(&backends, &idx);
+	if (!be || !(be->flags & BE_PRESENT)) {
+		count(C_DROP_NO_BACKEND);
+		return XDP_DROP;
+	}
+	struct be_stats *st = bpf_map_lookup_elem(&backend_stats, &idx);
+	if (st) {
+		st->packets++;
+		st->bytes += ctx->data_end - ctx->data;
+	}
+	if (cfg->mode == FWD_IPIP) {
+		__u32 inner_len = ctx->data_end - ctx->data - sizeof(struct ethhdr);
+		int outer6 = be->flags & BE_OUTER6;
+		int delta = outer6 ? (int)sizeof(struct ipv6hdr) : (int)sizeof(struct iphdr);
+		if (bpf_xdp_adjust_head(ctx, -delta)) {
+			count(C_DROP_ENCAP);
+			return XDP_DROP;
+		}
+		void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+		struct ethhdr *eth = data;
+		if (outer6) {
+			struct ipv6hdr *ip6 = (void *)(eth + 1);
+			if ((void *)(ip6 + 1) > end) {
+				count(C_DROP_ENCAP);
+				return XDP_DROP;
+			}
+			eth->h_proto = bswap16(ETH_P_IPV6);
+			ip6->vtc[0] = 0x60;
+			ip6->vtc[1] = ip6->vtc[2] = ip6->vtc[3] = 0;
+			ip6->payload_len = bswap16((__u16)inner_len);
+			ip6->nexthdr = inner6 ? IPPROTO_IPV6 : IPPROTO_IPIP;
+			ip6->hop_limit = 64;
+			__builtin_memcpy(ip6->saddr, cfg->src6, 16);
+			__builtin_memcpy(ip6->daddr, be->addr6, 16);
+		} else {
+			struct iphdr *ip = (void *)(eth + 1);
+			if ((void *)(ip + 1) > end) {
+				count(C_DROP_ENCAP);
+				return XDP_DROP;
+			}
+			eth->h_proto = bswap16(ETH_P_IP);
+			ip->ihl_version = 0x45;
+			ip->tos = 0;
+			ip->tot_len = bswap16((__u16)(inner_len + sizeof(struct iphdr)));
+			ip->id = 0;
+			ip->frag_off = 0;
+			ip->ttl = 64;
+			ip->protocol = inner6 ? IPPROTO_IPV6 : IPPROTO_IPIP;
+			ip->check = 0;
+			ip->saddr = cfg->src4;
+			ip->daddr = be->addr4;
+			const __u16 *w = (const __u16 *)ip;
+			__u32 s = 0;
+			for (int i = 0; i < 10; i++)
+				s += w[i];
+			ip->check = csum_fold(s);
+		}
+		__builtin_memcpy(eth->h_dest, be->mac, 6);
+		__builtin_memcpy(eth->h_source, cfg->src_mac, 6);
+	} else {
+		void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+		struct ethhdr *eth = data;
+		if ((void *)(eth + 1) > end)
+			return XDP_DROP;
+		__builtin_memcpy(eth->h_dest, be->mac, 6);
+		__builtin_memcpy(eth->h_source, cfg->src_mac, 6);
+	}
+	count(C_FWD);
+	if (be->ifindex)
+		return bpf_redirect(be->ifindex, 0);
+	return XDP_TX;
+}
+
+static __always_inline __u32 maglev_pick(const struct lb_config *cfg, const struct svc *s, const struct flow *f)
+{
+	__u32 h = flow_hash(f, cfg->hash_seed, cfg->flags & CFG_HASH_ADDRS);
+	__u32 idx = s->id * MAGLEV_M + h % MAGLEV_M;
+	__u32 *b = bpf_map_lookup_elem(&maglev, &idx);
+	return b ? *b : NO_BACKEND;
+}
+
+SEC("xdp")
+int braid_lb(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct flow f = {};
+	struct tcphdr *tcp;
+	__u32 l4;
+
+	count(C_RX);
+	if ((void *)(eth + 1) > end) {
+		count(C_PASS_OTHER);
+		return XDP_PASS;
+	}
+	if (eth->h_proto == bswap16(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > end || (ip->ihl_version >> 4) != 4 || (ip->ihl_version & 0xf) < 5 ||
+		    ip->protocol != IPPROTO_TCP || (ip->frag_off & bswap16(0x3fff))) {
+			count(C_PASS_OTHER);
+			return XDP_PASS;
+		}
+		l4 = sizeof(struct ethhdr) + (ip->ihl_version & 0xf) * 4;
+		__builtin_memcpy(f.src, &ip->saddr, 4);
+		__builtin_memcpy(f.dst, &ip->daddr, 4);
+		f.family = 4;
+	} else if (eth->h_proto == bswap16(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		if ((void *)(ip6 + 1) > end || ip6->nexthdr != IPPROTO_TCP) {
+			count(C_PASS_OTHER);
+			return XDP_PASS;
+		}
+		l4 = sizeof(struct ethhdr) + sizeof(struct ipv6hdr);
+		__builtin_memcpy(f.src, ip6->saddr, 16);
+		__builtin_memcpy(f.dst, ip6->daddr, 16);
+		f.family = 6;
+	} else {
+		count(C_PASS_OTHER);
+		return XDP_PASS;
+	}
+	l4 &= 0x7f;
+	tcp = data + l4;
+	if ((void *)(tcp + 1) > end) {
+		count(C_PASS_OTHER);
+		return XDP_PASS;
+	}
+	f.sport = tcp->source;
+	f.dport = tcp->dest;
+	__u8 tflags = tcp->flags;
+	int doff = (tcp->doff_res >> 4) * 4;
+
+	__u32 zero = 0;
+	struct lb_config *cfg = bpf_map_lookup_elem(&config, &zero);
+	if (!cfg)
+		return XDP_PASS;
+
+	struct svc_key sk = {};
+	__builtin_memcpy(sk.addr, f.dst, 16);
+	sk.port = f.dport;
+	sk.family = f.family;
+	if (cfg->flags & CFG_STATELESS) {
+		__u32 *sl = bpf_map_lookup_elem(&stateless, &sk);
+		if (sl) {
+			count(C_STATELESS_FWD);
+			return forward(ctx, cfg, *sl, 0, f.family == 6);
+		}
+	}
+	struct svc *s = bpf_map_lookup_elem(&services, &sk);
+	if (!s) {
+		count(C_PASS_NOT_VIP);
+		return XDP_PASS;
+	}
+	if (doff < 20 || (void *)tcp + doff > end) {
+		count(C_DROP_MALFORMED);
+		return XDP_DROP;
+	}
+
+	struct optbuf ob;
+	struct mp_info mi = {};
+	__builtin_memset(&ob, 0, sizeof(ob));
+	int optlen = doff - 20;
+	if (optlen > 0 && optlen <= 40) {
+		if (bpf_xdp_load_bytes(ctx, l4 + 20, ob.b, optlen)) {
+			count(C_DROP_MALFORMED);
+			return XDP_DROP;
+		}
+		ob.n = optlen;
+		parse_mptcp(&ob, &mi);
+		if (mi.bits & MP_MALFORMED) {
+			count(C_OPT_MALFORMED);
+			mi.bits = 0;
+		}
+	}
+	__u32 bits = mi.bits;
+
+	int aware = cfg->flags & CFG_AWARE;
+	int syn = (tflags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
+	__u64 now = bpf_ktime_get_coarse_ns();
+	struct conn *c = bpf_map_lookup_elem(&conns, &f);
+	struct backend *be = 0;
+	if (c) {
+		be = bpf_map_lookup_elem(&backends, &c->backend);
+		if (!be || !(be->flags & BE_PRESENT)) {
+			/* its backend was removed: place the flow again */
+			bpf_map_delete_elem(&conns, &f);
+			c = 0;
+		}
+	}
+	if (c) {
+		if (aware) {
+			if ((bits & MP_CAP) && !syn) {
+				if (bits & MP_CAP_BAD)
+					count(C_MPC_BAD);
+				else if (bits & MP_CAP_KEY)
+					learn(cfg, c, &f, &mi, now);
+			}
+			if (c->flags & (CONN_LEARNED | CONN_JOIN)) {
+				struct token_key tk = {.svc = c->svc, .token = c->token};
+				if ((bits & MP_FASTCLOSE) && (c->flags & CONN_LEARNED)) {
+					/* the client's MP_FASTCLOSE carries the server's key */
+					__u32 t = token_of(mi.fc_hi, mi.fc_lo, c->flags & CONN_V0);
+					struct token_key fk = {.svc = c->svc, .token = t};
+					struct token_val *tv = bpf_map_lookup_elem(&tokens, &fk);
+					if (tv && tv->backend == c->backend) {
+						bpf_map_delete_elem(&tokens, &fk);
+						count(C_TOKEN_FASTCLOSE);
+					}
+				} else if (bits & MP_DATA_FIN) {
+					struct token_val *tv = bpf_map_lookup_elem(&tokens, &tk);
+					if (tv && tv->backend == c->backend && !(tv->flags & TOK_CLOSING)) {
+						tv->flags |= TOK_CLOSING;
+						tv->active = now;
+						count(C_TOKEN_CLOSING);
+					}
+				} else if (now - c->refreshed > 1000000000ULL) {
+					c->refreshed = now;
+					struct token_val *tv = bpf_map_lookup_elem(&tokens, &tk);
+					if (tv && tv->backend == c->backend)
+						tv->active = now;
+				}
+			}
+		}
+		return forward(ctx, cfg, c->backend, be, f.family == 6);
+	}
+
+	struct conn nc = {.svc = s->id, .refreshed = now};
+	if (syn && aware && (bits & MP_JOIN)) {
+		if (!(bits & MP_JOIN_SYN)) {
+			count(C_DROP_JOIN_UNKNOWN);
+			return XDP_DROP;
+		}
+		struct token_key tk = {.svc = s->id, .token = mi.token};
+		struct token_val *tv = bpf_map_lookup_elem(&tokens, &tk);
+		if (!tv) {
+			count(C_DROP_JOIN_UNKNOWN);
+			return XDP_DROP;
+		}
+		if (tv->flags & TOK_COLLIDED) {
+			count(C_DROP_JOIN_COLLIDED);
+			return XDP_DROP;
+		}
+		nc.backend = tv->backend;
+		nc.flags = CONN_JOIN;
+		nc.token = tk.token;
+		tv->active = now;
+		count(C_JOIN_STEERED);
+		struct be_stats *st = bpf_map_lookup_elem(&backend_stats, &nc.backend);
+		if (st)
+			st->joins++;
+	} else {
+		nc.backend = maglev_pick(cfg, s, &f);
+		if (nc.backend >= MAX_BACKENDS) {
+			count(C_DROP_NO_BACKEND);
+			return XDP_DROP;
+		}
+		if (syn) {
+			nc.flags = CONN_SYN;
+			if ((bits & MP_CAP) && !(bits & MP_CAP_BAD))
+				nc.flags |= CONN_MPC;
+			count(C_NEW_CONN);
+			struct be_stats *st = bpf_map_lookup_elem(&backend_stats, &nc.backend);
+			if (st)
+				st->conns++;
+		} else {
+			count(C_NEW_MIDFLOW);
+			if (aware && (bits & MP_CAP_KEY))
+				count(C_LEARN_NO_FLOW);
+		}
+	}
+	bpf_map_update_elem(&conns, &f, &nc, BPF_ANY);
+	return forward(ctx, cfg, nc.backend, 0, f.family == 6);
+}
+
+/* ---- programs for benchmarks and labs (not part of the balancer) ---- */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+} sink_count SEC(".maps");
+
+/* braid_baseline is plain XDP_TX forwarding (the MAC addresses swapped): the baseline that the
+ * balancer's forwarding rate is compared with. */
+SEC("xdp")
+int braid_baseline(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	__u8 tmp[6];
+	if ((void *)(eth + 1) > end)
+		return XDP_DROP;
+	__builtin_memcpy(tmp, eth->h_dest, 6);
+	__builtin_memcpy(eth->h_dest, eth->h_source, 6);
+	__builtin_memcpy(eth->h_source, tmp, 6);
+	return XDP_TX;
+}
+
+/* braid_sink counts and drops what arrives: on the far end of a veth pair, it receives the
+ * frames that XDP_TX or a redirect sends there (a veth peer needs an XDP program for that). */
+SEC("xdp")
+int braid_sink(struct xdp_md *ctx)
+{
+	__u32 zero = 0;
+	__u64 *v = bpf_map_lookup_elem(&sink_count, &zero);
+	if (v)
+		*v += 1;
+	return XDP_DROP;
+}
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+} decap_count SEC(".maps");
+
+/* braid_decap strips the outer header of IP-in-IP packets (IPv4 or IPv6 inside IPv4 or IPv6,
+ * an outer IPv4 header without options) and passes the inner packet to the stack: a backend
+ * of the ipip mode whose kernel has no IP-in-IP tunnel device runs it on its interface. */
+SEC("xdp")
+int braid_decap(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct ethhdr copy;
+	int hlen;
+	__u8 inner;
+
+	if ((void *)(eth + 1) > end)
+		return XDP_PASS;
+	if (eth->h_proto == bswap16(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > end || ip->ihl_version != 0x45 || (ip->frag_off & bswap16(0x3fff)))
+			return XDP_PASS;
+		inner = ip->protocol;
+		hlen = sizeof(struct iphdr);
+	} else if (eth->h_proto == bswap16(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		if ((void *)(ip6 + 1) > end)
+			return XDP_PASS;
+		inner = ip6->nexthdr;
+		hlen = sizeof(struct ipv6hdr);
+	} else {
+		return XDP_PASS;
+	}
+	if (inner != IPPROTO_IPIP && inner != IPPROTO_IPV6)
+		return XDP_PASS;
+	__builtin_memcpy(&copy, eth, sizeof(copy));
+	copy.h_proto = bswap16(inner == IPPROTO_IPIP ? ETH_P_IP : ETH_P_IPV6);
+	if (bpf_xdp_adjust_head(ctx, hlen))
+		return XDP_DROP;
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	eth = data;
+	if ((void *)(eth + 1) > end)
+		return XDP_DROP;
+	__builtin_memcpy(eth, &copy, sizeof(copy));
+	__u32 zero = 0;
+	__u64 *v = bpf_map_lookup_elem(&decap_count, &zero);
+	if (v)
+		*v += 1;
+	return XDP_PASS;
+}

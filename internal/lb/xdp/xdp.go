@@ -1,0 +1,664 @@
+// Package xdp is braid lb's data plane: the XDP program (lb.c, compiled by bpf2go into the
+// committed lb_bpfel.o), and a thin loader that fills its maps and reads its counters back.
+// It is the only package that touches eBPF; the control plane (internal/lb) hands it plain
+// values and never imports ebpf itself.
+//
+// What the program does with a packet is described at the top of lb.c; the maps are:
+//
+//	config         one lb_config: mode, flags, hash seed, learning limits, encapsulation source
+//	services       (VIP, port, family) -> service id; the Maglev table row and the token scope
+//	stateless      (VIP, port, family) -> backend, with no per-connection state
+//	maglev         MaxServices x TableSize backend indexes
+//	backends       MaxBackends entries: MAC, egress interface, encapsulation address
+//	conns          LRU: 5-tuple -> backend, token, flags
+//	tokens         hash: (service, token) -> backend, version, created, last active
+//	counters       per-CPU counters, indexed by Counter
+//	backend_stats  per-CPU per-backend packets, bytes, new connections, joins
+package xdp
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+)
+
+// Limits compiled into the program.
+const (
+	MaxBackends = 256
+	MaxServices = 4
+	TableSize   = 65521 // entries of one service's Maglev table (prime)
+	NoBackend   = 0xffffffff
+)
+
+// Counter is an index of the program's counters.
+type Counter int
+
+// The counters, in the order of lb.c's enum.
+const (
+	CounterRX               Counter = iota // packets seen
+	CounterPassNotVIP                      // TCP not addressed to a service: passed to the stack
+	CounterPassOther                       // not TCP over IPv4/IPv6, fragments, extension headers: passed
+	CounterForwarded                       // sent to a backend
+	CounterNewConn                         // first-subflow SYNs placed by Maglev
+	CounterNewMidflow                      // packets of flows the table did not hold, placed by Maglev
+	CounterJoinSteered                     // MP_JOIN SYNs sent to their token's backend
+	CounterDropJoinUnknown                 // MP_JOIN SYNs with a token nobody owns: dropped
+	CounterDropJoinCollided                // MP_JOIN SYNs with a token two backends claim (policy drop)
+	CounterTokenLearned                    // tokens learned
+	CounterTokenRepeat                     // the same token again for the same backend (idempotent)
+	CounterTokenCollision                  // a token already owned by another backend: not overwritten
+	CounterTokenFull                       // the token table was full
+	CounterLearnNoFlow                     // MP_CAPABLE keys on flows whose MP_CAPABLE SYN was not seen
+	CounterLearnLimited                    // learnings refused by the rate limits
+	CounterTokenFastclose                  // tokens removed by the client's MP_FASTCLOSE
+	CounterTokenClosing                    // tokens marked closing by the client's DATA_FIN
+	CounterMPCBad                          // MP_CAPABLE with a length, version or flags no RFC defines
+	CounterOptMalformed                    // option lists whose lengths lie (handled as plain TCP)
+	CounterDropMalformed                   // truncated TCP headers to a service: dropped
+	CounterDropNoBackend                   // no backend to send to: dropped
+	CounterDropEncap                       // no headroom for the encapsulation: dropped
+	CounterStateless                       // forwarded by the stateless table
+	NumCounters
+)
+
+var counterNames = [NumCounters]string{
+	"rx", "pass_not_vip", "pass_other", "forwarded", "new_conn", "new_midflow", "join_steered",
+	"drop_join_unknown_token", "drop_join_collided", "token_learned", "token_repeat",
+	"token_collision", "token_full", "learn_no_flow", "learn_limited", "token_fastclose",
+	"token_closing", "mpc_bad", "opt_malformed", "drop_malformed", "drop_no_backend",
+	"drop_encap", "stateless_forwarded",
+}
+
+func (c Counter) String() string {
+	if c >= 0 && c < NumCounters {
+		return counterNames[c]
+	}
+	return fmt.Sprintf("counter%d", int(c))
+}
+
+// Counters are the program's counters summed over the CPUs.
+type Counters [NumCounters]uint64
+
+// Mode is how packets reach a backend.
+type Mode uint32
+
+const (
+	// ModeMAC rewrites the destination MAC: the backend is on the balancer's segment and
+	// holds the VIP itself.
+	ModeMAC Mode = 0
+	// ModeIPIP encapsulates in IPv4 or IPv6 (protocol 4 or 41) toward the backend's address;
+	// the backend decapsulates and holds the VIP.
+	ModeIPIP Mode = 1
+)
+
+// Config is the program's configuration.
+type Config struct {
+	Aware       bool // learn tokens and steer joins (false: an MPTCP-unaware balancer)
+	HashAddrs   bool // hash addresses only, not ports
+	CollideDrop bool // a token two backends claim steers no join
+	Mode        Mode
+	HashSeed    uint32
+	LearnRate   uint32 // learnings per second per client address; 0: unlimited
+	LearnBurst  uint32
+	GlobalRate  uint32 // learnings per second per CPU; 0: unlimited
+	GlobalBurst uint32
+	Src4        netip.Addr       // outer source of IPv4 encapsulation
+	Src6        netip.Addr       // outer source of IPv6 encapsulation
+	SrcMAC      net.HardwareAddr // source MAC of forwarded frames
+}
+
+// Backend is where the program sends a backend's packets.
+type Backend struct {
+	MAC     net.HardwareAddr // destination MAC (the backend, or the next hop toward it)
+	IfIndex int              // egress interface; 0 sends back out of the receiving one
+	Addr    netip.Addr       // encapsulation destination (ModeIPIP)
+}
+
+// BackendStats are one backend's counters summed over the CPUs.
+type BackendStats struct {
+	Packets, Bytes, Conns, Joins uint64
+}
+
+// Token is one entry of the token table.
+type Token struct {
+	Service  uint32
+	Token    uint32
+	Backend  uint32
+	V0       bool // learned from MPTCP v0 (SHA-1)
+	Closing  bool // the client sent DATA_FIN
+	Collided bool // another backend claimed it
+	Created  uint64
+	Active   uint64 // CLOCK_MONOTONIC (coarse) nanoseconds of the last activity
+}
+
+const (
+	flagAware       = 1 << 0
+	flagHashAddrs   = 1 << 1
+	flagCollideDrop = 1 << 2
+	flagStateless   = 1 << 3
+
+	beFlagPresent = 1 << 0
+	beFlagOuter6  = 1 << 1
+
+	tokV0       = 1 << 0
+	tokClosing  = 1 << 1
+	tokCollided = 1 << 2
+)
+
+// Errors.
+var (
+	ErrRange  = errors.New("xdp: index out of range")
+	ErrFamily = errors.New("xdp: address family")
+)
+
+// Options size the tables; zero values keep the compiled sizes.
+type Options struct {
+	Conns  uint32 // connection table entries (default 1 Mi)
+	Tokens uint32 // token table entries (default 256 Ki)
+}
+
+// Dataplane is a loaded program and its maps.
+type Dataplane struct {
+	objs lbObjects
+
+	mu        sync.Mutex // guards the fields below
+	links     []link.Link
+	cfg       lbLbConfig // as last written, without flagStateless
+	stateless int        // entries of the stateless table
+	once      sync.Once
+}
+
+// Load loads the program and creates its maps (it needs CAP_BPF and CAP_NET_ADMIN).
+func Load(o Options) (*Dataplane, error) {
+	spec, err := loadLb()
+	if err != nil {
+		return nil, fmt.Errorf("xdp: %w", err)
+	}
+	if o.Conns > 0 {
+		spec.Maps[lbMapConns].MaxEntries = o.Conns
+	}
+	if o.Tokens > 0 {
+		spec.Maps[lbMapTokens].MaxEntries = o.Tokens
+	}
+	d := &Dataplane{}
+	if err := spec.LoadAndAssign(&d.objs, nil); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("xdp: verifier: %+v", ve)
+		}
+		return nil, fmt.Errorf("xdp: load: %w", err)
+	}
+	empty := make([]uint32, TableSize)
+	for i := range empty {
+		empty[i] = NoBackend
+	}
+	for s := uint32(0); s < MaxServices; s++ {
+		if err := d.SetTable(s, empty); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+// AttachMode selects how the program is attached.
+type AttachMode int
+
+const (
+	AttachAuto    AttachMode = iota // native if the driver supports it, else generic
+	AttachNative                    // in the driver
+	AttachGeneric                   // after the driver, on the skb (any interface)
+)
+
+// Attach attaches the program to an interface; Close detaches it.
+func (d *Dataplane) Attach(ifindex int, mode AttachMode) error {
+	return d.attach(d.objs.BraidLb, ifindex, mode)
+}
+
+// AttachSink attaches the sink program (count and drop) to an interface: on the far end of a
+// veth pair it lets frames sent there by XDP_TX or a redirect arrive (benchmarks and labs).
+func (d *Dataplane) AttachSink(ifindex int, mode AttachMode) error {
+	return d.attach(d.objs.BraidSink, ifindex, mode)
+}
+
+// AttachDecap attaches the decapsulation program to an interface: it strips the outer header
+// of IP-in-IP packets, for backends of the ipip mode without a tunnel device.
+func (d *Dataplane) AttachDecap(ifindex int, mode AttachMode) error {
+	return d.attach(d.objs.BraidDecap, ifindex, mode)
+}
+
+// Decap returns the decapsulation program.
+func (d *Dataplane) Decap() *ebpf.Program { return d.objs.BraidDecap }
+
+func (d *Dataplane) attach(prog *ebpf.Program, ifindex int, mode AttachMode) error {
+	try := func(f link.XDPAttachFlags) error {
+		l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex, Flags: f})
+		if err != nil {
+			return err
+		}
+		d.mu.Lock()
+		d.links = append(d.links, l)
+		d.mu.Unlock()
+		return nil
+	}
+	var err error
+	switch mode {
+	case AttachNative:
+		err = try(link.XDPDriverMode)
+	case AttachGeneric:
+		err = try(link.XDPGenericMode)
+	default:
+		if err = try(link.XDPDriverMode); err != nil {
+			err = try(link.XDPGenericMode)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("xdp: attach to interface %d: %w", ifindex, err)
+	}
+	return nil
+}
+
+// Close detaches the program from every interface and frees the maps; idempotent.
+func (d *Dataplane) Close() error {
+	var err error
+	d.once.Do(func() {
+		d.mu.Lock()
+		for _, l := range d.links {
+			err = errors.Join(err, l.Close())
+		}
+		d.links = nil
+		d.mu.Unlock()
+		err = errors.Join(err, d.objs.Close())
+	})
+	return err
+}
+
+// Program returns the XDP program (for BPF_PROG_RUN in tests and benchmarks).
+func (d *Dataplane) Program() *ebpf.Program { return d.objs.BraidLb }
+
+// Baseline returns the baseline program: plain XDP_TX forwarding with the MACs swapped.
+func (d *Dataplane) Baseline() *ebpf.Program { return d.objs.BraidBaseline }
+
+// SinkCount returns how many frames the sink program has dropped.
+func (d *Dataplane) SinkCount() (uint64, error) { return sum(d.objs.SinkCount) }
+
+// DecapCount returns how many packets the decapsulation program has stripped.
+func (d *Dataplane) DecapCount() (uint64, error) { return sum(d.objs.DecapCount) }
+
+func sum(m *ebpf.Map) (uint64, error) {
+	var per []uint64
+	if err := m.Lookup(uint32(0), &per); err != nil {
+		return 0, fmt.Errorf("xdp: %w", err)
+	}
+	var n uint64
+	for _, v := range per {
+		n += v
+	}
+	return n, nil
+}
+
+// Time runs prog repeat times on pkt through BPF_PROG_RUN and returns the kernel's mean time
+// per run and the last action.
+func Time(prog *ebpf.Program, pkt []byte, repeat int) (time.Duration, uint32, error) {
+	ret, per, err := prog.Benchmark(pkt, repeat, nil)
+	if err != nil {
+		return 0, 0, fmt.Errorf("xdp: run: %w", err)
+	}
+	return per, ret, nil
+}
+
+// xdpMD is struct xdp_md, the context of a live-frames run.
+type xdpMD struct {
+	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
+}
+
+// bpfTestXDPLiveFrames is BPF_F_TEST_XDP_LIVE_FRAMES: the frames the program forwards leave
+// through the interface for real.
+const bpfTestXDPLiveFrames = 1 << 1
+
+// RunLive runs prog on repeat copies of pkt as if they had arrived on interface ifindex, in
+// live-frames mode: what the program sends with XDP_TX or a redirect is really transmitted.
+// It returns the wall time of the whole run. The calling thread must be in the interface's
+// network namespace.
+func RunLive(prog *ebpf.Program, pkt []byte, ifindex, repeat int) (time.Duration, error) {
+	opts := ebpf.RunOptions{Data: pkt, Repeat: uint32(repeat), Flags: bpfTestXDPLiveFrames,
+		Context: xdpMD{DataEnd: uint32(len(pkt)), IngressIfindex: uint32(ifindex)}}
+	start := time.Now()
+	if _, err := prog.Run(&opts); err != nil {
+		return 0, fmt.Errorf("xdp: live run: %w", err)
+	}
+	return time.Since(start), nil
+}
+
+// SetConfig replaces the program's configuration.
+func (d *Dataplane) SetConfig(c Config) error {
+	var v lbLbConfig
+	if c.Aware {
+		v.Flags |= flagAware
+	}
+	if c.HashAddrs {
+		v.Flags |= flagHashAddrs
+	}
+	if c.CollideDrop {
+		v.Flags |= flagCollideDrop
+	}
+	if c.LearnRate > 1e6 || c.GlobalRate > 1e6 {
+		return fmt.Errorf("%w: learning rates above 1e6/s", ErrRange)
+	}
+	v.Mode = uint32(c.Mode)
+	v.HashSeed = c.HashSeed
+	v.LearnRate, v.LearnBurst = c.LearnRate, c.LearnBurst
+	v.GlobalRate, v.GlobalBurst = c.GlobalRate, c.GlobalBurst
+	if c.Src4.IsValid() {
+		if !c.Src4.Is4() {
+			return fmt.Errorf("%w: Src4 %s", ErrFamily, c.Src4)
+		}
+		a := c.Src4.As4()
+		v.Src4 = binary.NativeEndian.Uint32(a[:])
+	}
+	if c.Src6.IsValid() {
+		v.Src6 = c.Src6.As16()
+	}
+	copy(v.SrcMac[:], c.SrcMAC)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.cfg = v
+	return d.writeConfigLocked()
+}
+
+// writeConfigLocked writes the configuration, with the flag that makes the program look at
+// the stateless table only when it has entries.
+func (d *Dataplane) writeConfigLocked() error {
+	v := d.cfg
+	if d.stateless > 0 {
+		v.Flags |= flagStateless
+	}
+	return d.objs.Config.Put(uint32(0), &v)
+}
+
+func svcKey(vip netip.AddrPort) lbSvcKey {
+	var k lbSvcKey
+	a := vip.Addr().Unmap()
+	if a.Is4() {
+		b := a.As4()
+		copy(k.Addr[:], b[:])
+		k.Family = 4
+	} else {
+		k.Addr = a.As16()
+		k.Family = 6
+	}
+	var p [2]byte
+	binary.BigEndian.PutUint16(p[:], vip.Port())
+	k.Port = binary.NativeEndian.Uint16(p[:])
+	return k
+}
+
+// SetService makes vip a service with the given id (< MaxServices).
+func (d *Dataplane) SetService(id uint32, vip netip.AddrPort) error {
+	if id >= MaxServices {
+		return fmt.Errorf("%w: service %d", ErrRange, id)
+	}
+	k := svcKey(vip)
+	return d.objs.Services.Put(&k, &lbSvc{Id: id})
+}
+
+// DeleteService stops balancing vip.
+func (d *Dataplane) DeleteService(vip netip.AddrPort) error {
+	k := svcKey(vip)
+	return d.objs.Services.Delete(&k)
+}
+
+// SetTable replaces service id's Maglev table (TableSize backend indexes, NoBackend for none).
+func (d *Dataplane) SetTable(id uint32, table []uint32) error {
+	if id >= MaxServices || len(table) != TableSize {
+		return fmt.Errorf("%w: service %d, table of %d", ErrRange, id, len(table))
+	}
+	keys := make([]uint32, TableSize)
+	for i := range keys {
+		keys[i] = id*TableSize + uint32(i)
+	}
+	if _, err := d.objs.Maglev.BatchUpdate(keys, table, nil); err != nil {
+		// Kernels without batch operations on arrays: one by one.
+		for i, k := range keys {
+			if err := d.objs.Maglev.Put(k, table[i]); err != nil {
+				return fmt.Errorf("xdp: maglev table: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// SetStateless sends every packet to vip to backend, with no state.
+func (d *Dataplane) SetStateless(vip netip.AddrPort, backend uint32) error {
+	if backend >= MaxBackends {
+		return fmt.Errorf("%w: backend %d", ErrRange, backend)
+	}
+	k := svcKey(vip)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var old uint32
+	fresh := d.objs.Stateless.Lookup(&k, &old) != nil
+	if err := d.objs.Stateless.Put(&k, backend); err != nil {
+		return err
+	}
+	if fresh {
+		d.stateless++
+		if d.stateless == 1 {
+			return d.writeConfigLocked()
+		}
+	}
+	return nil
+}
+
+// DeleteStateless removes a stateless entry.
+func (d *Dataplane) DeleteStateless(vip netip.AddrPort) error {
+	k := svcKey(vip)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.objs.Stateless.Delete(&k); err != nil {
+		return err
+	}
+	d.stateless--
+	if d.stateless == 0 {
+		return d.writeConfigLocked()
+	}
+	return nil
+}
+
+// SetBackend installs backend i.
+func (d *Dataplane) SetBackend(i uint32, b Backend) error {
+	if i >= MaxBackends {
+		return fmt.Errorf("%w: backend %d", ErrRange, i)
+	}
+	v := lbBackend{Flags: beFlagPresent, Ifindex: uint32(b.IfIndex)}
+	copy(v.Mac[:], b.MAC)
+	if b.Addr.IsValid() {
+		a := b.Addr.Unmap()
+		if a.Is4() {
+			x := a.As4()
+			v.Addr4 = binary.NativeEndian.Uint32(x[:])
+		} else {
+			v.Addr6 = a.As16()
+			v.Flags |= beFlagOuter6
+		}
+	}
+	return d.objs.Backends.Put(i, &v)
+}
+
+// RemoveBackend marks backend i absent: flows pinned to it are placed again.
+func (d *Dataplane) RemoveBackend(i uint32) error {
+	if i >= MaxBackends {
+		return fmt.Errorf("%w: backend %d", ErrRange, i)
+	}
+	return d.objs.Backends.Put(i, &lbBackend{})
+}
+
+// Counters reads the program's counters.
+func (d *Dataplane) Counters() (Counters, error) {
+	var c Counters
+	var per []uint64
+	for i := Counter(0); i < NumCounters; i++ {
+		if err := d.objs.Counters.Lookup(uint32(i), &per); err != nil {
+			return c, fmt.Errorf("xdp: counters: %w", err)
+		}
+		for _, v := range per {
+			c[i] += v
+		}
+	}
+	return c, nil
+}
+
+// BackendStats reads backend i's counters.
+func (d *Dataplane) BackendStats(i uint32) (BackendStats, error) {
+	var per []lbBeStats
+	var s BackendStats
+	if err := d.objs.BackendStats.Lookup(i, &per); err != nil {
+		return s, fmt.Errorf("xdp: backend stats: %w", err)
+	}
+	for _, v := range per {
+		s.Packets += v.Packets
+		s.Bytes += v.Bytes
+		s.Conns += v.Conns
+		s.Joins += v.Joins
+	}
+	return s, nil
+}
+
+// Tokens returns the token table.
+func (d *Dataplane) Tokens() ([]Token, error) {
+	var out []Token
+	var k lbTokenKey
+	var v lbTokenVal
+	it := d.objs.Tokens.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, Token{Service: k.Svc, Token: k.Token, Backend: v.Backend, V0: v.Flags&tokV0 != 0,
+			Closing: v.Flags&tokClosing != 0, Collided: v.Flags&tokCollided != 0, Created: v.Created, Active: v.Active})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("xdp: tokens: %w", err)
+	}
+	return out, nil
+}
+
+// DeleteToken removes one token; a token already gone is not an error.
+func (d *Dataplane) DeleteToken(service, token uint32) error {
+	k := lbTokenKey{Svc: service, Token: token}
+	if err := d.objs.Tokens.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("xdp: delete token: %w", err)
+	}
+	return nil
+}
+
+// ConnsPerBackend counts the connection table's flows per backend.
+func (d *Dataplane) ConnsPerBackend() (map[uint32]int, error) {
+	out := map[uint32]int{}
+	var k lbFlow
+	var v lbConn
+	it := d.objs.Conns.Iterate()
+	for it.Next(&k, &v) {
+		out[v.Backend]++
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("xdp: conns: %w", err)
+	}
+	return out, nil
+}
+
+// DropFlowsOf removes the flows pinned to backend i (a backend that was removed).
+func (d *Dataplane) DropFlowsOf(i uint32) error {
+	var k lbFlow
+	var v lbConn
+	var del []lbFlow
+	it := d.objs.Conns.Iterate()
+	for it.Next(&k, &v) {
+		if v.Backend == i {
+			del = append(del, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("xdp: conns: %w", err)
+	}
+	for i := range del {
+		d.objs.Conns.Delete(&del[i])
+	}
+	return nil
+}
+
+// Result is what the program did with one packet under BPF_PROG_RUN.
+type Result struct {
+	Action uint32 // XDP_DROP 1, XDP_PASS 2, XDP_TX 3, XDP_REDIRECT 4
+	Out    []byte
+}
+
+// XDP actions.
+const (
+	ActionAborted  = 0
+	ActionDrop     = 1
+	ActionPass     = 2
+	ActionTX       = 3
+	ActionRedirect = 4
+)
+
+// Run runs the program once on pkt (an Ethernet frame) through BPF_PROG_RUN.
+func (d *Dataplane) Run(pkt []byte) (Result, error) {
+	out := make([]byte, len(pkt)+256)
+	opts := ebpf.RunOptions{Data: pkt, DataOut: out}
+	ret, err := d.objs.BraidLb.Run(&opts)
+	if err != nil {
+		return Result{}, fmt.Errorf("xdp: run: %w", err)
+	}
+	return Result{Action: ret, Out: opts.DataOut}, nil
+}
+
+// FlowHash is the program's flow hash: src and dst are the packet's addresses, sport and
+// dport its ports; addrsOnly leaves the ports out.
+func FlowHash(src, dst netip.Addr, sport, dport uint16, seed uint32, addrsOnly bool) uint32 {
+	var s, t [16]byte
+	fam := uint32(6)
+	if src.Unmap().Is4() {
+		a, b := src.Unmap().As4(), dst.Unmap().As4()
+		copy(s[:], a[:])
+		copy(t[:], b[:])
+		fam = 4
+	} else {
+		s, t = src.As16(), dst.As16()
+	}
+	h := seed
+	for i := 0; i < 16; i += 4 {
+		h = mix(h, binary.LittleEndian.Uint32(s[i:]))
+	}
+	for i := 0; i < 16; i += 4 {
+		h = mix(h, binary.LittleEndian.Uint32(t[i:]))
+	}
+	if !addrsOnly {
+		var p [4]byte
+		binary.BigEndian.PutUint16(p[0:], sport)
+		binary.BigEndian.PutUint16(p[2:], dport)
+		h = mix(h, binary.LittleEndian.Uint32(p[:]))
+	}
+	h = mix(h, fam)
+	h ^= h >> 16
+	h *= 0x85ebca6b
+	h ^= h >> 13
+	h *= 0xc2b2ae35
+	h ^= h >> 16
+	return h
+}
+
+func rotl(x uint32, r uint) uint32 { return x<<r | x>>(32-r) }
+
+func mix(h, k uint32) uint32 {
+	k *= 0xcc9e2d51
+	k = rotl(k, 15)
+	k *= 0x1b873593
+	h ^= k
+	h = rotl(h, 13)
+	return h*5 + 0xe6546b64
+}

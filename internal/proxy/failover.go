@@ -1,0 +1,182 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"braid/internal/mptcp/info"
+	"braid/internal/mptcp/pmnl"
+)
+
+// Send-side failover. MPTCP reacts to a dead path only after several retransmission timeouts,
+// and MP_PRIO from the far end never arrives over a dead path, so each proxy watches what it
+// sends itself: every failoverPoll it reads MPTCP_FULL_INFO of every relayed connection, and
+// a subflow with data in flight and no acknowledgement for deadAckAge (at least 150 ms, more
+// on long paths) is set to backup through the userspace path manager (SET_FLAGS), which moves
+// new data to the other subflows at once. When it is acknowledged again it is set back. A
+// subflow still dead after destroyAfter is closed (SUBFLOW_DESTROY): MPTCP then re-sends what
+// was in flight on it over the others at once instead of after its retransmission timers, and
+// the connection's client side (the fullmesh policy) joins again over that path, retrying until
+// the path is back.
+const (
+	failoverPoll = 25 * time.Millisecond
+	deadAckAge   = 150 * time.Millisecond
+	destroyAfter = 600 * time.Millisecond
+)
+
+type subflowKey struct {
+	conn          uint64
+	local, remote netip.AddrPort
+}
+
+// failover runs the monitor until ctx ends.
+func (p *Proxy) failover(ctx context.Context, c *pmnl.Client) {
+	marked := map[subflowKey]time.Time{} // subflows set to backup, since when
+	closed := map[subflowKey]bool{}      // closed here; listed until the kernel lets them go
+	tick := time.NewTicker(failoverPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		p.mu.Lock()
+		live := make([]*conn, 0, len(p.conns))
+		for _, cn := range p.conns {
+			live = append(live, cn)
+		}
+		p.mu.Unlock()
+		seen := map[subflowKey]bool{}
+		for _, cn := range live {
+			full, err := info.Full(cn.mp)
+			if err != nil {
+				continue
+			}
+			for _, s := range full.Subflows {
+				seen[subflowKey{cn.id, s.Local, s.Remote}] = true
+			}
+			for _, a := range failoverDecide(time.Now(), cn.id, full.Subflows, marked, closed) {
+				s := a.sub
+				switch a.kind {
+				case failBackup:
+					if p.setBackup(ctx, c, full.Info.Token, s, true) {
+						marked[a.key] = time.Now()
+						cn.t.c.failovers.Add(1)
+						if p.limiter.allow("failover") {
+							p.log.Info("path failed: subflow set to backup", "tenant", cn.t.Name, "conn", cn.id, "local", s.Local, "remote", s.Remote,
+								"unacked", s.TCP.Unacked, "last_ack", s.TCP.LastAckRecv)
+						}
+					}
+				case failRestore:
+					if p.setBackup(ctx, c, full.Info.Token, s, p.backupAddr(s.Local.Addr())) {
+						delete(marked, a.key)
+						cn.t.c.restores.Add(1)
+						if p.limiter.allow("restore") {
+							p.log.Info("path back: subflow in use again", "tenant", cn.t.Name, "conn", cn.id, "local", s.Local, "remote", s.Remote)
+						}
+					}
+				case failClose:
+					err := c.DestroySubflow(ctx, pmnl.Subflow{Token: full.Info.Token, Local: pmnl.Addr{Addr: s.Local.Addr().Unmap(), Port: s.Local.Port()},
+						Remote: netip.AddrPortFrom(s.Remote.Addr().Unmap(), s.Remote.Port())})
+					delete(marked, a.key)
+					closed[a.key] = true
+					if err == nil {
+						cn.t.c.destroyed.Add(1)
+					} else if p.limiter.allow("destroy") {
+						p.log.Warn("close dead subflow", "conn", cn.id, "local", s.Local, "remote", s.Remote, "err", err)
+					}
+				}
+			}
+		}
+		for k := range marked {
+			if !seen[k] {
+				delete(marked, k)
+			}
+		}
+		for k := range closed {
+			if !seen[k] {
+				delete(closed, k)
+			}
+		}
+	}
+}
+
+// tcpEstablished is TCP_ESTABLISHED, tcp_info's state of an established subflow.
+const tcpEstablished = 1
+
+type failKind uint8
+
+const (
+	failBackup  failKind = iota + 1 // set the subflow to backup
+	failRestore                     // set it back
+	failClose                       // close it (SUBFLOW_DESTROY)
+)
+
+type failAction struct {
+	kind failKind
+	key  subflowKey
+	sub  info.Subflow
+}
+
+// failoverDecide is the monitor's decision for one connection's subflows at now, given the
+// subflows set to backup (and since when) and those closed; it changes neither map. A subflow
+// is dead when it has data in flight and no acknowledgement for deadAckAge (or two RTTs).
+// Nothing is moved off a path unless another subflow is alive.
+func failoverDecide(now time.Time, conn uint64, subs []info.Subflow, marked map[subflowKey]time.Time, closed map[subflowKey]bool) []failAction {
+	if len(subs) < 2 {
+		return nil
+	}
+	dead := make([]bool, len(subs))
+	alive := 0
+	for i, s := range subs {
+		// A join still in its handshake is not a path in use (and SET_FLAGS cannot name it).
+		dead[i] = s.TCP.State == tcpEstablished && s.TCP.Unacked > 0 && s.TCP.LastAckRecv > max(deadAckAge, 2*s.TCP.RTT)
+		if !dead[i] {
+			alive++ // a backup uplink's too: with the dead one set to backup, the kernel uses it
+		}
+	}
+	var out []failAction
+	for i, s := range subs {
+		k := subflowKey{conn, s.Local, s.Remote}
+		since, isMarked := marked[k]
+		switch {
+		case closed[k]:
+		case dead[i] && isMarked && now.Sub(since) > destroyAfter && alive > 0:
+			out = append(out, failAction{failClose, k, s})
+		case dead[i] && !isMarked && alive > 0:
+			out = append(out, failAction{failBackup, k, s})
+		case isMarked && s.TCP.State == tcpEstablished && !dead[i] && (s.TCP.Unacked == 0 || s.TCP.LastAckRecv < deadAckAge):
+			out = append(out, failAction{failRestore, k, s})
+		}
+	}
+	return out
+}
+
+func (p *Proxy) backupAddr(a netip.Addr) bool {
+	for _, b := range p.o.BackupAddrs {
+		if b == a.Unmap() {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *Proxy) setBackup(ctx context.Context, c *pmnl.Client, token uint32, s info.Subflow, backup bool) bool {
+	var flags pmnl.Flags
+	if backup {
+		flags = pmnl.FlagBackup
+	}
+	err := c.SetSubflowFlags(ctx, pmnl.Subflow{Token: token,
+		Local:  pmnl.Addr{Addr: s.Local.Addr().Unmap(), Port: s.Local.Port(), Flags: flags},
+		Remote: netip.AddrPortFrom(s.Remote.Addr().Unmap(), s.Remote.Port())})
+	if err != nil {
+		if p.limiter.allow("setflags") {
+			p.log.Warn("set subflow backup", "token", fmt.Sprintf("%08x", token), "local", s.Local, "remote", s.Remote, "backup", backup, "err", err)
+		}
+		return false
+	}
+	return true
+}

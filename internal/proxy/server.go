@@ -1,0 +1,149 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"time"
+
+	"braid/internal/proxy/ident"
+	"braid/internal/wire/socks5"
+)
+
+// servePeer serves one MPTCP connection from a peer proxy: authenticate, send the ready byte,
+// wait for the header (a pooled connection waits until a client needs it), check it against
+// the tenant's and the peer's networks, connect to the destination from the claimed source,
+// relay.
+func (p *Proxy) servePeer(t *tenant, raw *net.TCPConn) {
+	from := addrPortOf(raw.RemoteAddr())
+	if p.draining.Load() {
+		p.refuse(t, ReasonDraining, "from", from)
+		reset(raw)
+		return
+	}
+	p.mu.Lock()
+	p.pending[raw] = struct{}{}
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.pending, raw)
+		p.mu.Unlock()
+	}()
+	if p.draining.Load() { // Close may have run between the check above and the registration
+		reset(raw)
+		return
+	}
+	var c net.Conn = raw
+	var pr *peer
+	raw.SetDeadline(time.Now().Add(p.o.HeaderTimeout))
+	if t.tlsSrv != nil {
+		tc := tls.Server(raw, t.tlsSrv)
+		ctx, cancel := context.WithTimeout(p.ctx, p.o.HeaderTimeout)
+		err := tc.HandshakeContext(ctx)
+		cancel()
+		if err != nil {
+			p.refuse(t, ReasonAuth, "from", from, "err", err)
+			reset(raw)
+			return
+		}
+		k, _ := ident.PeerKey(tc.ConnectionState())
+		pr = t.byKey[k]
+		c = tc
+	}
+	if _, err := c.Write([]byte{readyByte}); err != nil {
+		reset(raw)
+		return
+	}
+	// A pooled connection is quiet until a client needs it; the client side replaces its
+	// pooled connections before PoolIdle, so twice that is a dead one.
+	raw.SetDeadline(time.Now().Add(2 * p.o.PoolIdle))
+	var buf [socks5.MaxHeaderLen]byte
+	if _, err := io.ReadFull(c, buf[:1]); err != nil {
+		// A pooled connection closed unused by its client: nothing to count.
+		raw.Close()
+		return
+	}
+	if p.draining.Load() {
+		p.refuse(t, ReasonDraining, "from", from)
+		reset(raw)
+		return
+	}
+	raw.SetDeadline(time.Now().Add(p.o.HeaderTimeout))
+	var h socks5.Header
+	if _, err := io.ReadFull(c, buf[1:socks5.MinHeaderLen]); err != nil {
+		p.refuse(t, readReason(err), "from", from, "err", err)
+		reset(raw)
+		return
+	}
+	n, err := socks5.HeaderLen(buf[:socks5.MinHeaderLen])
+	if err == nil {
+		if _, err = io.ReadFull(c, buf[socks5.MinHeaderLen:n]); err != nil {
+			p.refuse(t, readReason(err), "from", from, "err", err)
+			reset(raw)
+			return
+		}
+		_, err = h.Decode(buf[:n])
+	}
+	if err != nil {
+		reason := ReasonMalformed
+		if errors.Is(err, socks5.ErrAddrType) {
+			reason = ReasonAddrType
+		}
+		p.refuse(t, reason, "from", from, "err", err)
+		reset(raw)
+		return
+	}
+	raw.SetDeadline(time.Time{})
+	peerName, peerNets := "", []netip.Prefix(nil)
+	if pr != nil {
+		peerName, peerNets = pr.Name, pr.Networks
+	} else {
+		for _, x := range t.peers { // plaintext: any of the tenant's peers
+			peerNets = append(peerNets, x.Networks...)
+		}
+	}
+	if !contains(t.Networks, h.Dst.Addr()) {
+		p.refuse(t, ReasonDstDenied, "peer", peerName, "dst", h.Dst)
+		reset(raw)
+		return
+	}
+	if h.Src.IsValid() && !contains(peerNets, h.Src.Addr()) {
+		p.refuse(t, ReasonSrcDenied, "peer", peerName, "src", h.Src, "dst", h.Dst)
+		reset(raw)
+		return
+	}
+	out, err := p.dialOut(h)
+	if err != nil {
+		p.refuse(t, ReasonDstUnreachable, "peer", peerName, "src", h.Src, "dst", h.Dst, "err", err)
+		reset(raw)
+		return
+	}
+	cn := &conn{t: t, role: "in", peer: peerName, src: h.Src, dst: h.Dst, site: out, mp: raw}
+	p.register(cn)
+	defer p.unregister(cn)
+	relay(cn, out, c)
+}
+
+// dialOut connects to the header's destination, from its source when it has one.
+func (p *Proxy) dialOut(h socks5.Header) (*net.TCPConn, error) {
+	d := net.Dialer{Timeout: p.o.ConnectTimeout}
+	d.SetMultipathTCP(false)
+	network := "tcp4"
+	if h.Dst.Addr().Is6() {
+		network = "tcp6"
+	}
+	if h.Src.IsValid() {
+		d.LocalAddr = net.TCPAddrFromAddrPort(h.Src)
+		d.Control = transparent(network)
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, p.o.ConnectTimeout)
+	defer cancel()
+	c, err := d.DialContext(ctx, network, h.Dst.String())
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.TCPConn), nil
+}
