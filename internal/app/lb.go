@@ -1,19 +1,17 @@
 package app
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -101,33 +99,7 @@ func runLB(e env, args []string) int {
 			return lbControl(e, args[0], args[1:])
 		}
 	}
-	fs := newFlags(e, "braid lb", lbDoc)
-	file := fs.String("config", "", "the site `FILE` (TOML)")
-	format := fs.String("log-format", "text", "log format: text or json")
-	verbose := fs.Bool("verbose", false, "log debug messages too")
-	if done, code := parseFlags(e, fs, args); done {
-		return code
-	}
-	if *file == "" || fs.NArg() > 0 {
-		fmt.Fprintln(e.stderr, "braid lb: expected --config FILE (see 'braid lb --help')")
-		return exitUsage
-	}
-	log, err := newLogger(e, *format, *verbose)
-	if err != nil {
-		fmt.Fprintf(e.stderr, "braid lb: %v\n", err)
-		return exitUsage
-	}
-	cfg, err := loadLBConfig(*file)
-	if err != nil {
-		return configFail(e, "lb", err)
-	}
-	ctx, cancel := signalContext()
-	defer cancel()
-	if err := serveLB(ctx, cfg, log); err != nil {
-		fmt.Fprintf(e.stderr, "braid lb: %v\n", err)
-		return exitError
-	}
-	return exitOK
+	return runDaemon(e, "lb", lbDoc, args, loadLBConfig, serveLB)
 }
 
 func loadLBConfig(file string) (*config.LB, error) {
@@ -241,7 +213,7 @@ func serveLB(ctx context.Context, cfg *config.LB, log *slog.Logger) error {
 		log.Info("status and metrics", "addr", srv.Addr())
 	}
 	if cfg.Control != "" {
-		stop, err := serveLBControl(ctx, cfg.Control, func(r lbRequest) error { return applyLB(l, r) })
+		stop, err := serveControl(ctx, cfg.Control, func(r lbRequest) error { return applyLB(l, r) })
 		if err != nil {
 			return err
 		}
@@ -258,10 +230,6 @@ type lbRequest struct {
 	MAC       string `json:"mac,omitempty"`
 	Interface string `json:"interface,omitempty"`
 	Address   string `json:"address,omitempty"`
-}
-
-type lbReply struct {
-	Error string `json:"error,omitempty"`
 }
 
 func applyLB(l *lb.LB, r lbRequest) error {
@@ -294,42 +262,6 @@ func applyLB(l *lb.LB, r lbRequest) error {
 		return l.AddBackend(s)
 	}
 	return fmt.Errorf("action %q is not weight, remove or add", r.Action)
-}
-
-func serveLBControl(ctx context.Context, sockPath string, apply func(lbRequest) error) (stop func(), err error) {
-	if err := os.MkdirAll(filepath.Dir(sockPath), 0o755); err != nil {
-		return nil, fmt.Errorf("control socket: %w", err)
-	}
-	os.Remove(sockPath)
-	ln, err := net.Listen("unix", sockPath)
-	if err != nil {
-		return nil, fmt.Errorf("control socket: %w", err)
-	}
-	os.Chmod(sockPath, 0o600)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(5 * time.Second))
-				var req lbRequest
-				var rep lbReply
-				if err := json.NewDecoder(bufio.NewReader(c)).Decode(&req); err != nil {
-					rep.Error = "bad request: " + err.Error()
-				} else if err := apply(req); err != nil {
-					rep.Error = err.Error()
-				}
-				json.NewEncoder(c).Encode(rep)
-			})
-		}
-	})
-	ctx, cancel := context.WithCancel(ctx)
-	wg.Go(func() { <-ctx.Done(); ln.Close() })
-	return func() { cancel(); wg.Wait(); os.Remove(sockPath) }, nil
 }
 
 func lbControl(e env, action string, args []string) int {
@@ -366,21 +298,12 @@ func lbControl(e env, action string, args []string) int {
 		fmt.Fprintf(e.stderr, "braid lb %s: wrong arguments (see 'braid lb --help')\n", action)
 		return exitUsage
 	}
-	c, err := net.DialTimeout("unix", *control, 3*time.Second)
-	if err != nil {
-		fmt.Fprintf(e.stderr, "braid lb %s: is braid lb running with control socket %s? %v\n", action, *control, err)
-		return exitError
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	json.NewEncoder(c).Encode(req)
-	var rep lbReply
-	if err := json.NewDecoder(c).Decode(&rep); err != nil {
-		fmt.Fprintf(e.stderr, "braid lb %s: %v\n", action, err)
-		return exitError
-	}
-	if rep.Error != "" {
-		fmt.Fprintf(e.stderr, "braid lb %s: %s\n", action, rep.Error)
+	if err := callControl(*control, req); err != nil {
+		if errors.Is(err, errNotRunning) {
+			fmt.Fprintf(e.stderr, "braid lb %s: is braid lb running? %v\n", action, err)
+		} else {
+			fmt.Fprintf(e.stderr, "braid lb %s: %v\n", action, err)
+		}
 		return exitError
 	}
 	return exitOK

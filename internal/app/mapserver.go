@@ -59,38 +59,14 @@ func runMapserver(e env, args []string) int {
 			return mapserverShow(e, args[1:])
 		}
 	}
-	fs := newFlags(e, "braid mapserver", mapserverDoc)
-	file := fs.String("config", "", "the site `FILE` (TOML)")
-	format := fs.String("log-format", "text", "log format: text or json")
-	verbose := fs.Bool("verbose", false, "log debug messages too")
-	if done, code := parseFlags(e, fs, args); done {
-		return code
-	}
-	if *file == "" || fs.NArg() > 0 {
-		fmt.Fprintln(e.stderr, "braid mapserver: expected --config FILE (see 'braid mapserver --help')")
-		return exitUsage
-	}
-	log, err := newLogger(e, *format, *verbose)
-	if err != nil {
-		fmt.Fprintf(e.stderr, "braid mapserver: %v\n", err)
-		return exitUsage
-	}
-	cfg, err := loadMapserverConfig(*file)
-	if err != nil {
-		return configFail(e, "mapserver", err)
-	}
-	ctx, cancel := signalContext()
-	defer cancel()
-	ms, err := startMapserver(cfg, log)
-	if err != nil {
-		fmt.Fprintf(e.stderr, "braid mapserver: %v\n", err)
-		return exitError
-	}
-	if err := ms.run(ctx); err != nil {
-		fmt.Fprintf(e.stderr, "braid mapserver: %v\n", err)
-		return exitError
-	}
-	return exitOK
+	return runDaemon(e, "mapserver", mapserverDoc, args, loadMapserverConfig,
+		func(ctx context.Context, cfg *config.Mapserver, log *slog.Logger) error {
+			ms, err := startMapserver(cfg, log)
+			if err != nil {
+				return err
+			}
+			return ms.run(ctx)
+		})
 }
 
 func loadMapserverConfig(file string) (*config.Mapserver, error) {

@@ -1,19 +1,15 @@
 package app
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"runtime/pprof"
 	"strconv"
-	"sync"
-	"time"
 
 	"braid/internal/config"
 	"braid/internal/metrics"
@@ -72,47 +68,27 @@ func runTunnel(e env, args []string) int {
 			args = args[1:]
 		}
 	}
-	fs := newFlags(e, "braid tunnel", tunnelDoc)
-	file := fs.String("config", "", "the site `FILE` (TOML)")
-	format := fs.String("log-format", "text", "log format: text or json")
-	verbose := fs.Bool("verbose", false, "log debug messages too")
-	profile := fs.String("cpuprofile", "", "write a CPU profile of the run to `FILE`")
-	if done, code := parseFlags(e, fs, args); done {
-		return code
-	}
-	if *file == "" || fs.NArg() > 0 {
-		fmt.Fprintln(e.stderr, "braid tunnel: expected --config FILE (see 'braid tunnel --help')")
-		return exitUsage
-	}
-	if *profile != "" {
-		f, err := os.Create(*profile)
+	return runDaemon(e, "tunnel", tunnelDoc, args, loadTunnelConfig, serveTunnel, cpuProfileFlag)
+}
+
+// cpuProfileFlag is --cpuprofile FILE: a Go CPU profile of the whole run, written when the
+// role stops.
+func cpuProfileFlag(fs *flag.FlagSet) func() (func(), error) {
+	file := fs.String("cpuprofile", "", "write a CPU profile of the run to `FILE`")
+	return func() (func(), error) {
+		if *file == "" {
+			return nil, nil
+		}
+		f, err := os.Create(*file)
 		if err != nil {
-			fmt.Fprintf(e.stderr, "braid tunnel: %v\n", err)
-			return exitUsage
+			return nil, err
 		}
-		defer f.Close()
 		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintf(e.stderr, "braid tunnel: cpu profile: %v\n", err)
-			return exitError
+			f.Close()
+			return nil, fmt.Errorf("cpu profile: %w", err)
 		}
-		defer pprof.StopCPUProfile()
+		return func() { pprof.StopCPUProfile(); f.Close() }, nil
 	}
-	log, err := newLogger(e, *format, *verbose)
-	if err != nil {
-		fmt.Fprintf(e.stderr, "braid tunnel: %v\n", err)
-		return exitUsage
-	}
-	cfg, err := loadTunnelConfig(*file)
-	if err != nil {
-		return configFail(e, "tunnel", err)
-	}
-	ctx, cancel := signalContext()
-	defer cancel()
-	if err := serveTunnel(ctx, cfg, log); err != nil {
-		fmt.Fprintf(e.stderr, "braid tunnel: %v\n", err)
-		return exitError
-	}
-	return exitOK
 }
 
 func newLogger(e env, format string, verbose bool) (*slog.Logger, error) {
@@ -313,7 +289,7 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 		log.Info("status and metrics", "addr", srv.Addr())
 	}
 	if cfg.Control != "" {
-		stop, err := serveTunnelControl(ctx, cfg.Control, mutate)
+		stop, err := serveControl(ctx, cfg.Control, mutate)
 		if err != nil {
 			closeAll()
 			return err
@@ -457,46 +433,6 @@ type pathRequest struct {
 	Weight float64 `json:"weight,omitempty"`
 }
 
-type pathReply struct {
-	Error string `json:"error,omitempty"`
-}
-
-func serveTunnelControl(ctx context.Context, sockPath string, apply func(pathRequest) error) (stop func(), err error) {
-	if err := os.MkdirAll(filepath.Dir(sockPath), 0o755); err != nil {
-		return nil, fmt.Errorf("control socket: %w", err)
-	}
-	os.Remove(sockPath)
-	ln, err := net.Listen("unix", sockPath)
-	if err != nil {
-		return nil, fmt.Errorf("control socket: %w", err)
-	}
-	os.Chmod(sockPath, 0o600)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(5 * time.Second))
-				var req pathRequest
-				var rep pathReply
-				if err := json.NewDecoder(bufio.NewReader(c)).Decode(&req); err != nil {
-					rep.Error = "bad request: " + err.Error()
-				} else if err := apply(req); err != nil {
-					rep.Error = err.Error()
-				}
-				json.NewEncoder(c).Encode(rep)
-			})
-		}
-	})
-	ctx, cancel := context.WithCancel(ctx)
-	wg.Go(func() { <-ctx.Done(); ln.Close() })
-	return func() { cancel(); wg.Wait(); os.Remove(sockPath) }, nil
-}
-
 func applyPath(t *tunnel.Tunnel, r pathRequest) error {
 	var ok bool
 	switch r.Action {
@@ -543,21 +479,12 @@ func tunnelPath(e env, args []string) int {
 		return exitUsage
 	}
 	req.Action, req.Peer, req.Path = pos[0], pos[1], n
-	c, err := net.DialTimeout("unix", *control, 3*time.Second)
-	if err != nil {
-		fmt.Fprintf(e.stderr, "braid tunnel path: is the tunnel running? %v\n", err)
-		return exitError
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	json.NewEncoder(c).Encode(req)
-	var rep pathReply
-	if err := json.NewDecoder(c).Decode(&rep); err != nil {
-		fmt.Fprintf(e.stderr, "braid tunnel path: %v\n", err)
-		return exitError
-	}
-	if rep.Error != "" {
-		fmt.Fprintf(e.stderr, "braid tunnel path: %s\n", rep.Error)
+	if err := callControl(*control, req); err != nil {
+		if errors.Is(err, errNotRunning) {
+			fmt.Fprintf(e.stderr, "braid tunnel path: is the tunnel running? %v\n", err)
+		} else {
+			fmt.Fprintf(e.stderr, "braid tunnel path: %v\n", err)
+		}
 		return exitError
 	}
 	fmt.Fprintf(e.stdout, "peer %s path %d: %s done\n", req.Peer, req.Path, req.Action)

@@ -64,33 +64,7 @@ func runXTR(e env, args []string) int {
 			return xtrShow(e, args[1:])
 		}
 	}
-	fs := newFlags(e, "braid xtr", xtrDoc)
-	file := fs.String("config", "", "the site `FILE` (TOML)")
-	format := fs.String("log-format", "text", "log format: text or json")
-	verbose := fs.Bool("verbose", false, "log debug messages too")
-	if done, code := parseFlags(e, fs, args); done {
-		return code
-	}
-	if *file == "" || fs.NArg() > 0 {
-		fmt.Fprintln(e.stderr, "braid xtr: expected --config FILE (see 'braid xtr --help')")
-		return exitUsage
-	}
-	log, err := newLogger(e, *format, *verbose)
-	if err != nil {
-		fmt.Fprintf(e.stderr, "braid xtr: %v\n", err)
-		return exitUsage
-	}
-	cfg, err := loadXTRConfig(*file)
-	if err != nil {
-		return configFail(e, "xtr", err)
-	}
-	ctx, cancel := signalContext()
-	defer cancel()
-	if err := serveXTR(ctx, cfg, log); err != nil {
-		fmt.Fprintf(e.stderr, "braid xtr: %v\n", err)
-		return exitError
-	}
-	return exitOK
+	return runDaemon(e, "xtr", xtrDoc, args, loadXTRConfig, serveXTR)
 }
 
 func loadXTRConfig(file string) (*config.XTR, error) {
