@@ -26,7 +26,7 @@ test: deps
 	@./scripts/check-clean.sh
 
 # Macro benchmarks; each driver writes its section, bench/BENCH.md is their concatenation.
-BENCHES := emulator tunnel dataplane lisp lb proxy
+BENCHES := emulator tunnel dataplane lisp lb proxy rbpm
 bench: build
 	@mkdir -p bench/out
 	$(foreach b,$(BENCHES),$(GO) run ./bench/$(b) -braid $(BIN) -runs 5 -out bench/out/$(b).md &&) true

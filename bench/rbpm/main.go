@@ -47,20 +47,20 @@ func main() {
 	var tab bytes.Buffer
 	fmt.Fprintln(&tab, "| scenario | default (B/s) | rbpm (B/s) | ratio | paper: original MPTCP | paper: RBPM |")
 	fmt.Fprintln(&tab, "|---|---:|---:|---:|---:|---:|")
-	failed := false
+	var failures []string
 	for _, sc := range scenario.RBPMScenarios() {
 		var base, rb, ratios []float64
 		for r := 0; r < *runs; r++ {
 			b, err := scenario.RBPMKernel(ctx, sc, false, dur, scenario.Options{})
 			if err != nil {
-				log.Printf("%s default: %v", sc.Name, err)
-				failed = true
+				failures = append(failures, fmt.Sprintf("%s run %d, default: %v", sc.Name, r+1, err))
+				log.Print(failures[len(failures)-1])
 				continue
 			}
 			p, err := scenario.RBPMKernel(ctx, sc, true, dur, scenario.Options{})
 			if err != nil {
-				log.Printf("%s rbpm: %v", sc.Name, err)
-				failed = true
+				failures = append(failures, fmt.Sprintf("%s run %d, rbpm: %v", sc.Name, r+1, err))
+				log.Print(failures[len(failures)-1])
 				continue
 			}
 			log.Printf("%s run %d: default %.0f B/s, rbpm %.0f B/s (%s)", sc.Name, r+1, b.Goodput, p.Goodput, p.Note)
@@ -77,12 +77,18 @@ func main() {
 	}
 	w.Write(tab.Bytes())
 	fmt.Fprintln(w, "\nratio: median of the per-run ratios (rbpm over default, measured back to back).")
+	if len(failures) > 0 {
+		fmt.Fprintf(w, "\nFailed runs (left out of the medians):\n\n")
+		for _, f := range failures {
+			fmt.Fprintf(w, "- %s\n", f)
+		}
+	}
 	if *out != "" {
 		if err := os.WriteFile(*out, md.Bytes(), 0o644); err != nil {
 			log.Fatal(err)
 		}
 	}
-	if failed {
+	if len(failures) > 0 {
 		os.Exit(1)
 	}
 }

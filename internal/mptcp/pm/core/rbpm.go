@@ -156,15 +156,11 @@ func (p *RBPM) decideConn(ns int64, cs ConnStats, c *rbpmConn, uplinks []Uplink)
 		// Every listed subflow counts as up: a slow path behind a deep queue goes seconds
 		// without an ack and is exactly the one to judge; dead subflows are the manager's
 		// (it destroys them, and they leave the list).
-		// The bandwidth for the score: the delivery rate, or the window's rate if higher. A
-		// subflow that the default scheduler or the shared window starves delivers little
-		// whatever its path could carry, and would score as a poor path.
-		rate := float64(s.DeliveryRate) * 8
-		if s.RTT > 0 && s.RTT <= time.Minute {
-			rate = max(rate, float64(s.Cwnd)*float64(mss)*8/s.RTT.Seconds())
-		}
+		// The bandwidth is tcpi_delivery_rate (sched.RBPM keeps its maximum for a while).
+		// cwnd/RTT was tried as a floor and over-estimated the slow paths whose windows grew
+		// in slow start: in scenario 2 the 2 Mbit/s subflow then looked like 7 Mbit/s.
 		c.paths = append(c.paths, sched.Path{ID: id, Up: true, SRTT: s.RTT, RTTVar: s.RTTVar, MinRTT: s.MinRTT,
-			InFlight: int(s.Unacked) * mss, CWnd: int(s.Cwnd) * mss, MSS: mss, DeliveryRate: rate})
+			InFlight: int(s.Unacked) * mss, CWnd: int(s.Cwnd) * mss, MSS: mss, DeliveryRate: float64(s.DeliveryRate) * 8})
 		c.tuples = append(c.tuples, t)
 		c.actual[t] = s.Backup
 		c.avail = max(c.avail, int(s.SndWnd))
