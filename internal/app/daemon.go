@@ -2,8 +2,10 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 )
 
@@ -56,5 +58,34 @@ func runDaemon[C any](e env, role, doc string, args []string, load func(file str
 		fmt.Fprintf(e.stderr, "braid %s: %v\n", role, err)
 		return exitError
 	}
+	return exitOK
+}
+
+// showStatus is a role's 'show' command: it reads the /status document of the role at
+// --metrics (default addr), checks that it comes from role (roleOf reads it; what names the
+// role in the error), and prints it with print, or as indented JSON with --json.
+func showStatus[S any](e env, args []string, cmd, doc, addr, role, what string, roleOf func(*S) string, print func(io.Writer, *S)) int {
+	fs := newFlags(e, cmd, doc)
+	metricsAddr := fs.String("metrics", addr, "the role's status `ADDRESS`")
+	asJSON := fs.Bool("json", false, "print the raw JSON")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	var st S
+	if err := getStatus(*metricsAddr, &st); err != nil {
+		fmt.Fprintf(e.stderr, "%s: %v\n", cmd, err)
+		return exitError
+	}
+	if r := roleOf(&st); r != role {
+		fmt.Fprintf(e.stderr, "%s: %s is a %q, not %s\n", cmd, *metricsAddr, r, what)
+		return exitError
+	}
+	if *asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(st)
+		return exitOK
+	}
+	print(e.stdout, &st)
 	return exitOK
 }

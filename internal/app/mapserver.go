@@ -184,29 +184,9 @@ func getStatus(addr string, v any) error {
 }
 
 func mapserverShow(e env, args []string) int {
-	fs := newFlags(e, "braid mapserver show", mapserverDoc)
-	addr := fs.String("metrics", config.MapserverDefaults().Metrics, "the map server's status `ADDRESS`")
-	asJSON := fs.Bool("json", false, "print the raw JSON")
-	if done, code := parseFlags(e, fs, args); done {
-		return code
-	}
-	var st mapserverStatus
-	if err := getStatus(*addr, &st); err != nil {
-		fmt.Fprintf(e.stderr, "braid mapserver show: %v\n", err)
-		return exitError
-	}
-	if st.Role != "mapserver" {
-		fmt.Fprintf(e.stderr, "braid mapserver show: %s is a %q, not a map server\n", *addr, st.Role)
-		return exitError
-	}
-	if *asJSON {
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		enc.Encode(st)
-		return exitOK
-	}
-	printRegistrations(e.stdout, st)
-	return exitOK
+	return showStatus(e, args, "braid mapserver show", mapserverDoc, config.MapserverDefaults().Metrics, "mapserver", "a map server",
+		func(st *mapserverStatus) string { return st.Role },
+		func(w io.Writer, st *mapserverStatus) { printRegistrations(w, *st) })
 }
 
 func printRegistrations(w io.Writer, st mapserverStatus) {

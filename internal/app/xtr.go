@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -227,29 +226,9 @@ func (s xtrSource) WriteMetrics(w *metrics.Writer) {
 }
 
 func xtrShow(e env, args []string) int {
-	fs := newFlags(e, "braid xtr show", xtrDoc)
-	addr := fs.String("metrics", config.XTRDefaults().Metrics, "the xTR's status `ADDRESS`")
-	asJSON := fs.Bool("json", false, "print the raw JSON")
-	if done, code := parseFlags(e, fs, args); done {
-		return code
-	}
-	var st xtrStatus
-	if err := getStatus(*addr, &st); err != nil {
-		fmt.Fprintf(e.stderr, "braid xtr show: %v\n", err)
-		return exitError
-	}
-	if st.Role != "xtr" {
-		fmt.Fprintf(e.stderr, "braid xtr show: %s is a %q, not an xTR\n", *addr, st.Role)
-		return exitError
-	}
-	if *asJSON {
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		enc.Encode(st)
-		return exitOK
-	}
-	printXTR(e.stdout, st.XTR)
-	return exitOK
+	return showStatus(e, args, "braid xtr show", xtrDoc, config.XTRDefaults().Metrics, "xtr", "an xTR",
+		func(st *xtrStatus) string { return st.Role },
+		func(w io.Writer, st *xtrStatus) { printXTR(w, st.XTR) })
 }
 
 func printXTR(w io.Writer, st xtr.Status) {
