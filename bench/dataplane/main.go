@@ -16,23 +16,19 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"log"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"braid/bench/internal/drive"
 	"braid/internal/lab"
 	"braid/internal/lab/scenario"
-	"braid/internal/traffic"
 )
 
 // config is one row of the table.
@@ -72,7 +68,7 @@ func main() {
 	flag.Parse()
 	log.SetFlags(0)
 	if _, err := os.Stat(*braid); err != nil {
-		fatalf("braid binary: %v (run 'make build')", err)
+		drive.Fatalf("braid binary: %v (run 'make build')", err)
 	}
 	dur := 5 * time.Second
 	if *quick {
@@ -140,13 +136,13 @@ func measure(ctx context.Context, braid string, c config, dur time.Duration, pro
 	}
 	l, err := lab.Up(ctx, scenario.KernelLinks("dataplane", rates...), lab.Options{})
 	if err != nil {
-		fatal(err)
+		drive.Fatal(err)
 	}
 	defer l.Close()
 	var r result
-	stopPlain := server(l, braid, "0.0.0.0:5201")
+	stopPlain := drive.Server(l, braid, "0.0.0.0:5201")
 	for i := range c.paths {
-		r.base += bulk(ctx, l, braid, fmt.Sprintf("10.9.%d.2:5201", i), dur).Steady
+		r.base += drive.Bulk(ctx, l, braid, fmt.Sprintf("10.9.%d.2:5201", i), dur).Steady
 	}
 	stopPlain()
 
@@ -157,18 +153,18 @@ func measure(ctx context.Context, braid string, c config, dur time.Duration, pro
 	}
 	pair, err := scenario.StartTunnelPair(ctx, l, braid, spec, 4, args...)
 	if err != nil {
-		fatal(err)
+		drive.Fatal(err)
 	}
 	defer pair.Close()
-	stop := server(l, braid, "10.255.0.2:5201")
+	stop := drive.Server(l, braid, "10.255.0.2:5201")
 	defer stop()
 	segs0, re0 := tcpSegments(ctx, l)
-	drops0 := rcvbufErrors(ctx, l, "a") + rcvbufErrors(ctx, l, "b")
+	drops0 := drive.SNMP(ctx, l, "a", "Udp", "RcvbufErrors") + drive.SNMP(ctx, l, "b", "Udp", "RcvbufErrors")
 	cpu0 := pair.CPU()
-	res := bulk(ctx, l, braid, "10.255.0.2:5201", dur)
+	res := drive.Bulk(ctx, l, braid, "10.255.0.2:5201", dur)
 	cpu1 := pair.CPU()
 	segs1, re1 := tcpSegments(ctx, l)
-	r.drops = rcvbufErrors(ctx, l, "a") + rcvbufErrors(ctx, l, "b") - drops0
+	r.drops = drive.SNMP(ctx, l, "a", "Udp", "RcvbufErrors") + drive.SNMP(ctx, l, "b", "Udp", "RcvbufErrors") - drops0
 	r.tunnel = res.Steady
 	gbits := float64(res.Bytes) * 8 / 1e9
 	for i := range 2 {
@@ -180,70 +176,7 @@ func measure(ctx context.Context, braid string, c config, dur time.Duration, pro
 	return r
 }
 
-func server(l *lab.Lab, braid, addr string) func() {
-	srv := exec.Command(braid, "traffic", "serve", "--listen", addr)
-	if err := l.Host("b").Start(srv); err != nil {
-		fatal(err)
-	}
-	time.Sleep(200 * time.Millisecond)
-	return func() { srv.Process.Signal(syscall.SIGTERM); srv.Wait() }
-}
-
-func bulk(ctx context.Context, l *lab.Lab, braid, addr string, dur time.Duration) traffic.BulkResult {
-	var res traffic.BulkResult
-	out, err := l.Host("a").Run(ctx, braid, "traffic", "bulk", addr, "--duration", dur.String(), "--json")
-	if err != nil {
-		fatalf("braid traffic bulk %s: %v\n%s", addr, err, out)
-	}
-	if err := json.Unmarshal(out, &res); err != nil {
-		fatalf("braid traffic bulk %s: %v: %q", addr, err, out)
-	}
-	return res
-}
-
-// snmp returns the named counter of a protocol line of /proc/net/snmp in host h's namespace.
-func snmp(ctx context.Context, l *lab.Lab, h, proto, name string) uint64 {
-	out, err := l.Host(h).Run(ctx, "cat", "/proc/net/snmp")
-	if err != nil {
-		fatalf("snmp: %v", err)
-	}
-	var names []string
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 || f[0] != proto+":" {
-			continue
-		}
-		if names == nil {
-			names = f
-			continue
-		}
-		for i, n := range names {
-			if n == name && i < len(f) {
-				v, _ := strconv.ParseUint(f[i], 10, 64)
-				return v
-			}
-		}
-	}
-	fatalf("no %s %s in /proc/net/snmp", proto, name)
-	return 0
-}
-
-func rcvbufErrors(ctx context.Context, l *lab.Lab, h string) uint64 {
-	return snmp(ctx, l, h, "Udp", "RcvbufErrors")
-}
-
 // tcpSegments returns the TCP segments sent and retransmitted by a so far.
 func tcpSegments(ctx context.Context, l *lab.Lab) (sent, retrans uint64) {
-	return snmp(ctx, l, "a", "Tcp", "OutSegs"), snmp(ctx, l, "a", "Tcp", "RetransSegs")
-}
-
-// fatal and fatalf remove every lab of this process before exiting.
-func fatal(v ...any) {
-	lab.CloseAll()
-	log.Fatal(v...)
-}
-
-func fatalf(format string, v ...any) {
-	lab.CloseAll()
-	log.Fatalf(format, v...)
+	return drive.SNMP(ctx, l, "a", "Tcp", "OutSegs"), drive.SNMP(ctx, l, "a", "Tcp", "RetransSegs")
 }

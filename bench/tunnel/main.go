@@ -14,20 +14,17 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"log"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"braid/bench/internal/drive"
 	"braid/internal/lab"
 	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
@@ -44,7 +41,7 @@ func main() {
 	flag.Parse()
 	log.SetFlags(0)
 	if _, err := os.Stat(*braid); err != nil {
-		fatalf("braid binary: %v (run 'make build')", err)
+		drive.Fatalf("braid binary: %v (run 'make build')", err)
 	}
 	dur := 10 * time.Second
 	if *quick {
@@ -69,9 +66,9 @@ func main() {
 		measured = append(measured, tunnelRun(ctx, *braid, dur, true, nil, nil))
 		var drops, loss float64
 		tunnelRun(ctx, *braid, dur, true, rates, func(l *lab.Lab) {
-			before := rcvbufErrors(ctx, l, *braid)
+			before := drive.SNMP(ctx, l, "b", "Udp", "RcvbufErrors")
 			res := udp(ctx, l, *braid, dur, 300e6)
-			drops, loss = float64(rcvbufErrors(ctx, l, *braid)-before), res.LossPercent
+			drops, loss = float64(drive.SNMP(ctx, l, "b", "Udp", "RcvbufErrors")-before), res.LossPercent
 		})
 		udpDrops, udpLoss = append(udpDrops, drops), append(udpLoss, loss)
 	}
@@ -108,7 +105,7 @@ func topology() *topo.Topology {
 func up(ctx context.Context) *lab.Lab {
 	l, err := lab.Up(ctx, topology(), lab.Options{})
 	if err != nil {
-		fatal(err)
+		drive.Fatal(err)
 	}
 	return l
 }
@@ -117,7 +114,7 @@ func up(ctx context.Context) *lab.Lab {
 func baseline(ctx context.Context, braid string, dur time.Duration) (float64, float64) {
 	l := up(ctx)
 	defer l.Close()
-	stop := server(l, braid, "0.0.0.0:5201")
+	stop := drive.Server(l, braid, "0.0.0.0:5201")
 	defer stop()
 	return bulk(ctx, l, braid, "10.9.0.2:5201", dur), bulk(ctx, l, braid, "10.9.1.2:5201", dur)
 }
@@ -129,10 +126,10 @@ func tunnelRun(ctx context.Context, braid string, dur time.Duration, reorder boo
 	defer l.Close()
 	pair, err := scenario.StartTunnelPair(ctx, l, braid, scenario.SiteSpec{Paths: 2, Outer: 4, Capacities: capacities, Reorder: &reorder}, 4)
 	if err != nil {
-		fatal(err)
+		drive.Fatal(err)
 	}
 	defer pair.Close()
-	stop := server(l, braid, "10.255.0.2:5201")
+	stop := drive.Server(l, braid, "10.255.0.2:5201")
 	defer stop()
 	if fn != nil {
 		fn(l)
@@ -141,63 +138,14 @@ func tunnelRun(ctx context.Context, braid string, dur time.Duration, reorder boo
 	return bulk(ctx, l, braid, "10.255.0.2:5201", dur)
 }
 
-func server(l *lab.Lab, braid, addr string) func() {
-	udp := addr
-	srv := exec.Command(braid, "traffic", "serve", "--listen", addr, "--udp", udp)
-	if err := l.Host("b").Start(srv); err != nil {
-		fatal(err)
-	}
-	time.Sleep(200 * time.Millisecond)
-	return func() { srv.Process.Signal(syscall.SIGTERM); srv.Wait() }
-}
-
 func bulk(ctx context.Context, l *lab.Lab, braid, addr string, dur time.Duration) float64 {
-	var res traffic.BulkResult
-	runJSON(ctx, l, braid, &res, "traffic", "bulk", addr, "--duration", dur.String(), "--json")
-	return res.Steady
+	return drive.Bulk(ctx, l, braid, addr, dur).Steady
 }
 
 func udp(ctx context.Context, l *lab.Lab, braid string, dur time.Duration, rate uint64) traffic.UDPResult {
 	var res traffic.UDPResult
-	runJSON(ctx, l, braid, &res, "traffic", "udp", "10.255.0.2:5201", "--rate", strconv.FormatUint(rate, 10), "--size", "1300", "--duration", dur.String(), "--json")
+	drive.RunJSON(ctx, l, braid, &res, "traffic", "udp", "10.255.0.2:5201", "--rate", strconv.FormatUint(rate, 10), "--size", "1300", "--duration", dur.String(), "--json")
 	return res
-}
-
-func runJSON(ctx context.Context, l *lab.Lab, braid string, v any, args ...string) {
-	out, err := l.Host("a").Run(ctx, braid, args...)
-	if err != nil {
-		fatalf("braid %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	if err := json.Unmarshal(out, v); err != nil {
-		fatalf("braid %s: %v: %q", strings.Join(args, " "), err, out)
-	}
-}
-
-// rcvbufErrors reads Udp RcvbufErrors of b's namespace (/proc/net/snmp is per namespace).
-func rcvbufErrors(ctx context.Context, l *lab.Lab, braid string) uint64 {
-	out, err := l.Host("b").Run(ctx, "cat", "/proc/net/snmp")
-	if err != nil {
-		fatalf("snmp: %v", err)
-	}
-	var names []string
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 || f[0] != "Udp:" {
-			continue
-		}
-		if names == nil {
-			names = f
-			continue
-		}
-		for i, n := range names {
-			if n == "RcvbufErrors" && i < len(f) {
-				v, _ := strconv.ParseUint(f[i], 10, 64)
-				return v
-			}
-		}
-	}
-	fatal("no Udp RcvbufErrors in /proc/net/snmp")
-	return 0
 }
 
 func maxOf(v []float64) float64 {
@@ -216,16 +164,4 @@ func countGE(a, b []float64) int {
 		}
 	}
 	return n
-}
-
-// fatal and fatalf remove every lab of this process before exiting, so a failed run leaves
-// nothing behind (log.Fatal would skip the deferred Close calls).
-func fatal(v ...any) {
-	lab.CloseAll()
-	log.Fatal(v...)
-}
-
-func fatalf(format string, v ...any) {
-	lab.CloseAll()
-	log.Fatalf(format, v...)
 }

@@ -89,3 +89,24 @@ func showStatus[S any](e env, args []string, cmd, doc, addr, role, what string, 
 	print(e.stdout, &st)
 	return exitOK
 }
+
+// runCheck is a role's 'check' command: it loads the site file of --config with load (a
+// mistake is reported with the file, line and field) and prints "FILE: valid: " and what
+// describe says of it.
+func runCheck[C any](e env, args []string, role, doc string, load func(file string) (C, error), describe func(C) string) int {
+	fs := newFlags(e, "braid "+role+" check", doc)
+	file := fs.String("config", "", "the site `FILE` (TOML)")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if *file == "" {
+		fmt.Fprintf(e.stderr, "braid %s check: expected --config FILE\n", role)
+		return exitUsage
+	}
+	cfg, err := load(*file)
+	if err != nil {
+		return configFail(e, role, err)
+	}
+	fmt.Fprintf(e.stdout, "%s: valid: %s\n", *file, describe(cfg))
+	return exitOK
+}

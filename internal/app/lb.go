@@ -111,25 +111,13 @@ func loadLBConfig(file string) (*config.LB, error) {
 }
 
 func lbCheck(e env, args []string) int {
-	fs := newFlags(e, "braid lb check", lbDoc)
-	file := fs.String("config", "", "the site `FILE` (TOML)")
-	if done, code := parseFlags(e, fs, args); done {
-		return code
-	}
-	if *file == "" {
-		fmt.Fprintln(e.stderr, "braid lb check: expected --config FILE")
-		return exitUsage
-	}
-	cfg, err := loadLBConfig(*file)
-	if err != nil {
-		return configFail(e, "lb", err)
-	}
-	aware := "MPTCP-aware"
-	if !cfg.Aware {
-		aware = "MPTCP-unaware"
-	}
-	fmt.Fprintf(e.stdout, "%s: valid (%s, mode %s, %d services, %d backends)\n", *file, aware, cfg.Mode, len(cfg.Services), len(cfg.Backends))
-	return exitOK
+	return runCheck(e, args, "lb", lbDoc, loadLBConfig, func(cfg *config.LB) string {
+		aware := "MPTCP-aware"
+		if !cfg.Aware {
+			aware = "MPTCP-unaware"
+		}
+		return fmt.Sprintf("%s, mode %s, %d services, %d backends", aware, cfg.Mode, len(cfg.Services), len(cfg.Backends))
+	})
 }
 
 // lbPlaneConfig is the data plane's configuration from the site file.

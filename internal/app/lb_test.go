@@ -48,7 +48,7 @@ vip = "10.100.0.1:80"
 name = "web1"
 mac = "02:00:00:00:00:01"
 `), 0o644)
-	if code, out, errOut := run("lb", "check", "--config", good); code != exitOK || !strings.Contains(out, "valid (MPTCP-aware, mode mac, 1 services, 1 backends)") {
+	if code, out, errOut := run("lb", "check", "--config", good); code != exitOK || !strings.Contains(out, "valid: MPTCP-aware, mode mac, 1 services, 1 backends") {
 		t.Errorf("check: %d %q %q", code, out, errOut)
 	}
 	bad := filepath.Join(dir, "bad.toml")

@@ -78,28 +78,16 @@ func loadMapserverConfig(file string) (*config.Mapserver, error) {
 }
 
 func mapserverCheck(e env, args []string) int {
-	fs := newFlags(e, "braid mapserver check", mapserverDoc)
-	file := fs.String("config", "", "the site `FILE` (TOML)")
-	if done, code := parseFlags(e, fs, args); done {
-		return code
-	}
-	if *file == "" {
-		fmt.Fprintln(e.stderr, "braid mapserver check: expected --config FILE")
-		return exitUsage
-	}
-	cfg, err := loadMapserverConfig(*file)
-	if err != nil {
-		return configFail(e, "mapserver", err)
-	}
-	var roles []string
-	if cfg.MapServer {
-		roles = append(roles, "map-server")
-	}
-	if cfg.MapResolver {
-		roles = append(roles, "map-resolver")
-	}
-	fmt.Fprintf(e.stdout, "%s: valid: %s on %v, %d sites\n", *file, strings.Join(roles, " and "), cfg.Listen, len(cfg.Sites))
-	return exitOK
+	return runCheck(e, args, "mapserver", mapserverDoc, loadMapserverConfig, func(cfg *config.Mapserver) string {
+		var roles []string
+		if cfg.MapServer {
+			roles = append(roles, "map-server")
+		}
+		if cfg.MapResolver {
+			roles = append(roles, "map-resolver")
+		}
+		return fmt.Sprintf("%s on %v, %d sites", strings.Join(roles, " and "), cfg.Listen, len(cfg.Sites))
+	})
 }
 
 // mapserverRun is a map server with its socket and metrics endpoint.

@@ -138,21 +138,9 @@ func configFail(e env, role string, err error) int {
 }
 
 func tunnelCheck(e env, args []string) int {
-	fs := newFlags(e, "braid tunnel check", tunnelDoc)
-	file := fs.String("config", "", "the site `FILE` (TOML)")
-	if done, code := parseFlags(e, fs, args); done {
-		return code
-	}
-	if *file == "" {
-		fmt.Fprintln(e.stderr, "braid tunnel check: expected --config FILE")
-		return exitUsage
-	}
-	cfg, err := loadTunnelConfig(*file)
-	if err != nil {
-		return configFail(e, "tunnel", err)
-	}
-	fmt.Fprintf(e.stdout, "%s: valid: mode %s, %d uplinks, %d peers\n", *file, cfg.Mode, len(cfg.Uplinks), len(cfg.Peers))
-	return exitOK
+	return runCheck(e, args, "tunnel", tunnelDoc, loadTunnelConfig, func(cfg *config.Tunnel) string {
+		return fmt.Sprintf("mode %s, %d uplinks, %d peers", cfg.Mode, len(cfg.Uplinks), len(cfg.Peers))
+	})
 }
 
 // linkMTU is the MTU of an uplink's interface: the one named, else the one that holds its

@@ -75,26 +75,14 @@ func loadXTRConfig(file string) (*config.XTR, error) {
 }
 
 func xtrCheck(e env, args []string) int {
-	fs := newFlags(e, "braid xtr check", xtrDoc)
-	file := fs.String("config", "", "the site `FILE` (TOML)")
-	if done, code := parseFlags(e, fs, args); done {
-		return code
-	}
-	if *file == "" {
-		fmt.Fprintln(e.stderr, "braid xtr check: expected --config FILE")
-		return exitUsage
-	}
-	cfg, err := loadXTRConfig(*file)
-	if err != nil {
-		return configFail(e, "xtr", err)
-	}
-	mode := "hash"
-	if cfg.Placement {
-		mode = "A-MPTCP placement"
-	}
-	fmt.Fprintf(e.stdout, "%s: valid: %d EID prefixes, %d RLOCs, %d map-resolvers, %d map servers, %s\n", *file,
-		len(cfg.EIDs), len(cfg.RLOCs), len(cfg.Resolvers), len(cfg.MapServers), mode)
-	return exitOK
+	return runCheck(e, args, "xtr", xtrDoc, loadXTRConfig, func(cfg *config.XTR) string {
+		mode := "hash"
+		if cfg.Placement {
+			mode = "A-MPTCP placement"
+		}
+		return fmt.Sprintf("%d EID prefixes, %d RLOCs, %d map-resolvers, %d map servers, %s",
+			len(cfg.EIDs), len(cfg.RLOCs), len(cfg.Resolvers), len(cfg.MapServers), mode)
+	})
 }
 
 // xtrOptions converts the configuration (device and uplinks are added by the caller).

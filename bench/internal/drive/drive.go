@@ -1,0 +1,87 @@
+// Package drive holds what the benchmark drivers share: `braid traffic` run as processes inside
+// lab hosts (so that their CPU time is their own), the kernel's counters of a host, and exits
+// that remove every lab first.
+package drive
+
+import (
+	"context"
+	"encoding/json"
+	"log"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"braid/internal/lab"
+	"braid/internal/traffic"
+)
+
+// Server runs `braid traffic serve` on host b, listening for TCP and UDP on addr; stop ends it.
+func Server(l *lab.Lab, braid, addr string) (stop func()) {
+	srv := exec.Command(braid, "traffic", "serve", "--listen", addr, "--udp", addr)
+	if err := l.Host("b").Start(srv); err != nil {
+		Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	return func() { srv.Process.Signal(syscall.SIGTERM); srv.Wait() }
+}
+
+// Bulk runs one `braid traffic bulk` from host a to addr for dur.
+func Bulk(ctx context.Context, l *lab.Lab, braid, addr string, dur time.Duration) traffic.BulkResult {
+	var res traffic.BulkResult
+	RunJSON(ctx, l, braid, &res, "traffic", "bulk", addr, "--duration", dur.String(), "--json")
+	return res
+}
+
+// RunJSON runs braid with args on host a and decodes what it prints into v.
+func RunJSON(ctx context.Context, l *lab.Lab, braid string, v any, args ...string) {
+	out, err := l.Host("a").Run(ctx, braid, args...)
+	if err != nil {
+		Fatalf("braid %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	if err := json.Unmarshal(out, v); err != nil {
+		Fatalf("braid %s: %v: %q", strings.Join(args, " "), err, out)
+	}
+}
+
+// SNMP returns the named counter of a protocol line ("Udp", "Tcp") of /proc/net/snmp in host
+// h's namespace.
+func SNMP(ctx context.Context, l *lab.Lab, h, proto, name string) uint64 {
+	out, err := l.Host(h).Run(ctx, "cat", "/proc/net/snmp")
+	if err != nil {
+		Fatalf("snmp: %v", err)
+	}
+	var names []string
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != proto+":" {
+			continue
+		}
+		if names == nil {
+			names = f
+			continue
+		}
+		for i, n := range names {
+			if n == name && i < len(f) {
+				v, _ := strconv.ParseUint(f[i], 10, 64)
+				return v
+			}
+		}
+	}
+	Fatalf("no %s %s in /proc/net/snmp", proto, name)
+	return 0
+}
+
+// Fatal and Fatalf remove every lab of this process before exiting, so a failed run leaves
+// nothing behind (log.Fatal would skip the deferred Close calls).
+func Fatal(v ...any) {
+	lab.CloseAll()
+	log.Fatal(v...)
+}
+
+// Fatalf is Fatal with a format.
+func Fatalf(format string, v ...any) {
+	lab.CloseAll()
+	log.Fatalf(format, v...)
+}
