@@ -1,14 +1,19 @@
-// Command rbpm benchmarks braid pm's rbpm policy on kernel MPTCP and writes its section of
-// bench/BENCH.md.
+// Command rbpm benchmarks RBPM and writes its section of bench/BENCH.md.
 //
 // For each of the RBPM paper's scenarios (scenario.RBPMScenarios: four heterogeneous paths on
-// emulated links with 100-packet drop-tail queues, a 200 KB receive buffer, reno), a bulk
-// upload over one subflow per path, with braid pm's fullmesh policy (the kernel's default
-// scheduler over every subflow: the baseline) and with its rbpm policy (the same subflows,
-// slow ones demoted to backup), alternating, -runs times each; the table shows the medians,
-// their ratio and the paper's figures.
+// emulated links with 100-packet drop-tail queues, a 200 KB receive buffer, reno):
 //
-// Usage: go run ./bench/rbpm -braid bin/braid -runs 5 -out bench/out/rbpm.md
+//   - kernel MPTCP: a bulk upload over one subflow per path, with braid pm's fullmesh policy
+//     (the kernel's default scheduler over every subflow: the baseline) and with its rbpm
+//     policy (the same subflows, slow ones demoted to backup), alternating, -runs times each;
+//     also on scenario 1 with a 2 MB buffer and shallow queues (scenario.RBPMShallowS1), where
+//     the slow path rather than the buffer limits the kernel;
+//   - braid tunnel: one TCP flow through the tunnel with each scheduler (wrr, minrtt, blest,
+//     ecf, rbpm), the reorder buffer bounded to the same 200 KB, -runs times each.
+//
+// The tables show medians, the ratios the issue asks for and the paper's figures.
+//
+// Usage: go run ./bench/rbpm -braid bin/braid -runs 3 -out bench/out/rbpm.md
 package main
 
 import (
@@ -19,6 +24,7 @@ import (
 	"io"
 	"log"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"time"
@@ -28,13 +34,17 @@ import (
 )
 
 func main() {
-	flag.String("braid", "bin/braid", "path of the braid binary (unused: the roles run in process)")
-	runs := flag.Int("runs", 5, "runs per configuration; the table shows medians")
+	braid := flag.String("braid", "bin/braid", "path of the braid binary (the tunnel rows run it)")
+	runs := flag.Int("runs", 3, "runs per configuration; the tables show medians")
 	quick := flag.Bool("quick", false, "short measurements: a smoke run")
 	out := flag.String("out", "bench/out/rbpm.md", "where to write this section (Markdown)")
 	flag.Parse()
 	log.SetFlags(0)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Hour)
+	self, err := filepath.Abs(*braid)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Hour)
 	defer cancel()
 	dur := 30 * time.Second
 	if *quick {
@@ -42,41 +52,71 @@ func main() {
 	}
 	var md bytes.Buffer
 	w := io.MultiWriter(os.Stdout, &md)
-	fmt.Fprintf(w, "## RBPM on kernel MPTCP\n\n`go run ./bench/rbpm -runs %d` (%s, %d cores). The RBPM paper's scenarios on %s links\n(100-packet drop-tail queues), receiver tcp_rmem max %d B, reno, a %v bulk upload over one subflow\nper path; baseline: braid pm fullmesh (the kernel's default scheduler over all subflows); braid:\nbraid pm rbpm (same subflows, slow ones set to backup). Goodput in bytes/s, medians of %d runs.\n\n",
+	fmt.Fprintf(w, "## RBPM: kernel MPTCP with braid pm, and braid tunnel's schedulers\n\n`go run ./bench/rbpm -runs %d` (%s, %d cores). The RBPM paper's scenarios on %s links\n(100-packet drop-tail queues), receive buffer %d B, reno, %v bulk uploads. Goodput in bytes/s,\nmedians of %d runs.\n\n",
 		*runs, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), lab.EmulatorName, scenario.RBPMBuffer, dur, *runs)
-	var tab bytes.Buffer
-	fmt.Fprintln(&tab, "| scenario | default (B/s) | rbpm (B/s) | ratio | paper: original MPTCP | paper: RBPM |")
-	fmt.Fprintln(&tab, "|---|---:|---:|---:|---:|---:|")
 	var failures []string
-	for _, sc := range scenario.RBPMScenarios() {
+	fail := func(f string, a ...any) {
+		failures = append(failures, fmt.Sprintf(f, a...))
+		log.Print(failures[len(failures)-1])
+	}
+
+	fmt.Fprintf(w, "### Kernel MPTCP\n\nOne subflow per path; baseline: braid pm fullmesh (the kernel's default scheduler over all\nsubflows); braid: braid pm rbpm (same subflows, slow ones set to backup). The receive buffer is\ntcp_rmem's maximum. S1' is scenario 1 with a 2 MB buffer and queues of one bandwidth-delay\nproduct (at least 15 KB): not the paper's, the case where the slow path rather than the buffer\nlimits upstream MPTCP.\n\n")
+	fmt.Fprintln(w, "| scenario | default (B/s) | rbpm (B/s) | ratio | paper: original MPTCP | paper: RBPM |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|")
+	for _, sc := range append(scenario.RBPMScenarios(), scenario.RBPMShallowS1()) {
 		var base, rb, ratios []float64
 		for r := 0; r < *runs; r++ {
 			b, err := scenario.RBPMKernel(ctx, sc, false, dur, scenario.Options{})
 			if err != nil {
-				failures = append(failures, fmt.Sprintf("%s run %d, default: %v", sc.Name, r+1, err))
-				log.Print(failures[len(failures)-1])
+				fail("kernel %s run %d, default: %v", sc.Name, r+1, err)
 				continue
 			}
 			p, err := scenario.RBPMKernel(ctx, sc, true, dur, scenario.Options{})
 			if err != nil {
-				failures = append(failures, fmt.Sprintf("%s run %d, rbpm: %v", sc.Name, r+1, err))
-				log.Print(failures[len(failures)-1])
+				fail("kernel %s run %d, rbpm: %v", sc.Name, r+1, err)
 				continue
 			}
-			log.Printf("%s run %d: default %.0f B/s, rbpm %.0f B/s (%s)", sc.Name, r+1, b.Goodput, p.Goodput, p.Note)
+			log.Printf("kernel %s run %d: default %.0f B/s, rbpm %.0f B/s (%s)", sc.Name, r+1, b.Goodput, p.Goodput, p.Note)
 			base, rb = append(base, b.Goodput), append(rb, p.Goodput)
 			if b.Goodput > 0 {
 				ratios = append(ratios, p.Goodput/b.Goodput)
 			}
 		}
-		if len(base) == 0 {
-			fmt.Fprintf(&tab, "| %s | not measured | | | %.0f | %.0f |\n", sc.Name, sc.PaperOriginal, sc.PaperRBPM)
-			continue
-		}
-		fmt.Fprintf(&tab, "| %s | %.0f | %.0f | %.2f | %.0f | %.0f |\n", sc.Name, median(base), median(rb), median(ratios), sc.PaperOriginal, sc.PaperRBPM)
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", sc.Name, num(base), num(rb), ratio(ratios), paper(sc.PaperOriginal), paper(sc.PaperRBPM))
 	}
-	w.Write(tab.Bytes())
 	fmt.Fprintln(w, "\nratio: median of the per-run ratios (rbpm over default, measured back to back).")
+
+	fmt.Fprintf(w, "\n### braid tunnel\n\nOne TCP flow through the tunnel over the same links; the reorder buffer, the tunnel's receive\nbuffer, bounded to %d B; path capacities not configured. vs wrr: the median over wrr's;\nvs best: rbpm's median over the better of blest's and ecf's.\n\n", scenario.RBPMBuffer)
+	fmt.Fprintln(w, "| scenario | wrr | minrtt | blest | ecf | rbpm | rbpm vs wrr | rbpm vs best | paper: RBPM |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, sc := range scenario.RBPMScenarios() {
+		med := map[string]float64{}
+		cells := ""
+		for _, s := range scenario.RBPMTunnelSchedulers {
+			var g []float64
+			for r := 0; r < *runs; r++ {
+				row, err := scenario.RBPMTunnel(ctx, self, sc, s, dur, scenario.Options{})
+				if err != nil {
+					fail("tunnel %s %s run %d: %v", sc.Name, s, r+1, err)
+					continue
+				}
+				log.Printf("tunnel %s %s run %d: %.0f B/s (%s)", sc.Name, s, r+1, row.Goodput, row.Note)
+				g = append(g, row.Goodput)
+			}
+			if len(g) > 0 {
+				med[s] = median(g)
+			}
+			cells += " " + num(g) + " |"
+		}
+		vsWRR, vsBest := "", ""
+		if med["wrr"] > 0 && med["rbpm"] > 0 {
+			vsWRR = fmt.Sprintf("%.2fx", med["rbpm"]/med["wrr"])
+		}
+		if best := max(med["blest"], med["ecf"]); best > 0 && med["rbpm"] > 0 {
+			vsBest = fmt.Sprintf("%.2fx", med["rbpm"]/best)
+		}
+		fmt.Fprintf(w, "| %s |%s %s | %s | %s |\n", sc.Name, cells, vsWRR, vsBest, paper(sc.PaperRBPM))
+	}
 	if len(failures) > 0 {
 		fmt.Fprintf(w, "\nFailed runs (left out of the medians):\n\n")
 		for _, f := range failures {
@@ -91,6 +131,28 @@ func main() {
 	if len(failures) > 0 {
 		os.Exit(1)
 	}
+}
+
+// num is the median of v, or "not measured".
+func num(v []float64) string {
+	if len(v) == 0 {
+		return "not measured"
+	}
+	return fmt.Sprintf("%.0f", median(v))
+}
+
+func ratio(v []float64) string {
+	if len(v) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%.2f", median(v))
+}
+
+func paper(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", v)
 }
 
 func median(v []float64) float64 {

@@ -81,7 +81,11 @@ func runStatus(e env, args []string) int {
 		if p.Session {
 			session = "session " + p.SessionAge.Round(time.Second).String() + " old, " + p.Cipher
 		}
-		fmt.Fprintf(e.stdout, "\npeer %s: %s, reorder hold %v\n", p.Name, session, p.ReorderHold)
+		buffer := "unknown"
+		if p.PeerBufferFree >= 0 {
+			buffer = strconv.Itoa(p.PeerBufferFree) + " B free"
+		}
+		fmt.Fprintf(e.stdout, "\npeer %s: %s, reorder hold %v, scheduler %s, peer's reorder buffer %s\n", p.Name, session, p.ReorderHold, p.Scheduler, buffer)
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "PATH\tUPLINK\tREMOTE\tSTATE\tRTT\tLOSS\tRATE\tCAPACITY\tMTU\tTX\tRX\tTX DROPS")
 		for _, pa := range p.Paths {
@@ -100,6 +104,15 @@ func runStatus(e env, args []string) int {
 				float64(pa.RTT)/1e6, 100*pa.Loss, units.FormatRate(uint64(pa.Rate)), capacity, mtu, pa.TxBytes, pa.RxBytes, pa.TxDrops)
 		}
 		tw.Flush()
+		for _, pa := range p.Paths {
+			switch {
+			case pa.Sched == "":
+			case pa.SchedRequired == 0 && pa.SchedAvailable == 0:
+				fmt.Fprintf(e.stdout, "path %d %s: %s\n", pa.ID, pa.Sched, pa.SchedReason)
+			default:
+				fmt.Fprintf(e.stdout, "path %d %s: %s (buffer required %d B, available %d B)\n", pa.ID, pa.Sched, pa.SchedReason, pa.SchedRequired, pa.SchedAvailable)
+			}
+		}
 	}
 	fmt.Fprintln(e.stdout)
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)

@@ -365,6 +365,7 @@ func (s tunnelSource) WriteMetrics(w *metrics.Writer) {
 	}
 	for _, m := range []pathMetric{
 		{"braid_tunnel_path_up", "Whether the path is up (1) or not (0).", metrics.Gauge, func(p tunnel.PathStatus) float64 { return b2f(p.State == "up") }},
+		{"braid_tunnel_path_demoted", "Whether the scheduler (rbpm) has demoted the path (1): it would block the receive buffer.", metrics.Gauge, func(p tunnel.PathStatus) float64 { return b2f(p.Sched == "demoted") }},
 		{"braid_tunnel_path_rtt_seconds", "Smoothed round-trip time of the path.", metrics.Gauge, func(p tunnel.PathStatus) float64 { return p.RTT.Seconds() }},
 		{"braid_tunnel_path_loss_ratio", "Probe loss of the path, 0 to 1.", metrics.Gauge, func(p tunnel.PathStatus) float64 { return p.Loss }},
 		{"braid_tunnel_path_rate_bits_per_second", "Delivery rate measured by the peer.", metrics.Gauge, func(p tunnel.PathStatus) float64 { return p.Rate }},

@@ -33,8 +33,10 @@
 //	                          # else 576..65535, at least 1280 with an IPv6 address
 //	port = 4754               # default local UDP port of the uplinks (default 4754, the
 //	                          # GRE-in-UDP port of RFC 8086)
-//	scheduler = "paced"       # paced (braid default) | wrr (mpt default) | minrtt (braid only:
-//	                          # mpt mode measures no RTT)
+//	scheduler = "paced"       # paced (braid default) | wrr (mpt default) | minrtt | blest |
+//	                          # ecf | rbpm; the last four need braid mode's RTT probes; blest,
+//	                          # ecf and rbpm take the peer's reorder buffer (its
+//	                          # reorder_max_bytes) as the receive buffer they must not block
 //	probe_interval = "50ms"   # braid mode: probe every path this often, also when idle
 //	                          # (default 50ms, 1ms..1m)
 //	down_after = "250ms"      # braid mode: a path without a reply for this long is down; at
@@ -130,6 +132,9 @@ const (
 	SchedulerPaced  Scheduler = "paced"  // rate-aware with pacing, from measured capacity
 	SchedulerWRR    Scheduler = "wrr"    // smooth weighted round robin, as MPT
 	SchedulerMinRTT Scheduler = "minrtt" // lowest RTT first; needs braid mode's probes
+	SchedulerBLEST  Scheduler = "blest"  // MinRTT that waits for the fast path when a slow one would block the receiver
+	SchedulerECF    Scheduler = "ecf"    // MinRTT that waits for the fast path when it would finish first
+	SchedulerRBPM   Scheduler = "rbpm"   // demotes paths that would fill the receiver's buffer out of order
 )
 
 // Limits of the tunnel's configuration.
@@ -841,12 +846,12 @@ func (t *Tunnel) check(env Env) []issue {
 	}
 	switch t.Scheduler {
 	case SchedulerPaced, SchedulerWRR:
-	case SchedulerMinRTT:
+	case SchedulerMinRTT, SchedulerBLEST, SchedulerECF, SchedulerRBPM:
 		if t.Mode == ModeMPT {
-			c.report(obj, "scheduler minrtt needs RTT measurements, which mpt mode does not make; use wrr or paced", p+"scheduler")
+			c.report(obj, fmt.Sprintf("scheduler %s needs RTT measurements, which mpt mode does not make; use wrr or paced", t.Scheduler), p+"scheduler")
 		}
 	default:
-		c.report(obj, fmt.Sprintf("scheduler %q: want paced, wrr or minrtt", t.Scheduler), p+"scheduler")
+		c.report(obj, fmt.Sprintf("scheduler %q: want paced, wrr, minrtt, blest, ecf or rbpm", t.Scheduler), p+"scheduler")
 	}
 	if m := t.Metrics; (m.Addr().IsValid() || m.Port() != 0) && (!m.Addr().IsValid() || m.Port() == 0) {
 		c.report(obj, fmt.Sprintf("metrics %s: want address:port with a port other than 0", m), p+"metrics")

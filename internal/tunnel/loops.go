@@ -102,12 +102,14 @@ func (t *Tunnel) sendData(tx *txState, b []byte, n int) {
 	// that a path is never fed faster than its capacity.
 	wire := n + Overhead + p.outer
 	pp, wait := p.pick(now, wire)
-	for pp == nil && wait > 0 && !t.closing.Load() {
+	for waited := int64(0); pp == nil && wait > 0 && waited < maxSchedWait && !t.closing.Load(); {
 		tx.flush(t) // what the pacer let through goes out before the wait
 		// Waking for every packet would cost a system call each: wait for a few packets'
 		// worth at once (the bucket holds it; the path still gets its rate).
 		sleep(max(wait, minPaceWait))
+		then := now
 		now = t.now()
+		waited += now - then
 		pp, wait = p.pick(now, wire)
 	}
 	if pp == nil {
@@ -140,6 +142,11 @@ func (t *Tunnel) sendData(tx *txState, b []byte, n int) {
 	copy(dg[:aadLen], b[:aadLen])
 	ls.s.Seal(dg[aadLen:aadLen], b[greLen:aadLen], b[:aadLen], b[aadLen:headroom+n])
 }
+
+// maxSchedWait bounds how long one packet waits for a path to have room: a scheduler that
+// keeps declining (windows that do not drain, estimates gone wrong) costs drops, counted as
+// drop_no_path, not a stalled device reader and every other peer with it.
+const maxSchedWait = int64(200 * time.Millisecond)
 
 // minPaceWait is the shortest wait for the pacer: 250 µs is 30 KB at 1 Gbit/s, well within a
 // path's bucket (2 ms of its rate).
@@ -536,6 +543,7 @@ func (t *Tunnel) reply(p *peer, pp *peerPath, pr mpath.Probe) {
 		r.Feedback.ReorderPackets = uint32(st.Packets)
 		r.Feedback.ReorderKiB = uint32(st.Bytes >> 10)
 	}
+	r.Feedback.ReorderFreeKiB = t.reorderFreeKiB(p)
 	p.mu.Unlock()
 	t.sendSealed(p, pp, mpath.TypeProbeReply, r.Encode)
 }

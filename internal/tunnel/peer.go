@@ -36,12 +36,16 @@ type peer struct {
 	cur   atomic.Pointer[liveSession] // the session packets are sent with
 	txSeq atomic.Uint32               // data sequence for the peer's reorder buffer
 
-	mu       sync.Mutex // guards what follows
-	paths    []*peerPath
-	snap     []sched.Path // scratch for the scheduler
-	sch      scheduler
-	prev     *liveSession // still opens packets for keepPrevious after a rekey
-	pending  *liveSession // made as responder, used to send once the initiator is heard on it
+	mu    sync.Mutex // guards what follows
+	paths []*peerPath
+	snap  []sched.Path // scratch for the scheduler
+	sch   scheduler
+	// flight: the scheduler reasons with each path's data in flight (peerPath.sent); the
+	// pacing one does not, and is spared the bookkeeping.
+	flight   bool
+	states   []sched.PathState // scratch for the status
+	prev     *liveSession      // still opens packets for keepPrevious after a rekey
+	pending  *liveSession      // made as responder, used to send once the initiator is heard on it
 	hs       *session.Initiator
 	hsIndex  uint32
 	hsSent   int64
@@ -81,6 +85,8 @@ type peerPath struct {
 	capBits float64       // delivered over the estimator's windows since the last sample
 	capWin  time.Duration // and their length
 
+	sent sentLog // what the scheduler gave the path lately, for its data in flight
+
 	// receive counters reported to the peer in probe replies
 	rxBytes   uint64
 	rxPackets uint32
@@ -94,7 +100,8 @@ type scheduler interface {
 }
 
 // newScheduler returns the named scheduler; the default is paced, at the configured capacity
-// of a path or else at its measured one.
+// of a path or else at its measured one. The buffer-aware ones (blest, ecf, rbpm) take the
+// peer's reorder buffer as the receive buffer: its free room comes back in the feedback.
 func newScheduler(name string) (scheduler, error) {
 	switch name {
 	case "":
@@ -105,8 +112,14 @@ func newScheduler(name string) (scheduler, error) {
 		return &sched.WRR{}, nil
 	case "minrtt":
 		return &sched.MinRTT{}, nil
+	case "blest":
+		return &sched.BLEST{}, nil
+	case "ecf":
+		return &sched.ECF{}, nil
+	case "rbpm":
+		return sched.NewRBPM(sched.RBPMConfig{}), nil
 	}
-	return nil, fmt.Errorf("tunnel: unknown scheduler %q (paced, wrr or minrtt)", name)
+	return nil, fmt.Errorf("tunnel: unknown scheduler %q (paced, wrr, minrtt, blest, ecf or rbpm)", name)
 }
 
 func newPeer(t *Tunnel, pc PeerConfig, now int64) (*peer, error) {
@@ -118,6 +131,8 @@ func newPeer(t *Tunnel, pc PeerConfig, now int64) (*peer, error) {
 		return nil, err
 	}
 	p := &peer{t: t, name: pc.Name, pub: pc.PublicKey, routes: pc.Routes, sch: sch}
+	_, paced := sch.(pacer)
+	p.flight = !paced
 	p.txSeq.Store(randUint32())
 	if t.o.Reorder {
 		if p.rb, err = reorder.New[*packetBuf](t.o.ReorderCfg); err != nil {
@@ -212,13 +227,16 @@ type pacer interface {
 	Next(now int64, paths []sched.Path, size int) (index int, at int64, ok bool)
 }
 
-// pick chooses the path for a packet of size bytes; it returns nil when none is usable. With a
-// pacing scheduler it may return a time at which to send instead (wait > 0): the caller sleeps
-// and asks again, which paces the device reader to the paths' capacity.
+// pick chooses the path for a packet of size bytes; it returns nil when none is usable. It
+// may return a time to wait instead (wait > 0): the caller sleeps and asks again. A pacing
+// scheduler says when a path will have room, which paces the device reader to the paths'
+// capacity; the others decline while every usable path's window is full or, for BLEST and
+// ECF, while waiting for the fast path beats sending on a slow one, and the caller then
+// retries after minPaceWait (the windows drain as the data in flight ages).
 func (p *peer) pick(now int64, size int) (pp *peerPath, wait int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.snapshotLocked(now)
+	up := p.snapshotLocked(now)
 	if pc, ok := p.sch.(pacer); ok {
 		i, at, ok := pc.Next(now, p.snap, size)
 		if !ok {
@@ -229,18 +247,31 @@ func (p *peer) pick(now int64, size int) (pp *peerPath, wait int64) {
 		}
 		return p.paths[i], 0
 	}
-	i, ok := p.sch.Pick(now, p.snap, size)
+	var i int
+	var ok bool
+	if cs, isConn := p.sch.(connScheduler); isConn {
+		i, ok = cs.PickConn(now, p.connLocked(), p.snap, size)
+	} else {
+		i, ok = p.sch.Pick(now, p.snap, size)
+	}
 	if !ok {
+		if up {
+			return nil, minPaceWait
+		}
 		return nil, 0
 	}
-	return p.paths[i], 0
+	pp = p.paths[i]
+	pp.sent.add(now, size)
+	return pp, 0
 }
 
-// snapshotLocked fills p.snap for the scheduler. A path that is still Up but has gone quiet
-// for longer than a probe round trip should take is avoided while another path is fresh: a
-// path that has just died would otherwise swallow data until the estimator declares it down.
-func (p *peer) snapshotLocked(now int64) {
+// snapshotLocked fills p.snap for the scheduler and reports whether a path is usable. A path
+// that is still Up but has gone quiet for longer than a probe round trip should take is
+// avoided while another path is fresh: a path that has just died would otherwise swallow data
+// until the estimator declares it down.
+func (p *peer) snapshotLocked(now int64) bool {
 	fresh := false
+	mss := int(p.t.mtu.Load()) + Overhead + p.outer
 	for i, pp := range p.paths {
 		s := pp.est.Snapshot()
 		up := s.State == path.Up && !pp.admin
@@ -248,18 +279,30 @@ func (p *peer) snapshotLocked(now int64) {
 		p.snap[i] = sched.Path{
 			ID: i, Up: up && !quiet, Weight: pp.weight,
 			Capacity: float64(pp.capacity), SRTT: s.SRTT, RTTVar: s.RTTVar,
+			MinRTT: s.MinRTT, DeliveryRate: s.DeliveryRate, MSS: mss,
 		}
-		if pp.capEst != nil {
+		if p.flight {
+			p.snap[i].InFlight = pp.sent.inFlight(now, s.SRTT)
+		}
+		if pp.capEst != nil && !p.flight {
+			// The measured capacity is found by pacing above it (the estimator's probing
+			// phases): only the pacing scheduler makes it meaningful. The others reason with
+			// the delivery rate, or a configured capacity.
 			p.snap[i].Capacity, p.snap[i].PaceRate = pp.capEst.Estimate(), pp.capEst.PacingRate()
 		}
 		fresh = fresh || (up && !quiet)
 	}
-	if !fresh { // every live path is quiet: use them all rather than none
-		for i, pp := range p.paths {
-			s := pp.est.Snapshot()
-			p.snap[i].Up = s.State == path.Up && !pp.admin
-		}
+	if fresh {
+		return true
 	}
+	// every live path is quiet: use them all rather than none
+	any := false
+	for i, pp := range p.paths {
+		s := pp.est.Snapshot()
+		p.snap[i].Up = s.State == path.Up && !pp.admin
+		any = any || p.snap[i].Up
+	}
+	return any
 }
 
 // quietAfter is how long a path may stay unheard before it is avoided: one probe interval plus

@@ -16,7 +16,7 @@ type Counters struct {
 
 	DropNoRoute        atomic.Uint64 // inner destination in no peer's routes
 	DropNoSession      atomic.Uint64 // no session with the peer yet
-	DropNoPath         atomic.Uint64 // every path to the peer is down
+	DropNoPath         atomic.Uint64 // every path to the peer is down, or none took the packet within maxSchedWait
 	DropSend           atomic.Uint64 // a path's socket buffer was full or the send failed
 	DropBadGRE         atomic.Uint64 // truncated, wrong version, reserved bits, or not braid's GRE
 	DropBadHeader      atomic.Uint64 // braid header or message malformed
@@ -50,7 +50,12 @@ type PeerStatus struct {
 	SessionAge  time.Duration
 	Cipher      string `json:",omitempty"` // of the current session
 	ReorderHold time.Duration
-	Paths       []PathStatus
+	Scheduler   string
+	// PeerBufferFree is the free room of the peer's reorder buffer, bytes, as its latest
+	// feedback reported it (the buffer-aware schedulers' available buffer); -1 while unknown
+	// or when the peer does not reorder.
+	PeerBufferFree int
+	Paths          []PathStatus
 }
 
 // PathStatus describes one path to a peer.
@@ -74,6 +79,11 @@ type PathStatus struct {
 	TxDrops                uint64
 	RxPackets, RxBytes     uint64
 	ProbesSent, ProbesLost uint64
+	// With a scheduler that demotes paths (rbpm): Sched is "active" or "demoted", SchedReason
+	// why, and SchedRequired and SchedAvailable the buffer the decision needed and had, bytes.
+	Sched                         string `json:",omitempty"`
+	SchedReason                   string `json:",omitempty"`
+	SchedRequired, SchedAvailable int    `json:",omitempty"`
 }
 
 // Status returns a snapshot.
@@ -81,13 +91,19 @@ func (t *Tunnel) Status() Status {
 	now := t.now()
 	st := Status{PublicKey: t.pub.String(), Uptime: time.Since(t.start), Counters: t.stats.snapshot(), MTU: int(t.mtu.Load())}
 	for _, p := range t.peers {
-		ps := PeerStatus{Name: p.name}
+		ps := PeerStatus{Name: p.name, Scheduler: t.o.Scheduler, PeerBufferFree: -1}
+		if ps.Scheduler == "" {
+			ps.Scheduler = "paced"
+		}
 		if cur := p.cur.Load(); cur != nil {
 			ps.Session, ps.SessionAge, ps.Cipher = true, time.Duration(now-cur.created), cur.s.Cipher.String()
 		}
 		p.mu.Lock()
 		if p.rb != nil {
 			ps.ReorderHold = p.rb.Hold()
+		}
+		if c := p.connLocked(); c.AvailKnown {
+			ps.PeerBufferFree = c.Avail
 		}
 		for _, pp := range p.paths {
 			s := pp.est.Snapshot()
@@ -104,6 +120,13 @@ func (t *Tunnel) Status() Status {
 				RxPackets: uint64(pp.rxPackets), RxBytes: pp.rxBytes,
 				ProbesSent: s.ProbesSent, ProbesLost: s.ProbesLost,
 			})
+			if ss, ok := p.schedStateLocked(int(pp.id)); ok {
+				st := &ps.Paths[len(ps.Paths)-1]
+				st.Sched, st.SchedReason, st.SchedRequired, st.SchedAvailable = "active", ss.Reason.String(), ss.Required, ss.Avail
+				if !ss.Active {
+					st.Sched = "demoted"
+				}
+			}
 		}
 		p.mu.Unlock()
 		st.Peers = append(st.Peers, ps)

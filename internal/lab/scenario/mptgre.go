@@ -169,6 +169,10 @@ type SiteSpec struct {
 	Reorder    *bool    // nil: the default
 	Encryption *bool    // nil: the default (on)
 	Control    string   // control socket
+	Scheduler  string   // "": the default
+	// ReorderMaxBytes bounds the reorder buffer (0: the default); it is the receive buffer of
+	// the buffer-aware schedulers.
+	ReorderMaxBytes int
 }
 
 // SiteInner returns the tunnel address of a side: 10.255.0.<side+1> or fd00:ff::<side+1>.
@@ -190,6 +194,12 @@ func SiteFile(s SiteSpec) []byte {
 	}
 	if s.Encryption != nil {
 		fmt.Fprintf(&b, "encryption = %v\n", *s.Encryption)
+	}
+	if s.Scheduler != "" {
+		fmt.Fprintf(&b, "scheduler = %q\n", s.Scheduler)
+	}
+	if s.ReorderMaxBytes > 0 {
+		fmt.Fprintf(&b, "reorder_max_bytes = %d\n", s.ReorderMaxBytes)
 	}
 	addr := func(link, side int) string {
 		if s.Outer == 6 {

@@ -33,6 +33,32 @@ type RBPMScenario struct {
 	Slow          int     // the path RBPM takes out in the paper
 	PaperRBPM     float64 // the paper's mean goodput with RBPM, bytes/s
 	PaperOriginal float64 // the paper's original MPTCP (Linux MPTCP v0.89), bytes/s
+	// Buffer is the receiver's buffer in bytes (tcp_rmem's maximum; the tunnel's reorder
+	// buffer bound); 0 means RBPMBuffer, the paper's.
+	Buffer int
+}
+
+// buffer is sc's receive buffer in bytes.
+func (sc RBPMScenario) buffer() int {
+	if sc.Buffer > 0 {
+		return sc.Buffer
+	}
+	return RBPMBuffer
+}
+
+// RBPMShallowS1 is scenario 1 where the slow path, not the receive buffer, limits upstream
+// MPTCP (scheduling.md section 4): a 2 MB receive buffer and shallow queues of one
+// bandwidth-delay product, at least 15 KB. Not one of the paper's; it shows what the policy
+// gains when the buffer does not bind with the fast paths alone.
+func RBPMShallowS1() RBPMScenario {
+	sc := RBPMScenarios()[0]
+	sc.Name, sc.Buffer, sc.PaperRBPM, sc.PaperOriginal = "S1'", 2_000_000, 0, 0
+	sc.Paths = append([]topo.Shape(nil), sc.Paths...)
+	for i, p := range sc.Paths {
+		bdp := int(p.Rate / 8 * uint64(2*p.Delay) / uint64(time.Second))
+		sc.Paths[i] = topo.Shape{Rate: p.Rate, Delay: p.Delay, QueueBytes: max(bdp, 15000)}
+	}
+	return sc
 }
 
 func rbpmShape(rate uint64, delay time.Duration) topo.Shape {
@@ -67,12 +93,6 @@ type RBPMRow struct {
 	Note      string // what the policy did, or why the row is missing
 }
 
-// RBPMTunnelRows is the hook for the tunnel's rows: when set, runRBPM calls it for each
-// scenario (with the run length) and prints and draws the rows it returns beside the kernel's,
-// e.g. one row per tunnel scheduler (wrr, minrtt, blest, ecf, rbpm). nil: the report says the
-// tunnel rows are not measured.
-var RBPMTunnelRows func(ctx context.Context, sc RBPMScenario, dur time.Duration, o Options) ([]RBPMRow, error)
-
 // RBPMKernelConfigs name the kernel rows.
 const (
 	RBPMKernelDefault = "kernel MPTCP, default scheduler"
@@ -86,6 +106,7 @@ func runRBPM(ctx context.Context, w io.Writer, o Options) error {
 	}
 	fmt.Fprintf(w, "RBPM reproduction: user-space TUN link emulator (rate, delay, 100-packet drop-tail queue per link), reno, receiver tcp_rmem max %d B, %v per run\n", RBPMBuffer, dur)
 	fmt.Fprintln(w, "kernel rows: one subflow per path (braid pm on the sender, userspace PM); the default row runs the fullmesh policy (same subflows, no demotion)")
+	fmt.Fprintf(w, "tunnel rows: one TCP flow through braid tunnel over the same links, reorder buffer bounded to %d B (the tunnel's receive buffer), capacities measured\n", RBPMBuffer)
 	var rows []RBPMRow
 	for _, sc := range RBPMScenarios() {
 		for _, withPolicy := range []bool{false, true} {
@@ -95,13 +116,11 @@ func runRBPM(ctx context.Context, w io.Writer, o Options) error {
 			}
 			rows = append(rows, row)
 		}
-		if RBPMTunnelRows != nil {
-			tr, err := RBPMTunnelRows(ctx, sc, dur, o)
-			if err != nil {
-				return fmt.Errorf("rbpm %s, tunnel: %w", sc.Name, err)
-			}
-			rows = append(rows, tr...)
+		tr, err := rbpmTunnelRows(ctx, sc, dur, o)
+		if err != nil {
+			return fmt.Errorf("rbpm %s, %w", sc.Name, err)
 		}
+		rows = append(rows, tr...)
 	}
 	return WriteRBPMReport(w, o, rows)
 }
@@ -115,25 +134,28 @@ func WriteRBPMReport(w io.Writer, o Options, rows []RBPMRow) error {
 	for _, sc := range scs {
 		fmt.Fprintf(w, "%-4s %-36s %14s %14.0f %8s\n", sc.Name, "paper: original MPTCP (v0.89)", "", sc.PaperOriginal, "")
 		fmt.Fprintf(w, "%-4s %-36s %14s %14.0f %8s\n", sc.Name, "paper: MPTCP with RBPM", "", sc.PaperRBPM, "")
-		var base float64
+		var base, wrr float64
 		for _, r := range rows {
 			if r.Scenario != sc.Name {
 				continue
 			}
-			if r.Config == RBPMKernelDefault {
+			switch r.Config {
+			case RBPMKernelDefault:
 				base = r.Goodput
+			case RBPMTunnelConfig("wrr"):
+				wrr = r.Goodput
 			}
 			ratio := ""
-			if r.Config == RBPMKernelPolicy && base > 0 {
+			switch {
+			case r.Config == RBPMKernelPolicy && base > 0:
 				ratio = fmt.Sprintf("%.2fx", r.Goodput/base)
+			case strings.HasPrefix(r.Config, RBPMTunnelConfig("")) && r.Config != RBPMTunnelConfig("wrr") && wrr > 0:
+				ratio = fmt.Sprintf("%.2fx", r.Goodput/wrr)
 			}
 			fmt.Fprintf(w, "%-4s %-36s %14.0f %14.0f %8s  %s\n", sc.Name, r.Config, r.Goodput, sc.PaperRBPM, ratio, r.Note)
 		}
-		if RBPMTunnelRows == nil {
-			fmt.Fprintf(w, "%-4s %-36s %14s\n", sc.Name, "tunnel rows", "not measured")
-		}
 	}
-	fmt.Fprintln(w, "ratio: the rbpm policy's goodput over the default's in the same run; paper column: the paper's RBPM figure")
+	fmt.Fprintln(w, "ratio: the kernel rbpm policy's goodput over the kernel default's; a tunnel scheduler's over the tunnel's wrr; paper column: the paper's RBPM figure")
 	var errs []error
 	n := 0
 	for _, r := range rows {
@@ -175,7 +197,7 @@ func writeRBPMChart(name string, r RBPMRow) error {
 // RBPMKernel measures kernel MPTCP on scenario sc for dur: a bulk upload from host a to host b
 // over one subflow per path (braid pm on a, userspace PM, fullmesh subflows), with the rbpm
 // policy or without (fullmesh: the kernel's default scheduler over all subflows). b's receive
-// buffer is RBPMBuffer; both hosts use reno.
+// buffer is sc's (RBPMBuffer for the paper's); both hosts use reno.
 func RBPMKernel(ctx context.Context, sc RBPMScenario, withPolicy bool, dur time.Duration, o Options) (RBPMRow, error) {
 	row := RBPMRow{Scenario: sc.Name, Config: RBPMKernelDefault}
 	var pol core.Policy = core.Fullmesh{}
@@ -195,7 +217,7 @@ func RBPMKernel(ctx context.Context, sc RBPMScenario, withPolicy bool, dur time.
 			return row, err
 		}
 	}
-	if err := b.NS.Sysctl("ipv4/tcp_rmem", fmt.Sprintf("4096 131072 %d", RBPMBuffer)); err != nil {
+	if err := b.NS.Sysctl("ipv4/tcp_rmem", fmt.Sprintf("4096 131072 %d", sc.buffer())); err != nil {
 		return row, err
 	}
 	// The receiver's in-kernel PM accepts 2 joins by default; the scenarios need 3.

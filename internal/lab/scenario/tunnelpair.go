@@ -33,12 +33,12 @@ type TunnelPair struct {
 // a's packets reach b through the tunnel over IP version innerVersion (a TCP connection attempt
 // to b's inner address is answered, accepted or refused). Close stops the tunnels. args are
 // added to each command line, with "{side}" replaced by a or b.
-func StartTunnelPair(ctx context.Context, l *lab.Lab, self string, spec SiteSpec, innerVersion int, args ...string) (p *TunnelPair, err error) {
+func StartTunnelPair(ctx context.Context, l *lab.Lab, self string, spec SiteSpec, innerVersion int, args ...string) (_ *TunnelPair, err error) {
 	dir, err := os.MkdirTemp("", "braid-pair-")
 	if err != nil {
 		return nil, err
 	}
-	p = &TunnelPair{dir: dir}
+	p := &TunnelPair{dir: dir}
 	defer func() {
 		if err != nil {
 			p.Close()

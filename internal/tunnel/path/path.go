@@ -191,11 +191,13 @@ func (s State) String() string {
 // Feedback is the peer's view of this path (tunnel-wire.md, path feedback). Bytes, Packets and
 // Lost are cumulative counters since the peer's session started; they may wrap (Packets,
 // Lost) or start again from zero (peer restart). ReorderPackets and ReorderKiB are gauges,
-// the peer's reorder buffer occupancy when it sent the feedback.
+// the peer's reorder buffer occupancy when it sent the feedback, and ReorderFreeKiB its free
+// room (mpath.NoReorderBound: not bounded).
 type Feedback struct {
 	Bytes                                     uint64
 	Packets, Lost, ReorderPackets, ReorderKiB uint32
 	Time                                      uint32 // the peer's clock when it read them, µs (wraps)
+	ReorderFreeKiB                            uint32
 }
 
 // Snapshot is a copy of a path's state for schedulers and status output.
@@ -233,9 +235,12 @@ type Snapshot struct {
 	ProbesSent, ProbesLost                        uint64
 	RepliesDuplicate, RepliesIgnored, RepliesLate uint64
 	// PeerRestarts counts feedback counter resets; PeerReorderPackets and PeerReorderKiB are
-	// the peer's latest reorder buffer occupancy.
+	// the peer's latest reorder buffer occupancy, PeerReorderFreeKiB its free room (the last
+	// feedback's ReorderFreeKiB) and PeerFeedbackAt when that feedback arrived (0: none yet).
 	PeerRestarts                       uint64
 	PeerReorderPackets, PeerReorderKiB uint32
+	PeerReorderFreeKiB                 uint32
+	PeerFeedbackAt                     int64
 	// LastHeard is when the peer was last heard on this path (0: never); Since is when State
 	// last changed (the Estimator's creation at first); Transitions counts State changes.
 	LastHeard, Since int64
@@ -308,6 +313,8 @@ type Estimator struct {
 	restarts    uint64
 	reorderPkts uint32
 	reorderKiB  uint32
+	reorderFree uint32 // the last feedback's ReorderFreeKiB
+	fbAt        int64  // when it arrived
 
 	bytesSent, bytesRecv uint64
 	pktsSent, pktsRecv   uint64
@@ -568,7 +575,7 @@ func (e *Estimator) heardAt(now int64) {
 // restarted, and the counters start again from the first of the two, without a rate or loss
 // sample spanning the restart.
 func (e *Estimator) OnFeedback(now int64, fb Feedback) {
-	e.reorderPkts, e.reorderKiB = fb.ReorderPackets, fb.ReorderKiB
+	e.reorderPkts, e.reorderKiB, e.reorderFree, e.fbAt = fb.ReorderPackets, fb.ReorderKiB, fb.ReorderFreeKiB, now
 	if !e.fbHave {
 		e.fb, e.fbHave = fb, true
 		e.startWindow(fb)
@@ -733,6 +740,8 @@ func (e *Estimator) Snapshot() Snapshot {
 		PeerRestarts:       e.restarts,
 		PeerReorderPackets: e.reorderPkts,
 		PeerReorderKiB:     e.reorderKiB,
+		PeerReorderFreeKiB: e.reorderFree,
+		PeerFeedbackAt:     e.fbAt,
 		Since:              e.since,
 		Transitions:        e.transitions,
 	}

@@ -637,7 +637,7 @@ func TestDeliveryRate(t *testing.T) {
 		fb.Bytes += 90 * 1000
 		fb.Packets += 90
 		fb.Lost += 10
-		fb.ReorderPackets, fb.ReorderKiB = uint32(i), uint32(2*i)
+		fb.ReorderPackets, fb.ReorderKiB, fb.ReorderFreeKiB = uint32(i), uint32(2*i), uint32(200-2*i)
 		fb.Time = uint32((2*sec + i*50*ms) / 1000)
 		e.OnFeedback(2*sec+i*50*ms, fb)
 	}
@@ -645,8 +645,8 @@ func TestDeliveryRate(t *testing.T) {
 	if math.Abs(snap.ForwardLoss-0.1) > 0.001 || snap.Loss != 0 {
 		t.Errorf("forward loss %v, want 0.1; probe loss %v, want 0", snap.ForwardLoss, snap.Loss)
 	}
-	if snap.PeerReorderPackets != 19 || snap.PeerReorderKiB != 38 {
-		t.Errorf("reorder gauges %d %d", snap.PeerReorderPackets, snap.PeerReorderKiB)
+	if snap.PeerReorderPackets != 19 || snap.PeerReorderKiB != 38 || snap.PeerReorderFreeKiB != 162 || snap.PeerFeedbackAt != 2*sec+19*50*ms {
+		t.Errorf("reorder gauges %d %d %d at %d", snap.PeerReorderPackets, snap.PeerReorderKiB, snap.PeerReorderFreeKiB, snap.PeerFeedbackAt)
 	}
 }
 

@@ -134,7 +134,7 @@ func FuzzFeedback(f *testing.F) {
 		if (err == nil) != (len(b) == FeedbackLen) || err == nil && n != FeedbackLen {
 			t.Fatalf("len(b) = %d: n = %d, %v", len(b), n, err)
 		}
-		checkRoundTrip(t, Feedback{Bytes: nbytes, Packets: x, Lost: y, ReorderPackets: x ^ y, ReorderKiB: x + y, Time: x * 3}, FeedbackLen, nil)
+		checkRoundTrip(t, Feedback{Bytes: nbytes, Packets: x, Lost: y, ReorderPackets: x ^ y, ReorderKiB: x + y, Time: x * 3, ReorderFreeKiB: y * 5}, FeedbackLen, nil)
 	})
 }
 
@@ -145,7 +145,7 @@ func FuzzProbeReply(f *testing.F) {
 		if (err == nil) != (len(b) == ProbeReplyLen) || err == nil && n != ProbeReplyLen {
 			t.Fatalf("len(b) = %d: n = %d, %v", len(b), n, err)
 		}
-		v := ProbeReply{Seq: x, Timestamp: y, Hold: x * y, Feedback: Feedback{Bytes: nbytes, Packets: y, Lost: x, ReorderPackets: x - y, ReorderKiB: x | y, Time: x + 7}}
+		v := ProbeReply{Seq: x, Timestamp: y, Hold: x * y, Feedback: Feedback{Bytes: nbytes, Packets: y, Lost: x, ReorderPackets: x - y, ReorderKiB: x | y, Time: x + 7, ReorderFreeKiB: x & y}}
 		checkRoundTrip(t, v, ProbeReplyLen, nil)
 	})
 }

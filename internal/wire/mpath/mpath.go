@@ -18,13 +18,13 @@
 //
 //	Type 1 data:      | Seq (4) | Timestamp (4) | inner IPv4 or IPv6 packet            |  DataPrefix
 //	Type 2 probe:     | Seq (4) | Timestamp (4) | padding (any length)                 |  Probe
-//	Type 3 reply:     | Seq (4) | Timestamp (4) | Hold (4) | path feedback (28)        |  ProbeReply
-//	Type 4 feedback:  | path feedback (28)                                             |  Feedback
+//	Type 3 reply:     | Seq (4) | Timestamp (4) | Hold (4) | path feedback (32)        |  ProbeReply
+//	Type 4 feedback:  | path feedback (32)                                             |  Feedback
 //	Type 5 MTU probe: | Seq (4) | Timestamp (4) | padding to the size probed           |  Probe
 //	Type 6 MTU ack:   | Seq (4) | Size (4, the probe's UDP payload as received)         |  MTUAck
 //
 //	path feedback:    | Bytes (8) | Packets (4) | Lost (4) | ReorderPackets (4) | ReorderKiB (4) |
-//	                  | Time (4) |
+//	                  | Time (4) | ReorderFreeKiB (4) |
 //
 // Types 16 and 17 are the handshake messages; their payload is not specified yet, so this package
 // decodes only their header. Timestamps, Hold and Time are microseconds that wrap.

@@ -84,7 +84,7 @@ var (
 	dirtyHeader   = Header{Type: 0xaa, Path: 0xbb, Flags: 0xcccc, Counter: 0xdddddddddddddddd}
 	dirtyPrefix   = DataPrefix{Seq: 0xaaaaaaaa, Timestamp: 0xbbbbbbbb}
 	dirtyProbe    = Probe{Seq: 0xaaaaaaaa, Timestamp: 0xbbbbbbbb, Padding: 77}
-	dirtyFeedback = Feedback{Bytes: 1<<64 - 1, Packets: 1, Lost: 2, ReorderPackets: 3, ReorderKiB: 4, Time: 5}
+	dirtyFeedback = Feedback{Bytes: 1<<64 - 1, Packets: 1, Lost: 2, ReorderPackets: 3, ReorderKiB: 4, Time: 5, ReorderFreeKiB: 6}
 	dirtyReply    = ProbeReply{Seq: 5, Timestamp: 6, Hold: 7, Feedback: dirtyFeedback}
 	dirtyMTUAck   = MTUAck{Seq: 8, Size: 9}
 )
@@ -152,15 +152,17 @@ func TestProbe(t *testing.T) {
 }
 
 var feedbackVectors = []vector[Feedback]{
-	{name: "counts", in: "0000000000010000 00000064 00000002 00000003 00000004 fffffff0", want: Feedback{Bytes: 65536, Packets: 100, Lost: 2, ReorderPackets: 3, ReorderKiB: 4, Time: 0xfffffff0}, n: 28},
-	{name: "zero", in: "0000000000000000 00000000 00000000 00000000 00000000 00000000", want: Feedback{}, n: 28},
+	{name: "counts", in: "0000000000010000 00000064 00000002 00000003 00000004 fffffff0 000000c8", want: Feedback{Bytes: 65536, Packets: 100, Lost: 2, ReorderPackets: 3, ReorderKiB: 4, Time: 0xfffffff0, ReorderFreeKiB: 200}, n: 32},
+	{name: "unbounded", in: "0000000000000001 00000001 00000000 00000000 00000000 00000001 ffffffff", want: Feedback{Bytes: 1, Packets: 1, Time: 1, ReorderFreeKiB: NoReorderBound}, n: 32},
+	{name: "zero", in: "0000000000000000 00000000 00000000 00000000 00000000 00000000 00000000", want: Feedback{}, n: 32},
 }
 
 var feedbackErrors = []errVector{
 	{"empty", "", ErrTruncated},
 	{"24 bytes (before the receiver time)", "0000000000010000 00000064 00000002 00000003 00000004", ErrTruncated},
-	{"27 bytes", "0000000000010000 00000064 00000002 00000003 00000004 000000", ErrTruncated},
-	{"29 bytes", "0000000000010000 00000064 00000002 00000003 00000004 00000000 00", ErrTrailing},
+	{"28 bytes (before the free room)", "0000000000010000 00000064 00000002 00000003 00000004 00000000", ErrTruncated},
+	{"31 bytes", "0000000000010000 00000064 00000002 00000003 00000004 00000000 000000", ErrTruncated},
+	{"33 bytes", "0000000000010000 00000064 00000002 00000003 00000004 00000000 00000000 00", ErrTrailing},
 }
 
 func TestFeedback(t *testing.T) { testVectors(t, dirtyFeedback, feedbackVectors, feedbackErrors) }
@@ -168,9 +170,9 @@ func TestFeedback(t *testing.T) { testVectors(t, dirtyFeedback, feedbackVectors,
 var replyVectors = []vector[ProbeReply]{
 	{
 		name: "reply",
-		in:   "0000000a 0000000b 000003e8 0102030405060708 00000005 00000006 00000007 00000008 00000009",
-		want: ProbeReply{Seq: 10, Timestamp: 11, Hold: 1000, Feedback: Feedback{Bytes: 0x0102030405060708, Packets: 5, Lost: 6, ReorderPackets: 7, ReorderKiB: 8, Time: 9}},
-		n:    40,
+		in:   "0000000a 0000000b 000003e8 0102030405060708 00000005 00000006 00000007 00000008 00000009 0000000a",
+		want: ProbeReply{Seq: 10, Timestamp: 11, Hold: 1000, Feedback: Feedback{Bytes: 0x0102030405060708, Packets: 5, Lost: 6, ReorderPackets: 7, ReorderKiB: 8, Time: 9, ReorderFreeKiB: 10}},
+		n:    44,
 	},
 }
 
@@ -178,8 +180,8 @@ var replyErrors = []errVector{
 	{"empty", "", ErrTruncated},
 	{"no feedback", "0000000a 0000000b 000003e8", ErrTruncated},
 	{"36 bytes (before the receiver time)", "0000000a 0000000b 000003e8 0102030405060708 00000005 00000006 00000007 00000008", ErrTruncated},
-	{"39 bytes", "0000000a 0000000b 000003e8 0102030405060708 00000005 00000006 00000007 00000008 000000", ErrTruncated},
-	{"41 bytes", "0000000a 0000000b 000003e8 0102030405060708 00000005 00000006 00000007 00000008 00000009 00", ErrTrailing},
+	{"43 bytes", "0000000a 0000000b 000003e8 0102030405060708 00000005 00000006 00000007 00000008 00000009 000000", ErrTruncated},
+	{"45 bytes", "0000000a 0000000b 000003e8 0102030405060708 00000005 00000006 00000007 00000008 00000009 0000000a 00", ErrTrailing},
 }
 
 func TestProbeReply(t *testing.T) { testVectors(t, dirtyReply, replyVectors, replyErrors) }
@@ -236,7 +238,7 @@ func TestNoAllocs(t *testing.T) {
 	buf := make([]byte, 1500)
 	hdr := unhex(t, "01 00 0000 0000000000000001")
 	bad := unhex(t, "01 00 0001 0000000000000001")
-	reply := unhex(t, "0000000a 0000000b 000003e8 0102030405060708 00000005 00000006 00000007 00000008 00000009")
+	reply := unhex(t, "0000000a 0000000b 000003e8 0102030405060708 00000005 00000006 00000007 00000008 00000009 0000000a")
 	inner := unhex(t, "6000 0000 0000 3b40 "+strings.Repeat("00", 32))
 	var (
 		h    Header

@@ -9,7 +9,7 @@ const (
 	DataPrefixLen = 8
 	ProbeMinLen   = 8
 	ProbeReplyLen = 12 + FeedbackLen
-	FeedbackLen   = 28
+	FeedbackLen   = 32
 	MTUAckLen     = 8
 )
 
@@ -83,7 +83,14 @@ type Feedback struct {
 	ReorderPackets uint32 // reorder buffer occupancy, packets
 	ReorderKiB     uint32 // reorder buffer occupancy, KiB
 	Time           uint32 // receiver's clock when it read the counters, µs (wraps)
+	// ReorderFreeKiB is the free room of the reorder buffer, KiB: its bound in payload bytes
+	// less its occupancy, the "available buffer" of buffer-aware schedulers. NoReorderBound
+	// means the receiver holds no bounded buffer (reordering off).
+	ReorderFreeKiB uint32
 }
+
+// NoReorderBound in Feedback.ReorderFreeKiB: the receiver's buffer is not bounded.
+const NoReorderBound = 1<<32 - 1
 
 // Decode overwrites f with the feedback b, exactly FeedbackLen bytes, and returns FeedbackLen.
 // Errors: ErrTruncated, ErrTrailing.
@@ -108,6 +115,7 @@ func (f *Feedback) decode(b []byte) {
 		ReorderPackets: binary.BigEndian.Uint32(b[16:]),
 		ReorderKiB:     binary.BigEndian.Uint32(b[20:]),
 		Time:           binary.BigEndian.Uint32(b[24:]),
+		ReorderFreeKiB: binary.BigEndian.Uint32(b[28:]),
 	}
 }
 
@@ -122,6 +130,7 @@ func (f *Feedback) Encode(b []byte) int {
 	binary.BigEndian.PutUint32(b[16:], f.ReorderPackets)
 	binary.BigEndian.PutUint32(b[20:], f.ReorderKiB)
 	binary.BigEndian.PutUint32(b[24:], f.Time)
+	binary.BigEndian.PutUint32(b[28:], f.ReorderFreeKiB)
 	return FeedbackLen
 }
 
