@@ -41,15 +41,16 @@ type peer struct {
 	snap  []sched.Path // scratch for the scheduler
 	sch   scheduler
 	// flight: the scheduler reasons with each path's data in flight (peerPath.sent); the
-	// pacing one does not, and is spared the bookkeeping.
-	flight   bool
-	states   []sched.PathState // scratch for the status
-	prev     *liveSession      // still opens packets for keepPrevious after a rekey
-	pending  *liveSession      // made as responder, used to send once the initiator is heard on it
-	hs       *session.Initiator
-	hsIndex  uint32
-	hsSent   int64
-	lastInit session.Timestamp // newest initiation accepted from the peer
+	// pacing one does not, and is spared the bookkeeping. measured: it takes a path's
+	// measured capacity as its Capacity (paced, and wrr for its weights).
+	flight, measured bool
+	states           []sched.PathState // scratch for the status
+	prev             *liveSession      // still opens packets for keepPrevious after a rekey
+	pending          *liveSession      // made as responder, used to send once the initiator is heard on it
+	hs               *session.Initiator
+	hsIndex          uint32
+	hsSent           int64
+	lastInit         session.Timestamp // newest initiation accepted from the peer
 	// cipherWarned: the log has said that the peer offers no cipher this side accepts.
 	cipherWarned atomic.Bool
 	rb           *reorder.Buffer[*packetBuf]
@@ -132,7 +133,8 @@ func newPeer(t *Tunnel, pc PeerConfig, now int64) (*peer, error) {
 	}
 	p := &peer{t: t, name: pc.Name, pub: pc.PublicKey, routes: pc.Routes, sch: sch}
 	_, paced := sch.(pacer)
-	p.flight = !paced
+	_, wrr := sch.(*sched.WRR)
+	p.flight, p.measured = !paced, paced || wrr
 	p.txSeq.Store(randUint32())
 	if t.o.Reorder {
 		if p.rb, err = reorder.New[*packetBuf](t.o.ReorderCfg); err != nil {
@@ -284,10 +286,10 @@ func (p *peer) snapshotLocked(now int64) bool {
 		if p.flight {
 			p.snap[i].InFlight = pp.sent.inFlight(now, s.SRTT)
 		}
-		if pp.capEst != nil && !p.flight {
+		if pp.capEst != nil && p.measured {
 			// The measured capacity is found by pacing above it (the estimator's probing
-			// phases): only the pacing scheduler makes it meaningful. The others reason with
-			// the delivery rate, or a configured capacity.
+			// phases): unpaced, it stays at its start-up guess. The window-based schedulers
+			// reason with the delivery rate instead, or a configured capacity.
 			p.snap[i].Capacity, p.snap[i].PaceRate = pp.capEst.Estimate(), pp.capEst.PacingRate()
 		}
 		fresh = fresh || (up && !quiet)

@@ -170,6 +170,7 @@ type SiteSpec struct {
 	Encryption *bool    // nil: the default (on)
 	Control    string   // control socket
 	Scheduler  string   // "": the default
+	Weights    []int    // of the uplinks, by link (missing or 0: the default)
 	// ReorderMaxBytes bounds the reorder buffer (0: the default); it is the receive buffer of
 	// the buffer-aware schedulers.
 	ReorderMaxBytes int
@@ -211,6 +212,9 @@ func SiteFile(s SiteSpec) []byte {
 		fmt.Fprintf(&b, "[[tunnel.uplink]]\nname = \"up%d\"\ninterface = \"eth%d\"\naddress = %q\n", i, i, addr(i, s.Side))
 		if i < len(s.Capacities) && s.Capacities[i] > 0 {
 			fmt.Fprintf(&b, "capacity = %d\n", s.Capacities[i])
+		}
+		if i < len(s.Weights) && s.Weights[i] > 0 {
+			fmt.Fprintf(&b, "weight = %d\n", s.Weights[i])
 		}
 	}
 	fmt.Fprintf(&b, "[[tunnel.peer]]\nname = \"peer\"\npublic_key = %q\nroutes = [\"%s/32\", \"%s/128\"]\n", s.Peer.String(), SiteInner(other, 4), SiteInner(other, 6))

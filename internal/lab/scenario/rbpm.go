@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"braid/internal/lab"
@@ -206,17 +205,12 @@ func RBPMKernel(ctx context.Context, sc RBPMScenario, withPolicy bool, dur time.
 		rb = core.NewRBPM(time.Second)
 		pol, row.Config = rb, RBPMKernelPolicy
 	}
-	l, err := lab.Up(ctx, ParallelLinks("rbpm", sc.Paths...), lab.Options{Logger: o.Logger, OwnSignals: true, Seed: o.Seed})
+	l, err := rbpmLab(ctx, "rbpm", sc, o)
 	if err != nil {
 		return row, err
 	}
 	defer l.Close()
 	a, b := l.Host("a"), l.Host("b")
-	for _, h := range []*lab.Host{a, b} {
-		if err := h.NS.Sysctl("ipv4/tcp_congestion_control", "reno"); err != nil {
-			return row, err
-		}
-	}
 	if err := b.NS.Sysctl("ipv4/tcp_rmem", fmt.Sprintf("4096 131072 %d", sc.buffer())); err != nil {
 		return row, err
 	}
@@ -265,60 +259,43 @@ func RBPMKernel(ctx context.Context, sc RBPMScenario, withPolicy bool, dur time.
 	defer diag.Close()
 
 	// Per-path bytes acknowledged, sampled every second while the transfer runs.
-	row.PerPath = make([][]float64, len(sc.Paths))
-	row.DemotedAt = make([]time.Duration, len(sc.Paths))
-	for i := range row.DemotedAt {
-		row.DemotedAt[i] = -1
-	}
+	row.initSamples(len(sc.Paths))
 	start := time.Now()
-	sctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		last := make([]uint64, len(sc.Paths))
-		tick := time.NewTicker(time.Second)
-		defer tick.Stop()
-		for {
-			select {
-			case <-sctx.Done():
-				return
-			case <-tick.C:
-			}
-			conns, err := diag.Dump()
-			if err != nil {
+	last := make([]uint64, len(sc.Paths))
+	stopSampling := everySecond(ctx, func() {
+		conns, err := diag.Dump()
+		if err != nil {
+			return
+		}
+		cur := make([]uint64, len(sc.Paths))
+		for _, c := range conns {
+			if c.Remote.Port() != 5201 {
 				continue
 			}
-			cur := make([]uint64, len(sc.Paths))
-			for _, c := range conns {
-				if c.Remote.Port() != 5201 {
-					continue
+			for _, s := range c.Subflows {
+				if i := rbpmPathOf(s.Local.Addr()); i >= 0 && i < len(cur) {
+					cur[i] += s.TCP.BytesAcked
 				}
+			}
+		}
+		for i := range cur {
+			row.PerPath[i] = append(row.PerPath[i], float64(cur[i]-min(last[i], cur[i])))
+		}
+		last = cur
+		if rb == nil {
+			return
+		}
+		if st := d.Status().RBPM; st != nil {
+			for _, c := range st.Connections {
 				for _, s := range c.Subflows {
-					if i := rbpmPathOf(s.Local.Addr()); i >= 0 && i < len(cur) {
-						cur[i] += s.TCP.BytesAcked
-					}
-				}
-			}
-			for i := range cur {
-				row.PerPath[i] = append(row.PerPath[i], float64(cur[i]-min(last[i], cur[i])))
-			}
-			last = cur
-			if rb == nil {
-				continue
-			}
-			if st := d.Status().RBPM; st != nil {
-				for _, c := range st.Connections {
-					for _, s := range c.Subflows {
-						ap, err := netip.ParseAddrPort(s.Local)
-						if i := rbpmPathOf(ap.Addr()); err == nil && !s.Active && i >= 0 && i < len(cur) && row.DemotedAt[i] < 0 {
-							row.DemotedAt[i] = time.Since(start)
-						}
+					ap, err := netip.ParseAddrPort(s.Local)
+					if i := rbpmPathOf(ap.Addr()); err == nil && !s.Active && i >= 0 && i < len(cur) && row.DemotedAt[i] < 0 {
+						row.DemotedAt[i] = time.Since(start)
 					}
 				}
 			}
 		}
-	}()
+	})
 	// Dial the address of the fastest path, so that the initial subflow is not the slow one.
 	fast := 0
 	for i, p := range sc.Paths {
@@ -328,8 +305,7 @@ func RBPMKernel(ctx context.Context, sc RBPMScenario, withPolicy bool, dur time.
 	}
 	res, err := traffic.Bulk(ctx, MPTCPDial(a, true), netip.AddrPortFrom(rbpmAddr(fast, 2), 5201).String(),
 		traffic.BulkOptions{Duration: dur, Interval: time.Second})
-	cancel()
-	wg.Wait()
+	stopSampling()
 	if err != nil {
 		return row, err
 	}
@@ -347,6 +323,50 @@ func RBPMKernel(ctx context.Context, sc RBPMScenario, withPolicy bool, dur time.
 		row.Note = strings.Join(notes, "; ")
 	}
 	return row, nil
+}
+
+// initSamples makes room for the per-path samples of n paths, none demoted yet.
+func (r *RBPMRow) initSamples(n int) {
+	r.PerPath = make([][]float64, n)
+	r.DemotedAt = make([]time.Duration, n)
+	for i := range r.DemotedAt {
+		r.DemotedAt[i] = -1
+	}
+}
+
+// everySecond calls f every second until stop is called; stop returns once f has returned.
+func everySecond(ctx context.Context, f func()) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			f()
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// rbpmLab brings up sc's links between hosts a and b, both with reno (the paper's).
+func rbpmLab(ctx context.Context, name string, sc RBPMScenario, o Options) (*lab.Lab, error) {
+	l, err := lab.Up(ctx, ParallelLinks(name, sc.Paths...), lab.Options{Logger: o.Logger, OwnSignals: true, Seed: o.Seed})
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range l.Hosts() {
+		if err := h.NS.Sysctl("ipv4/tcp_congestion_control", "reno"); err != nil {
+			l.Close()
+			return nil, err
+		}
+	}
+	return l, nil
 }
 
 // rbpmAddr is host side's (1 = a, 2 = b) IPv4 address on ParallelLinks' link i.

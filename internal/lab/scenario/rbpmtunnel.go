@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"braid/internal/lab"
@@ -18,9 +17,10 @@ import (
 )
 
 // RBPMTunnelSchedulers are the tunnel's rows of the RBPM reproduction, in the order printed:
-// MPT's weighted round robin, the MPTCP-like min-RTT, the two receive-window-aware schedulers
-// and RBPM.
-var RBPMTunnelSchedulers = []string{"wrr", "minrtt", "blest", "ecf", "rbpm"}
+// MPT's weighted round robin with its default weights (all 1) and with weights in proportion
+// to the paths' rates (wrr-rates: what an operator who knows them would configure), the
+// MPTCP-like min-RTT, the two receive-window-aware schedulers and RBPM.
+var RBPMTunnelSchedulers = []string{"wrr", "wrr-rates", "minrtt", "blest", "ecf", "rbpm"}
 
 // RBPMTunnelConfig names the tunnel row of a scheduler.
 func RBPMTunnelConfig(scheduler string) string { return "braid tunnel, " + scheduler }
@@ -29,23 +29,29 @@ func RBPMTunnelConfig(scheduler string) string { return "braid tunnel, " + sched
 // single TCP upload (reno) from host a to host b through a tunnel over the scenario's paths,
 // the receiver's reorder buffer bounded to sc's buffer (RBPMBuffer for the paper's): the tunnel's receive buffer, which
 // the buffer-aware schedulers learn the free room of from the feedback. Path capacities are
-// not configured: the tunnel measures them (WRR's weights are the measured capacities).
-// PerPath is what each link carried from a to b each second, tunnel headers and probes
+// not configured. scheduler "wrr" configures every weight 1 (MPT's default), "wrr-rates" the
+// weights in proportion to the paths' rates (100 kbit/s each). PerPath is what each link carried from a to b each second, tunnel headers and probes
 // included.
 func RBPMTunnel(ctx context.Context, self string, sc RBPMScenario, scheduler string, dur time.Duration, o Options) (RBPMRow, error) {
 	row := RBPMRow{Scenario: sc.Name, Config: RBPMTunnelConfig(scheduler)}
-	l, err := lab.Up(ctx, ParallelLinks("rbpmt", sc.Paths...), lab.Options{Logger: o.Logger, OwnSignals: true, Seed: o.Seed})
+	l, err := rbpmLab(ctx, "rbpmt", sc, o)
 	if err != nil {
 		return row, err
 	}
 	defer l.Close()
 	a, b := l.Host("a"), l.Host("b")
-	for _, h := range []*lab.Host{a, b} {
-		if err := h.NS.Sysctl("ipv4/tcp_congestion_control", "reno"); err != nil {
-			return row, err
+	spec := SiteSpec{Paths: len(sc.Paths), Outer: 4, Scheduler: scheduler, ReorderMaxBytes: sc.buffer()}
+	if scheduler == "wrr" || scheduler == "wrr-rates" {
+		spec.Scheduler = "wrr"
+		for _, p := range sc.Paths {
+			w := 1
+			if scheduler == "wrr-rates" {
+				w = int(p.Rate / 100e3)
+			}
+			spec.Weights = append(spec.Weights, w)
 		}
 	}
-	pair, err := StartTunnelPair(ctx, l, self, SiteSpec{Paths: len(sc.Paths), Outer: 4, Scheduler: scheduler, ReorderMaxBytes: sc.buffer()}, 4)
+	pair, err := StartTunnelPair(ctx, l, self, spec, 4)
 	if err != nil {
 		return row, err
 	}
@@ -57,47 +63,31 @@ func RBPMTunnel(ctx context.Context, self string, sc RBPMScenario, scheduler str
 	}
 	defer stop()
 
-	row.PerPath = make([][]float64, len(sc.Paths))
-	row.DemotedAt = make([]time.Duration, len(sc.Paths))
-	for i := range row.DemotedAt {
-		row.DemotedAt[i] = -1
-	}
+	row.initSamples(len(sc.Paths))
 	links := l.Links()
 	start := time.Now()
-	sctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		last := make([]uint64, len(links))
+	last := make([]uint64, len(links))
+	for i, lk := range links {
+		last[i] = lk.Stats(0).Bytes
+	}
+	stopSampling := everySecond(ctx, func() {
 		for i, lk := range links {
-			last[i] = lk.Stats(0).Bytes
+			cur := lk.Stats(0).Bytes
+			row.PerPath[i] = append(row.PerPath[i], float64(cur-min(last[i], cur)))
+			last[i] = cur
 		}
-		tick := time.NewTicker(time.Second)
-		defer tick.Stop()
-		for {
-			select {
-			case <-sctx.Done():
-				return
-			case <-tick.C:
-			}
-			for i, lk := range links {
-				cur := lk.Stats(0).Bytes
-				row.PerPath[i] = append(row.PerPath[i], float64(cur-min(last[i], cur)))
-				last[i] = cur
-			}
-			st, err := tunnelStatus(sctx, a)
-			if err != nil || len(st.Peers) == 0 {
-				continue
-			}
-			for i, pa := range st.Peers[0].Paths {
-				if pa.Sched == "demoted" && i < len(row.DemotedAt) && row.DemotedAt[i] < 0 {
-					row.DemotedAt[i] = time.Since(start)
-				}
+		st, err := tunnelStatus(ctx, a)
+		if err != nil || len(st.Peers) == 0 {
+			return
+		}
+		for i, pa := range st.Peers[0].Paths {
+			if pa.Sched == "demoted" && i < len(row.DemotedAt) && row.DemotedAt[i] < 0 {
+				row.DemotedAt[i] = time.Since(start)
 			}
 		}
 	})
 	res, err := traffic.Bulk(ctx, a.Dial, addr, traffic.BulkOptions{Duration: dur, Interval: time.Second})
-	cancel()
-	wg.Wait()
+	stopSampling()
 	if err != nil {
 		return row, fmt.Errorf("%w\n%s", err, pair.Logs())
 	}
