@@ -66,6 +66,64 @@ func (l *sentLog) inFlight(now int64, rtt time.Duration) int {
 	return int(l.total - l.before[(l.head-l.n+lo+sentSlots)%sentSlots])
 }
 
+// baseRTT is a path's propagation RTT for the schedulers: the smallest of the path
+// estimator's MinRTT over the last 150 to 300 s (Linux's tcp_min_rtt_wlen is 300 s). The
+// estimator's own minimum covers 10 to 20 s, and under a standing queue of that length (the
+// window-based schedulers keep a path's queue full) it rises with the queue: RBPM then saw
+// equal paths at RTT ratios above 2 and demoted one of them. A longer RTT after a route
+// change shows after at most 300 s.
+type baseRTT struct {
+	cur, prev time.Duration
+	epoch     int64
+}
+
+const baseRTTEpoch = int64(150 * time.Second)
+
+// observe takes the estimator's MinRTT at now (0: none yet) and returns the base RTT.
+func (b *baseRTT) observe(now int64, minRTT time.Duration) time.Duration {
+	if minRTT <= 0 {
+		return min(b.cur, b.prev)
+	}
+	if b.cur == 0 {
+		b.cur, b.prev, b.epoch = minRTT, minRTT, now
+	}
+	if now-b.epoch >= baseRTTEpoch {
+		b.prev, b.cur, b.epoch = b.cur, minRTT, now
+	}
+	b.cur = min(b.cur, minRTT)
+	return min(b.cur, b.prev)
+}
+
+// window is a path's in-flight limit for the window-based schedulers, bytes: 1.2 × its rate
+// (configured capacity, else delivery rate) × its base RTT, at least minWindow; 0 (let the
+// scheduler derive it) while neither is known. The tunnel has no congestion window of its
+// own, and the schedulers' fallback, the rate times the smoothed RTT, grows with the queue
+// the tunnel itself builds: the path's queue then fills until the link drops, and the inner
+// TCP halves its window. Bounded by the base RTT, the queue stays near 20 % of the path's
+// bandwidth-delay product; the device reader waits when every window is full, and the host's
+// queue pushes back on the inner TCP instead of a loss. The rate can grow by a fifth per
+// delivery-rate window, and minWindow lets a path start.
+func window(capacity, delivery float64, base time.Duration) int {
+	rate := capacity
+	if !(rate > 0) {
+		rate = delivery
+	}
+	if !(rate > 0) || base <= 0 {
+		return 0
+	}
+	return max(int(rate*(1.2*base.Seconds()+windowSlack.Seconds())/8), minWindow)
+}
+
+// windowSlack is the delay beyond 1.2 base RTTs a window covers: the tunnel's own timers
+// (2 ms), scheduling and the emulator add a few milliseconds that on a 20 ms path alone eat
+// the fifth of headroom the rate needs to grow.
+const windowSlack = 10 * time.Millisecond
+
+// minWindow is the smallest window: 16 KiB, eleven full packets, lets a path without a rate
+// estimate start (at 13 Mbit/s on a 10 ms round trip) without a queue of a quarter second on
+// a 2 Mbit/s link, which the schedulers' own 64 KiB floor would allow.
+const minWindow = 16 << 10
+
 // connScheduler is a scheduler that needs the receiver's free buffer.
 type connScheduler interface {
 	PickConn(now int64, c sched.Conn, paths []sched.Path, size int) (int, bool)

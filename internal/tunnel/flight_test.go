@@ -54,3 +54,51 @@ func BenchmarkSentLog(b *testing.B) {
 		_ = l.inFlight(now, 30*time.Millisecond)
 	}
 }
+
+func TestBaseRTTRemembersMinutes(t *testing.T) {
+	ms, sec := time.Millisecond, int64(time.Second)
+	var b baseRTT
+	if got := b.observe(0, 0); got != 0 {
+		t.Fatalf("nothing measured: %v", got)
+	}
+	b.observe(0, 20*ms)
+	// A standing queue raises the estimator's 10-20 s minimum; the base stays.
+	for at := int64(1); at < 140; at++ {
+		if got := b.observe(at*sec, 60*ms); got != 20*ms {
+			t.Fatalf("at %d s: %v, want 20ms", at, got)
+		}
+	}
+	// After two epochs without the old minimum, the new one shows.
+	var got time.Duration
+	for at := int64(140); at <= 320; at++ {
+		got = b.observe(at*sec, 60*ms)
+	}
+	if got != 60*ms {
+		t.Errorf("after 320 s: %v, want 60ms", got)
+	}
+	if got := b.observe(321*sec, 0); got != 60*ms {
+		t.Errorf("no sample: %v", got)
+	}
+}
+
+func TestWindow(t *testing.T) {
+	ms := time.Millisecond
+	for _, tt := range []struct {
+		capacity, delivery float64
+		base               time.Duration
+		want               int
+	}{
+		{0, 0, 20 * ms, 0},            // no rate: the scheduler derives it
+		{0, 5e6, 0, 0},                // no RTT
+		{0, 5e6, 20 * ms, 21250},      // 5 Mbit/s × (24 + 10) ms
+		{0, 8e6, 100 * ms, 130000},    // 8 Mbit/s × (120 + 10) ms
+		{8e6, 1e6, 100 * ms, 130000},  // a configured capacity wins over the delivery rate
+		{0, 1e6, 200 * ms, 31250},     // 1 Mbit/s × 250 ms
+		{0, 1e3, 10 * ms, minWindow},  // a trickle still gets the floor
+		{-1, 2e6, 10 * ms, minWindow}, // nonsense capacity: the delivery rate
+	} {
+		if got := window(tt.capacity, tt.delivery, tt.base); got != tt.want {
+			t.Errorf("window(%v, %v, %v) = %d, want %d", tt.capacity, tt.delivery, tt.base, got, tt.want)
+		}
+	}
+}

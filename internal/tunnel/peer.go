@@ -87,6 +87,7 @@ type peerPath struct {
 	capWin  time.Duration // and their length
 
 	sent sentLog // what the scheduler gave the path lately, for its data in flight
+	base baseRTT // its propagation RTT over minutes, for the window-based schedulers
 
 	// receive counters reported to the peer in probe replies
 	rxBytes   uint64
@@ -284,7 +285,10 @@ func (p *peer) snapshotLocked(now int64) bool {
 			MinRTT: s.MinRTT, DeliveryRate: s.DeliveryRate, MSS: mss,
 		}
 		if p.flight {
-			p.snap[i].InFlight = pp.sent.inFlight(now, s.SRTT)
+			sp := &p.snap[i]
+			sp.InFlight = pp.sent.inFlight(now, s.SRTT)
+			sp.MinRTT = pp.base.observe(now, s.MinRTT)
+			sp.CWnd = window(float64(pp.capacity), s.DeliveryRate, sp.MinRTT)
 		}
 		if pp.capEst != nil && p.measured {
 			// The measured capacity is found by pacing above it (the estimator's probing
