@@ -548,7 +548,7 @@ const labRunDoc = `Usage: braid lab run SCENARIO [--quick] [--out DIR] [--reps N
 Runs a built-in experiment on a lab it builds for itself, prints its table and removes the lab.
 'repro' is the same command, named for the experiments that reproduce a paper (mptgre): they
 print the paper's figures beside braid's. --quick shortens every measurement (a smoke run).
-Scenarios that draw figures (amptcp) write them as PNG files into --out.
+Scenarios that draw figures (amptcp, mplb, rbpm) write them as PNG files into --out.
 
 Scenarios:
 %s

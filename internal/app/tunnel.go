@@ -40,7 +40,11 @@ between the sites' X25519 keys ('braid keygen'); every path is probed every 50 m
 tunnel is idle, and a silent path is taken out of use within 300 ms and comes back by itself.
 
 The site file's [tunnel] section describes the TUN interface, the site's uplinks and its peers
-(see the example in internal/config/testdata/site-a.toml). 'check' validates it and exits;
+(see the example in internal/config/testdata/site-a.toml). Its 'scheduler' spreads the packets:
+paced (the default: each path at its measured or configured capacity), wrr (weights, as MPT),
+minrtt, blest, ecf, or rbpm (takes out the paths whose slowness would fill the peer's reorder
+buffer, 'reorder_max_bytes', with out-of-order data; 'braid status' shows which and why).
+'check' validates it and exits;
 'import-mpt' writes one from an MPT daemon's configuration (mode "mpt", to interoperate). The
 running tunnel serves its status and Prometheus metrics on the 'metrics' address ('braid status'
 reads it) and takes path changes on its 'control' socket; a change applies to the next packet.

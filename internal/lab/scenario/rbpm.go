@@ -20,7 +20,7 @@ import (
 )
 
 func init() {
-	register(Scenario{Name: "rbpm", Summary: "the RBPM paper's two scenarios (4 heterogeneous paths, 100-packet queues, 200 KB receive buffer): kernel MPTCP with and without braid pm --policy rbpm, throughput per subflow over time", Run: runRBPM})
+	register(Scenario{Name: "rbpm", Summary: "the RBPM paper's two scenarios (4 heterogeneous paths, 100-packet queues, 200 KB receive buffer): kernel MPTCP with and without braid pm --policy rbpm, braid tunnel with each scheduler; throughput per path over time, PNG figures", Run: runRBPM})
 }
 
 // RBPMScenario is one of the RBPM paper's path sets: from the sender's side, links of the given
