@@ -37,11 +37,14 @@ import (
 func main() {
 	braid := flag.String("braid", "bin/braid", "path of the braid binary (the tunnel rows run it)")
 	runs := flag.Int("runs", 3, "kernel runs per configuration; the tables show medians")
-	tunnelRuns := flag.Int("tunnel-runs", 3, "tunnel runs per scheduler (each row is five schedulers)")
+	tunnelRuns := flag.Int("tunnel-runs", 0, "tunnel runs per scheduler (each row is six schedulers); 0: -runs, at most 3")
 	quick := flag.Bool("quick", false, "short measurements: a smoke run")
 	out := flag.String("out", "bench/out/rbpm.md", "where to write this section (Markdown)")
 	flag.Parse()
 	log.SetFlags(0)
+	if *tunnelRuns <= 0 {
+		*tunnelRuns = min(*runs, 3)
+	}
 	self, err := filepath.Abs(*braid)
 	if err != nil {
 		log.Fatal(err)
