@@ -137,16 +137,30 @@ type statesScheduler interface {
 // connLocked is the receiver's state for the buffer-aware schedulers: the free room of its
 // reorder buffer, as the newest feedback on any path reported it.
 func (p *peer) connLocked() sched.Conn {
-	var newest path.Snapshot
+	var c feedbackConn
 	for _, pp := range p.paths {
-		if s := pp.est.Snapshot(); s.PeerFeedbackAt > newest.PeerFeedbackAt {
-			newest = s
-		}
+		c.observe(pp.est.Snapshot())
 	}
-	if newest.PeerFeedbackAt == 0 || newest.PeerReorderFreeKiB == mpath.NoReorderBound {
+	return c.conn()
+}
+
+// feedbackConn picks the newest feedback's free room out of the paths' snapshots.
+type feedbackConn struct {
+	at   int64
+	free uint32
+}
+
+func (c *feedbackConn) observe(s path.Snapshot) {
+	if s.PeerFeedbackAt > c.at {
+		c.at, c.free = s.PeerFeedbackAt, s.PeerReorderFreeKiB
+	}
+}
+
+func (c feedbackConn) conn() sched.Conn {
+	if c.at == 0 || c.free == mpath.NoReorderBound {
 		return sched.Conn{}
 	}
-	return sched.Conn{Avail: int(newest.PeerReorderFreeKiB) << 10, AvailKnown: true}
+	return sched.Conn{Avail: int(c.free) << 10, AvailKnown: true}
 }
 
 // reorderFreeKiB is the free room of p's reorder buffer for the feedback, in KiB:

@@ -44,6 +44,7 @@ type peer struct {
 	// pacing one does not, and is spared the bookkeeping. measured: it takes a path's
 	// measured capacity as its Capacity (paced, and wrr for its weights).
 	flight, measured bool
+	conn             sched.Conn        // the receiver's buffer, from the last snapshot
 	states           []sched.PathState // scratch for the status
 	prev             *liveSession      // still opens packets for keepPrevious after a rekey
 	pending          *liveSession      // made as responder, used to send once the initiator is heard on it
@@ -253,7 +254,7 @@ func (p *peer) pick(now int64, size int) (pp *peerPath, wait int64) {
 	var i int
 	var ok bool
 	if cs, isConn := p.sch.(connScheduler); isConn {
-		i, ok = cs.PickConn(now, p.connLocked(), p.snap, size)
+		i, ok = cs.PickConn(now, p.conn, p.snap, size)
 	} else {
 		i, ok = p.sch.Pick(now, p.snap, size)
 	}
@@ -275,8 +276,10 @@ func (p *peer) pick(now int64, size int) (pp *peerPath, wait int64) {
 func (p *peer) snapshotLocked(now int64) bool {
 	fresh := false
 	mss := int(p.t.mtu.Load()) + Overhead + p.outer
+	var fb feedbackConn
 	for i, pp := range p.paths {
 		s := pp.est.Snapshot()
+		fb.observe(s)
 		up := s.State == path.Up && !pp.admin
 		quiet := up && now-s.LastHeard > p.quietAfter(s)
 		p.snap[i] = sched.Path{
@@ -298,6 +301,7 @@ func (p *peer) snapshotLocked(now int64) bool {
 		}
 		fresh = fresh || (up && !quiet)
 	}
+	p.conn = fb.conn()
 	if fresh {
 		return true
 	}
