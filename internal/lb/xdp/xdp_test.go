@@ -9,9 +9,11 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"braid/internal/wire/mptcpopt"
 )
@@ -540,7 +542,9 @@ func TestLearningRateLimit(t *testing.T) {
 		t.Fatal("a well-behaved client's token was not learned")
 	}
 
-	// The global limit bounds a flood from many addresses.
+	// The global limit bounds a flood from many addresses. Its bucket is per CPU, so the
+	// flood is run from one CPU: a thread that migrates would draw on every CPU's bucket.
+	pinToOneCPU(t)
 	r = newRig(t, 4, func(c *Config) { c.GlobalRate, c.GlobalBurst = 1, 10 })
 	for i := 0; i < 100; i++ {
 		p := packet{Src: client(i, true, uint16(3000+i)), Dst: vip6, Flags: tcpSYN, Opts: synCapable(1)}
@@ -553,6 +557,34 @@ func TestLearningRateLimit(t *testing.T) {
 	if n := len(r.tokens()); n < 10 || n > 12 {
 		t.Fatalf("global limit: %d tokens learned from 100 forged handshakes, want about 10", n)
 	}
+}
+
+// pinToOneCPU keeps the test's goroutine on its OS thread and that thread on the CPU it is
+// on now, until the test ends.
+func pinToOneCPU(t *testing.T) {
+	t.Helper()
+	runtime.LockOSThread()
+	var old unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil {
+		runtime.UnlockOSThread()
+		t.Fatalf("sched_getaffinity: %v", err)
+	}
+	cpu := -1
+	for i := 0; i < 1024 && cpu < 0; i++ {
+		if old.IsSet(i) {
+			cpu = i
+		}
+	}
+	var one unix.CPUSet
+	one.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		runtime.UnlockOSThread()
+		t.Fatalf("sched_setaffinity: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = unix.SchedSetaffinity(0, &old)
+		runtime.UnlockOSThread()
+	})
 }
 
 func TestTokenRemoval(t *testing.T) {
