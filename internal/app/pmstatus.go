@@ -37,7 +37,19 @@ func printPMStatus(e env, body []byte, asJSON bool) int {
 	tw.Flush()
 	if r := st.RBPM; r != nil {
 		fmt.Fprintf(e.stdout, "\nrbpm: %d demotions, %d restores\n", r.Decisions.Demotions, r.Decisions.Restores)
+		// The available buffer is the smaller of the peer's window and the send buffer.
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "TOKEN\tPEER WINDOW\tSEND BUFFER")
+		for _, c := range r.Connections {
+			sndbuf := "unknown"
+			if c.SendBuffer > 0 {
+				sndbuf = fmt.Sprintf("%d B", c.SendBuffer)
+			}
+			fmt.Fprintf(tw, "%08x\t%d B\t%s\n", c.Token, c.Window, sndbuf)
+		}
+		tw.Flush()
+		fmt.Fprintln(e.stdout)
+		tw = tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "TOKEN\tLOCAL\tREMOTE\tRBPM\tWHY\tSCORE\tREQUIRED\tAVAILABLE")
 		for _, c := range r.Connections {
 			for _, s := range c.Subflows {

@@ -86,8 +86,8 @@ type RBPMRow struct {
 	Config   string      // e.g. "kernel MPTCP, default scheduler"
 	Goodput  float64     // bytes/s received in order by the application, over the run
 	PerPath  [][]float64 // per path, bytes/s acknowledged in each second
-	// DemotedAt is, per path, when the policy first had it as backup (from the start of the
-	// transfer, sampled every second); -1 if never.
+	// DemotedAt is, per path, when the policy first had the upload connection's subflow on it
+	// as backup (from the start of the transfer, sampled every second); -1 if never.
 	DemotedAt []time.Duration
 	Note      string // what the policy did, or why the row is missing
 }
@@ -267,10 +267,17 @@ func RBPMKernel(ctx context.Context, sc RBPMScenario, withPolicy bool, dur time.
 		if err != nil {
 			return
 		}
+		// The upload's connection is the one that has carried the most; the client's other
+		// connection (the traffic tool's control channel) is idle.
 		cur := make([]uint64, len(sc.Paths))
+		var data uint32
+		var most uint64
 		for _, c := range conns {
 			if c.Remote.Port() != 5201 {
 				continue
+			}
+			if _, acked, _ := c.SubflowBytes(); acked >= most {
+				data, most = c.Info.Token, acked
 			}
 			for _, s := range c.Subflows {
 				if i := rbpmPathOf(s.Local.Addr()); i >= 0 && i < len(cur) {
@@ -287,6 +294,9 @@ func RBPMKernel(ctx context.Context, sc RBPMScenario, withPolicy bool, dur time.
 		}
 		if st := d.Status().RBPM; st != nil {
 			for _, c := range st.Connections {
+				if c.Token != data {
+					continue
+				}
 				for _, s := range c.Subflows {
 					ap, err := netip.ParseAddrPort(s.Local)
 					if i := rbpmPathOf(ap.Addr()); err == nil && !s.Active && i >= 0 && i < len(cur) && row.DemotedAt[i] < 0 {

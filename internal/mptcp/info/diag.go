@@ -18,6 +18,7 @@ const (
 	diagMsgSize       = 72 // struct inet_diag_msg
 	diagReqSize       = 56 // struct inet_diag_req_v2
 	diagInfo          = 2  // INET_DIAG_INFO
+	diagMemInfo       = 7  // INET_DIAG_SKMEMINFO
 	diagULPInfo       = 19 // INET_DIAG_ULP_INFO
 	diagReqProtocol   = 3  // INET_DIAG_REQ_PROTOCOL
 	ulpInfoName       = 1  // INET_ULP_INFO_NAME
@@ -42,6 +43,7 @@ type diagSock struct {
 	remote       netip.AddrPort
 	inode        uint32
 	info         []byte // INET_DIAG_INFO: mptcp_info or tcp_info
+	mem          MemInfo
 	ulpMPTCP     bool   // the socket is an MPTCP subflow (INET_ULP_INFO_NAME "mptcp")
 	token        uint32 // the MPTCP connection's local token (subflows)
 	flags        SubflowFlags
@@ -94,6 +96,12 @@ func parseDiag(b []byte) (diagSock, error) {
 		switch attrType(a) {
 		case diagInfo:
 			s.info = a[1]
+		case diagMemInfo:
+			m, err := decodeMemInfo(a[1])
+			if err != nil {
+				return diagSock{}, err
+			}
+			s.mem = m
 		case diagULPInfo:
 			ulp, err := attrs(a[1])
 			if err != nil {
@@ -143,12 +151,12 @@ func parseDiag(b []byte) (diagSock, error) {
 }
 
 // diagRequest is an inet_diag_req_v2 for the sockets of family and protocol in the given states
-// (a bit per TCP state), asking for INET_DIAG_INFO.
+// (a bit per TCP state), asking for INET_DIAG_INFO and INET_DIAG_SKMEMINFO.
 func diagRequest(family uint8, protocol uint32, states uint32) []byte {
 	b := make([]byte, diagReqSize, diagReqSize+8)
 	b[0] = family
 	b[1] = uint8(protocol) // 262 does not fit: the attribute below carries the real one
-	b[2] = 1 << (diagInfo - 1)
+	b[2] = 1<<(diagInfo-1) | 1<<(diagMemInfo-1)
 	binary.NativeEndian.PutUint32(b[4:], states)
 	b = binary.NativeEndian.AppendUint16(b, 8)
 	b = binary.NativeEndian.AppendUint16(b, diagReqProtocol)
@@ -261,7 +269,7 @@ func group(msks, tcps []diagSock) []Conn {
 	for _, m := range msks {
 		ci := DecodeConnInfo(m.info)
 		byToken[ci.Token] = len(conns)
-		conns = append(conns, Conn{Info: ci, Local: m.local, Remote: m.remote, State: m.state, Inode: m.inode})
+		conns = append(conns, Conn{Info: ci, Local: m.local, Remote: m.remote, State: m.state, Inode: m.inode, Mem: m.mem})
 	}
 	for _, t := range tcps {
 		if !t.ulpMPTCP {
@@ -275,4 +283,27 @@ func group(msks, tcps []diagSock) []Conn {
 			TCP: DecodeTCPInfo(t.info), Flags: t.flags, LocID: t.locID, RemID: t.remID})
 	}
 	return conns
+}
+
+// MemInfo is a socket's memory accounting (INET_DIAG_SKMEMINFO, the kernel's sk_meminfo), in
+// bytes. For an MPTCP connection, SendBuffer is the connection-level send buffer (the sum of
+// its subflows' buffers) and WriteQueued what it holds: everything written and not yet
+// acknowledged at the data level, which includes the data sent on fast subflows behind a
+// chunk still in flight on a slow one.
+type MemInfo struct {
+	Known         bool   `json:"-"` // the kernel sent the attribute
+	ReceiveAlloc  uint32 `json:"rmem_alloc"`
+	ReceiveBuffer uint32 `json:"rcvbuf"`
+	SendBuffer    uint32 `json:"sndbuf"`
+	WriteQueued   uint32 `json:"wmem_queued"`
+}
+
+// decodeMemInfo reads sk_meminfo: u32 RMEM_ALLOC, RCVBUF, WMEM_ALLOC, SNDBUF, FWD_ALLOC,
+// WMEM_QUEUED, ... (kernels add fields at the end).
+func decodeMemInfo(b []byte) (MemInfo, error) {
+	if len(b) < 24 {
+		return MemInfo{}, fmt.Errorf("%w: sk_meminfo of %d bytes", ErrMalformed, len(b))
+	}
+	u := func(i int) uint32 { return binary.NativeEndian.Uint32(b[4*i:]) }
+	return MemInfo{Known: true, ReceiveAlloc: u(0), ReceiveBuffer: u(1), SendBuffer: u(3), WriteQueued: u(5)}, nil
 }

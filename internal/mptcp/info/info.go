@@ -255,6 +255,7 @@ type Conn struct {
 	Remote   netip.AddrPort `json:"remote"`
 	State    uint8          `json:"state"` // TCP state number of the MPTCP socket
 	Inode    uint32         `json:"inode,omitempty"`
+	Mem      MemInfo        `json:"mem"`
 	Subflows []Subflow      `json:"subflows"`
 }
 

@@ -111,7 +111,12 @@ func TestDiagGroup(t *testing.T) {
 	binary.NativeEndian.PutUint32(mi[12:], 0xabcd)
 	ti := make([]byte, tcpInfoSize)
 	binary.NativeEndian.PutUint64(ti[200:], 5000)
-	msk := diagMsg(2, netip.MustParseAddrPort("10.9.0.1:40000"), netip.MustParseAddrPort("10.9.0.2:5000"), 77, nla(diagInfo, mi))
+	// sk_meminfo: rmem_alloc, rcvbuf, wmem_alloc, sndbuf, fwd_alloc, wmem_queued, and more.
+	var mem []byte
+	for _, v := range []uint32{1, 131072, 3, 967168, 5, 769320, 168, 0, 0} {
+		mem = append(mem, u32(v)...)
+	}
+	msk := diagMsg(2, netip.MustParseAddrPort("10.9.0.1:40000"), netip.MustParseAddrPort("10.9.0.2:5000"), 77, nla(diagInfo, mi), nla(diagMemInfo, mem))
 	sub := func(local string, flags uint32, token uint32) []byte {
 		ulp := nla(diagULPInfo|0x8000, nla(ulpInfoName, []byte("mptcp\x00")),
 			nla(ulpInfoMPTCP|0x8000, nla(sfAttrTokenLoc, u32(token)), nla(sfAttrFlags, u32(flags)), nla(sfAttrIDLoc, []byte{2}), nla(sfAttrIDRem, []byte{1})))
@@ -141,6 +146,12 @@ func TestDiagGroup(t *testing.T) {
 	if c.Info.Token != 0xabcd || c.Inode != 77 || len(c.Subflows) != 2 {
 		t.Fatalf("connection %+v", c)
 	}
+	if want := (MemInfo{Known: true, ReceiveAlloc: 1, ReceiveBuffer: 131072, SendBuffer: 967168, WriteQueued: 769320}); c.Mem != want {
+		t.Errorf("memory %+v, want %+v", c.Mem, want)
+	}
+	if _, err := parseDiag(diagMsg(2, netip.MustParseAddrPort("10.9.0.1:40000"), netip.MustParseAddrPort("10.9.0.2:5000"), 77, nla(diagMemInfo, mem[:20]))); !errors.Is(err, ErrMalformed) {
+		t.Errorf("a short sk_meminfo: %v", err)
+	}
 	s := c.Subflows[0]
 	if s.Local != netip.MustParseAddrPort("10.9.1.1:40001") || !s.Flags.Backup() || s.LocID != 2 || s.RemID != 1 || s.TCP.BytesSent != 5000 {
 		t.Errorf("subflow %+v", s)
@@ -152,7 +163,7 @@ func TestDiagGroup(t *testing.T) {
 
 func TestDiagRequest(t *testing.T) {
 	b := diagRequest(2, 262, allButListenState)
-	if len(b) != diagReqSize+8 || b[0] != 2 || b[2] != 2 || binary.NativeEndian.Uint32(b[4:]) != ^uint32(1<<10) || binary.NativeEndian.Uint32(b[diagReqSize+4:]) != 262 ||
+	if len(b) != diagReqSize+8 || b[0] != 2 || b[2] != 2|64 || binary.NativeEndian.Uint32(b[4:]) != ^uint32(1<<10) || binary.NativeEndian.Uint32(b[diagReqSize+4:]) != 262 ||
 		binary.NativeEndian.Uint16(b[diagReqSize+2:]) != diagReqProtocol {
 		t.Fatalf("request %x", b)
 	}
@@ -163,6 +174,7 @@ func TestDiagRequest(t *testing.T) {
 func FuzzDiag(f *testing.F) {
 	ti := make([]byte, 16)
 	f.Add(diagMsg(2, netip.MustParseAddrPort("10.0.0.1:1"), netip.MustParseAddrPort("10.0.0.2:2"), 1, nla(diagInfo, ti)))
+	f.Add(diagMsg(2, netip.MustParseAddrPort("10.0.0.1:1"), netip.MustParseAddrPort("10.0.0.2:2"), 1, nla(diagMemInfo, make([]byte, 36))))
 	f.Add(diagMsg(10, netip.MustParseAddrPort("[fd::1]:1"), netip.MustParseAddrPort("[fd::2]:2"), 1,
 		nla(diagULPInfo, nla(ulpInfoName, []byte("mptcp\x00")), nla(ulpInfoMPTCP, nla(sfAttrTokenLoc, u32(5)), nla(sfAttrIDLoc, []byte{1})))))
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -177,7 +189,7 @@ func FuzzDiag(f *testing.F) {
 			t.Fatalf("ports %v %v from %x", s.local, s.remote, b[:8])
 		}
 		again, err := parseDiag(b)
-		if err != nil || again.token != s.token || again.local != s.local || again.flags != s.flags {
+		if err != nil || again.token != s.token || again.local != s.local || again.flags != s.flags || again.mem != s.mem {
 			t.Fatal("parse is not deterministic")
 		}
 	})

@@ -28,6 +28,9 @@ func rbpmStats(conns []info.Conn) []core.ConnStats {
 			continue
 		}
 		cs := core.ConnStats{Token: c.Info.Token, Fallback: c.Info.Flags&info.FlagFallback != 0}
+		if c.Mem.Known {
+			cs.SendBuffer = c.Mem.SendBuffer
+		}
 		for _, s := range c.Subflows {
 			t := s.TCP
 			cs.Subflows = append(cs.Subflows, core.SubflowStats{Local: endpoint(s.Local), Remote: endpoint(s.Remote),

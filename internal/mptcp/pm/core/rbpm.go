@@ -15,9 +15,19 @@ import (
 // the lever: upstream Linux has no pluggable scheduler.
 //
 // Decide takes each connection's subflow statistics (RTT, min RTT, window, unacknowledged
-// data, delivery rate) and the peer's window as every subflow sees it (tcpi_snd_wnd carries
-// the MPTCP-level window), and returns SET_FLAGS actions for the subflows whose state
-// changed. It never demotes a connection's last active subflow, leaves connections that fell
+// data, delivery rate) and the connection's available buffer, and returns SET_FLAGS actions
+// for the subflows whose state changed.
+//
+// The available buffer is the smaller of two that the out-of-order data must fit in. One is
+// the peer's receive window as every subflow sees it (tcpi_snd_wnd carries the MPTCP-level
+// window): the paper's receive buffer. The other is this host's MPTCP-level send buffer. The
+// kernel frees sent data only when the peer acknowledges it at the data level, and that
+// acknowledgement is cumulative: while a chunk is in flight on the slow subflow, everything
+// the fast subflows send after it stays in the send buffer. When the send buffer is the
+// smaller (a large receive buffer, a sender with the default tcp_wmem), it blocks exactly as
+// the paper's receive buffer does. On Linux 6.18, scenario 1 with a 2 MB receive buffer and
+// shallow queues had the sender's buffer full (wmem_queued 0.77–0.99 MB of a 0.97 MB sndbuf)
+// while the peer's window was about 1 MB. It never demotes a connection's last active subflow, leaves connections that fell
 // back to TCP alone, and leaves subflows from uplinks configured as backup to the manager.
 // Decisions are made on every poll (100 ms by default), so within 1 s.
 type RBPM struct {
@@ -44,10 +54,46 @@ type rbpmConn struct {
 	asked  map[tuple]bool  // the backup flag this policy last asked for
 	askAt  map[tuple]int64 // when (ns since the policy's epoch)
 	actual map[tuple]bool  // the flag the kernel showed at the last poll (BKUP_LOC)
-	paths  []sched.Path
-	tuples []tuple
-	avail  int
-	states []sched.PathState
+	flight map[tuple][]flightSample
+	// bySendBuf: the subflow was demoted while the send buffer, not the peer's window, was
+	// the smaller (braid status says which buffer it would have blocked).
+	bySendBuf map[tuple]bool
+	paths     []sched.Path
+	tuples    []tuple
+	window    int // the peer's window
+	sndbuf    int // the send buffer (0: unknown)
+	avail     int // the smaller of the two
+	states    []sched.PathState
+}
+
+// flightSample is a subflow's unacknowledged bytes at one poll.
+type flightSample struct {
+	at    int64 // ns since the policy's epoch
+	bytes int
+}
+
+// flightWindow is how long a subflow's peak in-flight data counts. A poll sees the window at
+// a random point of its saw-tooth: with reno behind a shallow queue the unacknowledged data
+// of a fast subflow swings by half within a second, and multiplied by eq. 2's L (9 for a
+// 10-fold RTT) that swing alone moved B across the available buffer and back, so the slow
+// subflow was demoted and restored a second later. The peak over a second is what the
+// subflow really sends per round trip at the top of its saw-tooth.
+const flightWindow = int64(time.Second)
+
+// peakFlight records bytes for t at ns and returns the largest of the last flightWindow.
+func (c *rbpmConn) peakFlight(t tuple, ns int64, bytes int) int {
+	h := append(c.flight[t], flightSample{ns, bytes})
+	k := 0
+	for k < len(h) && ns-h[k].at > flightWindow {
+		k++
+	}
+	h = append(h[:0], h[k:]...)
+	c.flight[t] = h
+	peak := 0
+	for _, f := range h {
+		peak = max(peak, f.bytes)
+	}
+	return peak
 }
 
 // SubflowStats are one subflow's TCP statistics (tcp_info) as the rbpm policy reads them.
@@ -68,7 +114,10 @@ type SubflowStats struct {
 type ConnStats struct {
 	Token    uint32
 	Fallback bool // fell back to plain TCP: not managed
-	Subflows []SubflowStats
+	// SendBuffer is the connection's MPTCP-level send buffer in bytes (sock_diag's SKMEMINFO
+	// sndbuf of the MPTCP socket); 0 if unknown.
+	SendBuffer uint32
+	Subflows   []SubflowStats
 }
 
 // NewRBPM returns the rbpm policy.
@@ -102,7 +151,7 @@ func (p *RBPM) Decide(now time.Time, stats []ConnStats, uplinks []Uplink) []Acti
 		c := p.conns[cs.Token]
 		if c == nil {
 			c = &rbpmConn{s: sched.NewRBPM(sched.RBPMConfig{HoldDown: p.HoldDown}), ids: map[tuple]int{}, asked: map[tuple]bool{},
-				askAt: map[tuple]int64{}, actual: map[tuple]bool{}}
+				askAt: map[tuple]int64{}, actual: map[tuple]bool{}, flight: map[tuple][]flightSample{}, bySendBuf: map[tuple]bool{}}
 			p.conns[cs.Token] = c
 		}
 		out = append(out, p.decideConn(ns, cs, c, uplinks)...)
@@ -136,7 +185,7 @@ func (p *RBPM) decideConn(ns int64, cs ConnStats, c *rbpmConn, uplinks []Uplink)
 		}
 		return a.remote.String() < b.remote.String()
 	})
-	c.paths, c.tuples, c.avail = c.paths[:0], c.tuples[:0], 0
+	c.paths, c.tuples, c.window, c.sndbuf = c.paths[:0], c.tuples[:0], 0, int(cs.SendBuffer)
 	measured := false // a subflow has RTT samples, so its window (even 0) is real
 	for _, s := range subs {
 		measured = measured || s.RTT > 0
@@ -160,10 +209,14 @@ func (p *RBPM) decideConn(ns int64, cs ConnStats, c *rbpmConn, uplinks []Uplink)
 		// cwnd/RTT was tried as a floor and over-estimated the slow paths whose windows grew
 		// in slow start: in scenario 2 the 2 Mbit/s subflow then looked like 7 Mbit/s.
 		c.paths = append(c.paths, sched.Path{ID: id, Up: true, SRTT: s.RTT, RTTVar: s.RTTVar, MinRTT: s.MinRTT,
-			InFlight: int(s.Unacked) * mss, CWnd: int(s.Cwnd) * mss, MSS: mss, DeliveryRate: float64(s.DeliveryRate) * 8})
+			InFlight: c.peakFlight(t, ns, int(s.Unacked)*mss), CWnd: int(s.Cwnd) * mss, MSS: mss, DeliveryRate: float64(s.DeliveryRate) * 8})
 		c.tuples = append(c.tuples, t)
 		c.actual[t] = s.Backup
-		c.avail = max(c.avail, int(s.SndWnd))
+		c.window = max(c.window, int(s.SndWnd))
+	}
+	c.avail = c.window
+	if c.sndbuf > 0 {
+		c.avail = min(c.avail, c.sndbuf)
 	}
 	for t := range c.ids {
 		found := false
@@ -175,6 +228,8 @@ func (p *RBPM) decideConn(ns int64, cs ConnStats, c *rbpmConn, uplinks []Uplink)
 			delete(c.asked, t)
 			delete(c.askAt, t)
 			delete(c.actual, t)
+			delete(c.flight, t)
+			delete(c.bySendBuf, t)
 		}
 	}
 	if len(c.paths) == 0 {
@@ -199,6 +254,7 @@ func (p *RBPM) decideConn(ns int64, cs ConnStats, c *rbpmConn, uplinks []Uplink)
 			p.Counters.Resent++
 		case want:
 			p.Counters.Demotions++
+			c.bySendBuf[t] = c.sndbuf > 0 && c.sndbuf < c.window
 		default:
 			p.Counters.Restores++
 		}
@@ -220,9 +276,10 @@ type RBPMSubflow struct {
 
 // RBPMConn is one connection's RBPM state.
 type RBPMConn struct {
-	Token    uint32        `json:"token"`
-	Window   int           `json:"peer_window_bytes"`
-	Subflows []RBPMSubflow `json:"subflows"`
+	Token      uint32        `json:"token"`
+	Window     int           `json:"peer_window_bytes"`
+	SendBuffer int           `json:"send_buffer_bytes,omitempty"`
+	Subflows   []RBPMSubflow `json:"subflows"`
 }
 
 // Status lists the connections' RBPM states, by token.
@@ -235,13 +292,17 @@ func (p *RBPM) Status() []RBPMConn {
 	var out []RBPMConn
 	for _, tok := range toks {
 		c := p.conns[tok]
-		rc := RBPMConn{Token: tok, Window: c.avail}
+		rc := RBPMConn{Token: tok, Window: c.window, SendBuffer: c.sndbuf}
 		for i, st := range c.states {
 			if i >= len(c.tuples) {
 				break
 			}
+			reason := st.Reason.String()
+			if st.Reason == sched.ReasonBlocking && c.bySendBuf[c.tuples[i]] {
+				reason = "would block the send buffer"
+			}
 			rc.Subflows = append(rc.Subflows, RBPMSubflow{Local: c.tuples[i].local.String(), Remote: c.tuples[i].remote.String(),
-				Active: st.Active, Reason: st.Reason.String(), Score: st.Score, Required: st.Required, Avail: st.Avail})
+				Active: st.Active, Reason: reason, Score: st.Score, Required: st.Required, Avail: st.Avail})
 		}
 		out = append(out, rc)
 	}

@@ -111,3 +111,36 @@ func TestRBPMPolicyZeroWindow(t *testing.T) {
 		t.Fatalf("%v", acts)
 	}
 }
+
+// A large peer window does not hide a send buffer the fast subflow's data would fill while
+// the slow subflow's chunk is unacknowledged: the smaller of the two is the available buffer.
+func TestRBPMPolicySendBufferBinds(t *testing.T) {
+	ups := []Uplink{{Name: "fast", Addr: "10.9.0.1"}, {Name: "slow", Addr: "10.9.1.1"}}
+	t0 := time.Unix(1000, 0)
+	conn := func(sndbuf uint32) []ConnStats {
+		return []ConnStats{{Token: 9, SendBuffer: sndbuf, Subflows: []SubflowStats{
+			rbpmSub("10.9.0.1", 40000, 20*time.Millisecond, 40, 1_250_000, 2_000_000),
+			rbpmSub("10.9.1.1", 45000, 200*time.Millisecond, 10, 125_000, 2_000_000),
+		}}}
+	}
+	// 40·1448·9 = 521 KB needed: a 2 MB window alone holds it; with a 300 KB send buffer the
+	// slow subflow goes to backup; with the send buffer unknown, the window decides.
+	for _, tc := range []struct {
+		sndbuf uint32
+		demote bool
+	}{{0, false}, {4_000_000, false}, {300_000, true}} {
+		p := NewRBPM(time.Second)
+		p.Decide(t0, conn(tc.sndbuf), ups)
+		acts := p.Decide(t0.Add(1100*time.Millisecond), conn(tc.sndbuf), ups)
+		if got := len(acts) == 1 && acts[0].Backup && acts[0].Local.Addr == "10.9.1.1"; got != tc.demote || (!tc.demote && len(acts) != 0) {
+			t.Fatalf("send buffer %d: actions %v, want demotion %v", tc.sndbuf, acts, tc.demote)
+		}
+		st := p.Status()
+		if len(st) != 1 || st[0].Window != 2_000_000 || st[0].SendBuffer != int(tc.sndbuf) {
+			t.Fatalf("status %+v", st)
+		}
+		if tc.demote && (st[0].Subflows[1].Avail != int(tc.sndbuf) || st[0].Subflows[1].Reason != "would block the send buffer") {
+			t.Fatalf("demoted against %d B (%s), want the send buffer %d", st[0].Subflows[1].Avail, st[0].Subflows[1].Reason, tc.sndbuf)
+		}
+	}
+}
