@@ -27,9 +27,14 @@ import (
 // smaller (a large receive buffer, a sender with the default tcp_wmem), it blocks exactly as
 // the paper's receive buffer does. On Linux 6.18, scenario 1 with a 2 MB receive buffer and
 // shallow queues had the sender's buffer full (wmem_queued 0.77–0.99 MB of a 0.97 MB sndbuf)
-// while the peer's window was about 1 MB. It never demotes a connection's last active subflow, leaves connections that fell
-// back to TCP alone, and leaves subflows from uplinks configured as backup to the manager.
-// Decisions are made on every poll (100 ms by default), so within 1 s.
+// while the peer's window was about 1 MB.
+//
+// A subflow's data in flight (the paper's P·MSS) is its largest unacknowledged data over the
+// last second (flightWindow), not one poll's.
+//
+// It never demotes a connection's last active subflow, leaves connections that fell back to
+// TCP alone, and leaves subflows from uplinks configured as backup to the manager. Decisions
+// are made on every poll (100 ms by default), so within 1 s.
 type RBPM struct {
 	Fullmesh
 	// HoldDown is sched.RBPMConfig.HoldDown: the least time between two changes of a subflow.
