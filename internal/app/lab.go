@@ -566,7 +566,7 @@ func labRun(e env, args []string) int {
 	fs := newFlags(e, "braid lab run", fmt.Sprintf(labRunDoc, list.String()))
 	quick := fs.Bool("quick", false, "short measurements (a smoke run, less precise)")
 	verbose := fs.Bool("verbose", false, "log what is created and removed")
-	out := fs.String("out", "", "`DIR` for the figures (PNG) a scenario writes (default: the current directory)")
+	out := fs.String("out", "", "`DIR` for the figures (PNG) a scenario writes, made if missing (default: the current directory)")
 	reps := fs.Int("reps", 0, "repetitions of each measurement, where a scenario repeats them (default: its own)")
 	pos, _, done, code := parseInterspersed(e, fs, args)
 	if done {
@@ -584,6 +584,14 @@ func labRun(e env, args []string) int {
 	if *reps < 0 {
 		fmt.Fprintln(e.stderr, "braid lab run: --reps must not be negative")
 		return exitUsage
+	}
+	// The figures are written at the end of a run that can take half an hour: the directory
+	// is made (or found unusable) now.
+	if *out != "" {
+		if err := os.MkdirAll(*out, 0o755); err != nil {
+			fmt.Fprintf(e.stderr, "braid lab run: --out: %v\n", err)
+			return exitError
+		}
 	}
 	return runScenario(e, "run "+s.Name, s, scenario.Options{Quick: *quick, Logger: labLogger(e, *verbose), Out: *out, Reps: *reps})
 }

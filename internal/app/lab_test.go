@@ -37,6 +37,14 @@ func TestLabHelp(t *testing.T) {
 	if code, _, e := run("lab", "run", "nosuch"); code != exitUsage || !strings.Contains(e, "accuracy") {
 		t.Errorf("unknown scenario should list the scenarios: %d %q", code, e)
 	}
+	// An --out that cannot be a directory fails before anything runs, not after the run.
+	notDir := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(notDir, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, e := run("lab", "run", "rbpm", "--out", filepath.Join(notDir, "figures")); code != exitError || !strings.Contains(e, "--out") {
+		t.Errorf("an unusable --out: %d %q", code, e)
+	}
 	if code, _, e := run("lab", "link", "a", "b", "--loss", "150%"); code != exitUsage || !strings.Contains(e, "loss") {
 		t.Errorf("loss 150%%: %d %q", code, e)
 	}

@@ -20,19 +20,7 @@ func TestLabRBPMDemotesTheSlowPath(t *testing.T) {
 		{Rate: 10e6, Delay: 10 * ms, QueuePackets: 20},
 		{Rate: 1e6, Delay: 100 * ms, QueuePackets: 20},
 	}}
-	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
-	defer cancel()
-	const dur = 12 * time.Second
-	base, err := scenario.RBPMKernel(ctx, sc, false, dur, scenario.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rb, err := scenario.RBPMKernel(ctx, sc, true, dur, scenario.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("default: %.0f B/s, per path per second %v", base.Goodput, base.PerPath)
-	t.Logf("rbpm:    %.0f B/s, per path per second %v; %s", rb.Goodput, rb.PerPath, rb.Note)
+	base, rb := uploadBoth(t, sc)
 	if rb.DemotedAt[0] >= 0 {
 		t.Errorf("the fast path was demoted (%s)", rb.Note)
 	}
@@ -61,19 +49,7 @@ func TestLabRBPMDemotesTheSlowPath(t *testing.T) {
 func TestLabRBPMSendBufferBinds(t *testing.T) {
 	labtest.Require(t)
 	sc := scenario.RBPMShallowS1()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	const dur = 12 * time.Second
-	base, err := scenario.RBPMKernel(ctx, sc, false, dur, scenario.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rb, err := scenario.RBPMKernel(ctx, sc, true, dur, scenario.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("default: %.0f B/s, per path per second %v", base.Goodput, base.PerPath)
-	t.Logf("rbpm:    %.0f B/s, per path per second %v; %s", rb.Goodput, rb.PerPath, rb.Note)
+	base, rb := uploadBoth(t, sc)
 	for i := 0; i < 3; i++ {
 		if rb.DemotedAt[i] >= 0 {
 			t.Errorf("fast path %d was demoted (%s)", i+1, rb.Note)
@@ -102,4 +78,23 @@ func TestLabRBPMSendBufferBinds(t *testing.T) {
 	if rb.Goodput < 1.1*base.Goodput {
 		t.Errorf("goodput with the policy %.0f B/s, without %.0f B/s: want at least 1.1 times", rb.Goodput, base.Goodput)
 	}
+}
+
+// uploadBoth runs a 12 s upload over sc without the policy (fullmesh), then with rbpm.
+func uploadBoth(t *testing.T, sc scenario.RBPMScenario) (base, rb scenario.RBPMRow) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const dur = 12 * time.Second
+	base, err := scenario.RBPMKernel(ctx, sc, false, dur, scenario.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, err = scenario.RBPMKernel(ctx, sc, true, dur, scenario.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("default: %.0f B/s, per path per second %v", base.Goodput, base.PerPath)
+	t.Logf("rbpm:    %.0f B/s, per path per second %v; %s", rb.Goodput, rb.PerPath, rb.Note)
+	return base, rb
 }
