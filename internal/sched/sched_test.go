@@ -335,3 +335,23 @@ func BenchmarkMinRTT(b *testing.B) {
 		s.Pick(0, paths, 1500)
 	}
 }
+
+// BenchmarkRBPMPickConn: one pick of the rbpm scheduler over scenario 1's four paths with a
+// bounded receiver, 10 µs apart (100 000 packets a second): Decide runs on every pick.
+func BenchmarkRBPMPickConn(b *testing.B) {
+	ms := time.Millisecond
+	paths := []Path{
+		{ID: 1, Up: true, SRTT: 22 * ms, MinRTT: 20 * ms, DeliveryRate: 5e6, InFlight: 20000, CWnd: 40000, MSS: 1400},
+		{ID: 2, Up: true, SRTT: 22 * ms, MinRTT: 20 * ms, DeliveryRate: 5e6, InFlight: 20000, CWnd: 40000, MSS: 1400},
+		{ID: 3, Up: true, SRTT: 22 * ms, MinRTT: 20 * ms, DeliveryRate: 5e6, InFlight: 20000, CWnd: 40000, MSS: 1400},
+		{ID: 4, Up: true, SRTT: 210 * ms, MinRTT: 200 * ms, DeliveryRate: 1e6, InFlight: 20000, CWnd: 40000, MSS: 1400},
+	}
+	s := NewRBPM(RBPMConfig{})
+	c := Conn{Avail: 200_000, AvailKnown: true}
+	b.ReportAllocs()
+	var now int64
+	for b.Loop() {
+		now += 10_000
+		s.PickConn(now, c, paths, 1400)
+	}
+}
