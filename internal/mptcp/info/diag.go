@@ -151,12 +151,15 @@ func parseDiag(b []byte) (diagSock, error) {
 }
 
 // diagRequest is an inet_diag_req_v2 for the sockets of family and protocol in the given states
-// (a bit per TCP state), asking for INET_DIAG_INFO and INET_DIAG_SKMEMINFO.
-func diagRequest(family uint8, protocol uint32, states uint32) []byte {
+// (a bit per TCP state), asking for INET_DIAG_INFO and, with mem, INET_DIAG_SKMEMINFO.
+func diagRequest(family uint8, protocol uint32, states uint32, mem bool) []byte {
 	b := make([]byte, diagReqSize, diagReqSize+8)
 	b[0] = family
 	b[1] = uint8(protocol) // 262 does not fit: the attribute below carries the real one
-	b[2] = 1<<(diagInfo-1) | 1<<(diagMemInfo-1)
+	b[2] = 1 << (diagInfo - 1)
+	if mem {
+		b[2] |= 1 << (diagMemInfo - 1)
+	}
 	binary.NativeEndian.PutUint32(b[4:], states)
 	b = binary.NativeEndian.AppendUint16(b, 8)
 	b = binary.NativeEndian.AppendUint16(b, diagReqProtocol)
@@ -166,10 +169,10 @@ func diagRequest(family uint8, protocol uint32, states uint32) []byte {
 // ErrNoDiag is returned when the kernel cannot dump MPTCP sockets (no mptcp_diag).
 var ErrNoDiag = errors.New("info: the kernel cannot dump MPTCP sockets (CONFIG_INET_MPTCP_DIAG missing?)")
 
-func dump(c *netlink.Conn, family uint8, protocol uint32, states uint32) ([]diagSock, error) {
+func dump(c *netlink.Conn, family uint8, protocol uint32, states uint32, mem bool) ([]diagSock, error) {
 	msgs, err := c.Execute(netlink.Message{
 		Header: netlink.Header{Type: sockDiagByFamily, Flags: netlink.Request | netlink.Dump},
-		Data:   diagRequest(family, protocol, states),
+		Data:   diagRequest(family, protocol, states, mem),
 	})
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EINVAL) {
@@ -213,12 +216,13 @@ func (d *Diag) Close() error { return d.c.Close() }
 func (d *Diag) Dump() ([]Conn, error) {
 	var msks, tcps []diagSock
 	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
-		m, err := dump(d.c, fam, unix.IPPROTO_MPTCP, allButListenState)
+		// Memory only for the connections: the subflows' is not used.
+		m, err := dump(d.c, fam, unix.IPPROTO_MPTCP, allButListenState, true)
 		if err != nil {
 			return nil, err
 		}
 		msks = append(msks, m...)
-		t, err := dump(d.c, fam, unix.IPPROTO_TCP, allButListenState)
+		t, err := dump(d.c, fam, unix.IPPROTO_TCP, allButListenState, false)
 		if err != nil {
 			return nil, err
 		}
@@ -241,7 +245,7 @@ func (d *Diag) Dump() ([]Conn, error) {
 func (d *Diag) Listeners() ([]netip.AddrPort, error) {
 	var out []netip.AddrPort
 	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
-		socks, err := dump(d.c, fam, unix.IPPROTO_MPTCP, 1<<tcpListen)
+		socks, err := dump(d.c, fam, unix.IPPROTO_MPTCP, 1<<tcpListen, false)
 		if err != nil {
 			return nil, err
 		}

@@ -162,7 +162,10 @@ func TestDiagGroup(t *testing.T) {
 }
 
 func TestDiagRequest(t *testing.T) {
-	b := diagRequest(2, 262, allButListenState)
+	if b := diagRequest(2, 6, allButListenState, false); b[2] != 2 {
+		t.Fatalf("extensions without memory: %#x", b[2])
+	}
+	b := diagRequest(2, 262, allButListenState, true)
 	if len(b) != diagReqSize+8 || b[0] != 2 || b[2] != 2|64 || binary.NativeEndian.Uint32(b[4:]) != ^uint32(1<<10) || binary.NativeEndian.Uint32(b[diagReqSize+4:]) != 262 ||
 		binary.NativeEndian.Uint16(b[diagReqSize+2:]) != diagReqProtocol {
 		t.Fatalf("request %x", b)
