@@ -59,6 +59,10 @@ Policies:
              with it counted in. One change per subflow per second at most; the last active
              subflow is never demoted; connections that fell back to TCP and subflows of
              uplinks configured as backup are left alone. Run it on the sending side.
+             Its timers default to poll 50 ms, dead_after 5 s, join_timeout 5 s (the
+             settings its figures were measured with): a subflow over a slow path behind a
+             deep queue can go more than a second without an ack, and 1 s would destroy
+             and re-create it every second.
 
 Each subflow is bound to its uplink's interface and address. On Ethernet uplinks, give each
 uplink address its own routing table ('ip rule add from ADDR table N') so that replies and
@@ -71,6 +75,9 @@ or, if there are none, of [[tunnel.uplink]]:
   policy = "fullmesh"
   metrics = "127.0.0.1:9475"    # GET /status (JSON) and /metrics (Prometheus)
   backup = ["lte"]              # subflows from these uplinks are backup
+  poll = "100ms"                # statistics and timers (rbpm: 50ms)
+  join_timeout = "1s"           # a join not up by then is retried (rbpm: 5s)
+  dead_after = "1s"             # unacked data, no ack this long: dead (rbpm: 5s)
   # amptcp only:
   resolvers = ["10.0.9.1:4342"] # map-resolvers
   routing = "any"               # or "bound"
@@ -119,7 +126,7 @@ func runPM(e env, args []string) int {
 		return configFail(e, "pm", err)
 	}
 	if *policy != "" {
-		cfg.Policy = *policy
+		cfg.UsePolicy(*policy)
 	}
 	pol, ok := core.Policies[cfg.Policy]
 	if cfg.Policy == "amptcp" {

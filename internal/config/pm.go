@@ -26,6 +26,10 @@ type PM struct {
 	PortSpan    uint16
 	Uplinks     []PMUplink
 	AMPTCP      PMAMPTCP
+
+	// timersSet records which of poll, join_timeout and dead_after the file set, so that
+	// UsePolicy changes only the others to the new policy's defaults.
+	timersSet struct{ poll, join, dead bool }
 }
 
 // PMAMPTCP configures the amptcp policy (LISP-assisted subflows).
@@ -52,11 +56,48 @@ type PMUplink struct {
 // PMPolicies are the policies braid pm knows.
 var PMPolicies = []string{"fullmesh", "amptcp", "rbpm"}
 
-// PMDefaults returns the defaults, without uplinks.
+// PMDefaults returns the defaults, without uplinks, for the fullmesh policy.
 func PMDefaults() PM {
 	return PM{Policy: "fullmesh", Metrics: "127.0.0.1:9475", Poll: 100 * time.Millisecond, JoinTimeout: time.Second,
 		DeadAfter: time.Second, Retry: 250 * time.Millisecond, PortBase: 45000, PortSpan: 5000,
 		AMPTCP: PMAMPTCP{Routing: "any", LookupTimeout: time.Second, LookupRetries: 2, MaxAge: time.Minute}}
+}
+
+// The rbpm policy's timers, those its figures (docs/scheduling.md) were measured with. A
+// subflow over a slow path behind a deep queue (1 Mbit/s, 100 packets) goes more than a second
+// without an ack: with fullmesh's 1 s dead_after and join_timeout the manager would destroy and
+// re-create the very subflow rbpm is meant to demote, every second. rbpm judges each poll's
+// window, so it polls twice as often.
+const (
+	RBPMPoll        = 50 * time.Millisecond
+	RBPMJoinTimeout = 5 * time.Second
+	RBPMDeadAfter   = 5 * time.Second
+)
+
+// PMPolicyDefaults returns the defaults, without uplinks, for the named policy.
+func PMPolicyDefaults(policy string) PM {
+	pm := PMDefaults()
+	pm.Policy = policy
+	if policy == "rbpm" {
+		pm.Poll, pm.JoinTimeout, pm.DeadAfter = RBPMPoll, RBPMJoinTimeout, RBPMDeadAfter
+	}
+	return pm
+}
+
+// UsePolicy switches to the named policy (braid pm --policy): the timers the file did not set
+// take that policy's defaults.
+func (pm *PM) UsePolicy(name string) {
+	d := PMPolicyDefaults(name)
+	pm.Policy = name
+	if !pm.timersSet.poll {
+		pm.Poll = d.Poll
+	}
+	if !pm.timersSet.join {
+		pm.JoinTimeout = d.JoinTimeout
+	}
+	if !pm.timersSet.dead {
+		pm.DeadAfter = d.DeadAfter
+	}
 }
 
 // pmSite is the site file as LoadPM reads it: its own section strictly, the tunnel's for the
@@ -103,11 +144,15 @@ func LoadPM(filename string, data []byte, env Env) (*PM, error) {
 		return nil, err
 	}
 	l := &loader{env: env}
-	pm := PMDefaults()
 	fp := f.PM
 	if fp == nil {
 		fp = &filePM{}
 	}
+	pm := PMDefaults()
+	if fp.Policy != nil {
+		pm = PMPolicyDefaults(*fp.Policy)
+	}
+	pm.timersSet.poll, pm.timersSet.join, pm.timersSet.dead = fp.Poll != nil, fp.JoinTimeout != nil, fp.DeadAfter != nil
 	prefix := "pm.uplink"
 	ups := fp.Uplink
 	if len(ups) == 0 && f.Tunnel != nil {
@@ -124,9 +169,6 @@ func LoadPM(filename string, data []byte, env Env) (*PM, error) {
 				is.paths[j] = strings.Replace(p, "tunnel.uplink", "pm.uplink", 1)
 			}
 		}
-	}
-	if fp.Policy != nil {
-		pm.Policy = *fp.Policy
 	}
 	if fp.Metrics != nil {
 		pm.Metrics = *fp.Metrics

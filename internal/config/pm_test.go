@@ -134,3 +134,41 @@ address = "192.168.1.1"
 		}
 	}
 }
+
+// The rbpm policy ships the timers its figures were measured with (docs/scheduling.md): a
+// 50 ms poll and 5 s dead_after and join_timeout, whether it is named in the file or on the
+// command line; timers set in the file stay as set.
+func TestPMRBPMDefaults(t *testing.T) {
+	const ups = "\n[[pm.uplink]]\nname = \"fibre\"\ninterface = \"wan0\"\naddress = \"192.0.2.1\"\n"
+	want := func(name string, pm *PM, poll, join, dead time.Duration) {
+		t.Helper()
+		if pm.Poll != poll || pm.JoinTimeout != join || pm.DeadAfter != dead {
+			t.Errorf("%s: poll %v, join_timeout %v, dead_after %v; want %v, %v, %v", name, pm.Poll, pm.JoinTimeout, pm.DeadAfter, poll, join, dead)
+		}
+	}
+	if d := PMPolicyDefaults("rbpm"); d.Poll != 50*time.Millisecond || d.JoinTimeout != 5*time.Second || d.DeadAfter != 5*time.Second {
+		t.Errorf("PMPolicyDefaults(rbpm): poll %v, join_timeout %v, dead_after %v", d.Poll, d.JoinTimeout, d.DeadAfter)
+	}
+	pm, err := LoadPM("site.toml", []byte("[pm]\npolicy = \"rbpm\"\n"+ups), newEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want("policy rbpm in the file", pm, 50*time.Millisecond, 5*time.Second, 5*time.Second)
+
+	pm, err = LoadPM("site.toml", []byte("[pm]\n"+ups), newEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want("fullmesh", pm, 100*time.Millisecond, time.Second, time.Second)
+	pm.UsePolicy("rbpm")
+	want("--policy rbpm", pm, 50*time.Millisecond, 5*time.Second, 5*time.Second)
+
+	pm, err = LoadPM("site.toml", []byte("[pm]\npoll = \"200ms\"\ndead_after = \"3s\"\n"+ups), newEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm.UsePolicy("rbpm")
+	want("--policy rbpm with poll and dead_after in the file", pm, 200*time.Millisecond, 5*time.Second, 3*time.Second)
+	pm.UsePolicy("fullmesh")
+	want("--policy fullmesh with poll and dead_after in the file", pm, 200*time.Millisecond, time.Second, 3*time.Second)
+}

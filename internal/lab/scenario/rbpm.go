@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"braid/internal/config"
 	"braid/internal/lab"
 	"braid/internal/lab/topo"
 	"braid/internal/mptcp/info"
@@ -226,13 +227,14 @@ func RBPMKernel(ctx context.Context, sc RBPMScenario, withPolicy bool, dur time.
 		}
 		ups = append(ups, u)
 	}
-	// A subflow over a 1 Mbit/s path behind a 100-packet queue waits up to 1.4 s for an ack:
-	// the manager's default dead-subflow and join timeouts (1 s) would destroy and re-create
-	// it every second, in both configurations.
+	// The rbpm policy's default timers (as braid pm --policy rbpm runs), in both rows, so that
+	// they differ in the policy only: a subflow over a 1 Mbit/s path behind a 100-packet queue
+	// waits up to 1.4 s for an ack, which fullmesh's 1 s timeouts would take for a dead one.
+	timers := config.PMPolicyDefaults("rbpm")
 	var d *pm.Daemon
 	if err := a.NS.Do(func() (err error) {
-		d, err = pm.New(pm.Options{Uplinks: ups, Policy: pol, Poll: 50 * time.Millisecond,
-			Core: core.Config{DeadAfter: 5 * time.Second, JoinTimeout: 5 * time.Second}})
+		d, err = pm.New(pm.Options{Uplinks: ups, Policy: pol, Poll: timers.Poll,
+			Core: core.Config{DeadAfter: timers.DeadAfter, JoinTimeout: timers.JoinTimeout}})
 		return err
 	}); err != nil {
 		return row, err
