@@ -380,6 +380,10 @@ func (s tunnelSource) WriteMetrics(w *metrics.Writer) {
 		{"braid_tunnel_path_tx_drops_total", "Packets not sent: the path's socket buffer was full.", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.TxDrops) }},
 		{"braid_tunnel_path_rx_bytes_total", "Bytes received on the path.", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.RxBytes) }},
 		{"braid_tunnel_path_rx_packets_total", "Packets received on the path.", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.RxPackets) }},
+		{"braid_tunnel_path_tx_data_bytes_total", "Bytes of data packets sent on the path (no probes or control messages).", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.TxDataBytes) }},
+		{"braid_tunnel_path_tx_data_packets_total", "Data packets sent on the path (no probes or control messages).", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.TxDataPackets) }},
+		{"braid_tunnel_path_rx_data_bytes_total", "Bytes of data packets received on the path.", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.RxDataBytes) }},
+		{"braid_tunnel_path_rx_data_packets_total", "Data packets received on the path.", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.RxDataPackets) }},
 	} {
 		for _, ps := range st.Peers {
 			for _, p := range ps.Paths {

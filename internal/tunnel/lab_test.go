@@ -162,13 +162,30 @@ func TestTunnelIntegrity(t *testing.T) {
 						t.Errorf("udp echo to %s: %d of 2000 back, %d changed, %v", inner, echoed, corrupt, err)
 					}
 				}
-				st := eps[0].tunnel.Status()
-				for _, p := range st.Peers[0].Paths {
-					if p.TxPackets == 0 {
-						t.Errorf("path %d carried nothing: %+v", p.ID, p)
-					}
-				}
+				// The equal paths share the data: each carried at least half its fair share of
+				// the data packets (probes and control messages are not counted), and the peer
+				// received data on each.
+				checkDataSpread(t, eps, 0.5/float64(paths))
 			})
+		}
+	}
+}
+
+// checkDataSpread fails the test unless every path from a to b carried at least min of the
+// data bytes a sent, counting data only (probes every 50 ms would fill an idle path's
+// counters), and b received data on every path.
+func checkDataSpread(t *testing.T, eps [2]*endpoint, min float64) {
+	t.Helper()
+	tx, rx := eps[0].tunnel.Status().Peers[0].Paths, eps[1].tunnel.Status().Peers[0].Paths
+	var total uint64
+	for _, p := range tx {
+		total += p.TxDataBytes
+	}
+	for i, p := range tx {
+		share := float64(p.TxDataBytes) / float64(max(total, 1))
+		t.Logf("path %d: %d data packets, %d data bytes (%.3f of the data), received %d data packets; %d packets in all", p.ID, p.TxDataPackets, p.TxDataBytes, share, rx[i].RxDataPackets, p.TxPackets)
+		if share < min || rx[i].RxDataPackets == 0 {
+			t.Errorf("path %d carried %.3f of the data (%d of %d bytes; %d data packets received by the peer), want at least %.3f", p.ID, share, p.TxDataBytes, total, rx[i].RxDataPackets, min)
 		}
 	}
 }

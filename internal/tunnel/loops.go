@@ -237,6 +237,8 @@ func (t *Tunnel) flushPath(p *peer, pp *peerPath) {
 	} else {
 		pp.txPackets.Add(uint64(q.cnt))
 		pp.txBytes.Add(uint64(q.n))
+		pp.txDataPackets.Add(uint64(q.cnt))
+		pp.txDataBytes.Add(uint64(q.n))
 		t.stats.TxPackets.Add(uint64(q.cnt))
 		t.stats.TxBytes.Add(uint64(q.n))
 		p.mu.Lock()
@@ -357,8 +359,14 @@ func (t *Tunnel) receive(u *uplink, src netip.AddrPort, b []byte, ob *outbox) {
 		return
 	}
 	ref := t.sessionFor(g.Key)
-	if ref == nil || ref.s == nil {
+	if ref == nil {
 		t.stats.DropUnknownSession.Add(1)
+		return
+	}
+	if ref.s == nil {
+		// The index of our initiation in flight: the responder sent on the new session
+		// before its response (on another path, or just behind) reached us.
+		t.stats.DropEarly.Add(1)
 		return
 	}
 	if n > t.pktSize {
@@ -410,6 +418,10 @@ func (t *Tunnel) receive(u *uplink, src netip.AddrPort, b []byte, ob *outbox) {
 	pp.est.OnReceive(now, n)
 	pp.rxBytes += uint64(n)
 	pp.rxPackets++
+	if h.Type == mpath.TypeData {
+		pp.rxDataBytes += uint64(n)
+		pp.rxDataPackets++
+	}
 	p.mu.Unlock()
 	if h.Type == mpath.TypeData {
 		t.deliver(p, now, pb, aadLen, pt, ob)
@@ -572,11 +584,17 @@ func (t *Tunnel) onInit(u *uplink, src netip.AddrPort, msg []byte) {
 	}
 	p.mu.Lock()
 	if !in.Timestamp.After(p.lastInit) {
+		benign := p.initSeen.copyOf(msg, t.now(), pp.id)
 		p.mu.Unlock()
-		t.stats.DropReplay.Add(1) // an old initiation, or the same one over another path
+		if benign {
+			t.stats.HandshakeCopies.Add(1) // the one answered, arriving over another path
+		} else {
+			t.stats.DropReplay.Add(1) // an old initiation, or a copy repeated on a path
+		}
 		return
 	}
 	p.lastInit = in.Timestamp
+	p.initSeen.record(msg, t.now(), pp.id)
 	idx := t.reserveIndex(p)
 	resp, keys, err := in.Respond(idx, t.o.Ciphers)
 	if err != nil {

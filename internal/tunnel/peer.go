@@ -52,6 +52,7 @@ type peer struct {
 	hsIndex          uint32
 	hsSent           int64
 	lastInit         session.Timestamp // newest initiation accepted from the peer
+	initSeen         initCopies        // and its copies over the other paths
 	// cipherWarned: the log has said that the peer offers no cipher this side accepts.
 	cipherWarned atomic.Bool
 	rb           *reorder.Buffer[*packetBuf]
@@ -93,8 +94,12 @@ type peerPath struct {
 	// receive counters reported to the peer in probe replies
 	rxBytes   uint64
 	rxPackets uint32
+	// data datagrams received (not probes, replies or MTU probes), for the status
+	rxDataBytes, rxDataPackets uint64
 
 	txBytes, txPackets, txDrops atomic.Uint64
+	// data datagrams sent (the device reader's batches), a subset of txBytes and txPackets
+	txDataBytes, txDataPackets atomic.Uint64
 }
 
 // scheduler is what the tunnel needs of a path scheduler.
@@ -358,7 +363,7 @@ func (p *peer) installInitiated(now int64, k session.Keys, remoteIdx uint32) {
 	p.hs = nil
 	p.rotateLocked(&liveSession{s: s, created: now})
 	p.mu.Unlock()
-	p.t.log.Info("session up", "peer", p.name, "role", "initiator")
+	p.t.log.Info("session up", "peer", p.name, "role", "initiator", "cipher", p.t.cipherName(s))
 }
 
 // rotateLocked makes ls current and keeps the one before it for keepPrevious.
@@ -378,7 +383,7 @@ func (p *peer) confirm(s *session.Session) {
 	p.mu.Lock()
 	if p.pending != nil && p.pending.s == s {
 		p.rotateLocked(p.pending)
-		p.t.log.Info("session up", "peer", p.name, "role", "responder")
+		p.t.log.Info("session up", "peer", p.name, "role", "responder", "cipher", p.t.cipherName(s))
 	}
 	p.mu.Unlock()
 }

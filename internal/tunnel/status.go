@@ -21,6 +21,7 @@ type Counters struct {
 	DropBadGRE         atomic.Uint64 // truncated, wrong version, reserved bits, or not braid's GRE
 	DropBadHeader      atomic.Uint64 // braid header or message malformed
 	DropUnknownSession atomic.Uint64 // no session has the packet's key (index)
+	DropEarly          atomic.Uint64 // on a session whose handshake response has not arrived yet
 	DropReplay         atomic.Uint64 // counter (or handshake) replayed or too old
 	DropAuth           atomic.Uint64 // did not authenticate: wrong key or tampered
 	DropCleartext      atomic.Uint64 // a data packet in clear, but this tunnel encrypts
@@ -32,6 +33,9 @@ type Counters struct {
 	DropTooBig         atomic.Uint64 // a packet from the device larger than the tunnel MTU
 
 	HandshakesSent, HandshakesDone atomic.Uint64
+	// HandshakeCopies counts the copies of an answered initiation that came over the other
+	// paths (each initiation is sent on every path): expected, not a replay.
+	HandshakeCopies atomic.Uint64
 }
 
 // Status is a snapshot of the tunnel for `braid status` and the metrics endpoint.
@@ -79,6 +83,13 @@ type PathStatus struct {
 	TxDrops                uint64
 	RxPackets, RxBytes     uint64
 	ProbesSent, ProbesLost uint64
+
+	// TxPackets and TxBytes count every datagram (data, probes, replies, MTU probes);
+	// TxData* and RxData* count data datagrams only, bytes as sent without the outer IP and
+	// UDP headers: what the path carried for the tunnel's users.
+	TxDataPackets, TxDataBytes uint64
+	RxDataPackets, RxDataBytes uint64
+
 	// With a scheduler that demotes paths (rbpm): Sched is "active" or "demoted", SchedReason
 	// why, and SchedRequired and SchedAvailable the buffer the decision needed and had, bytes.
 	Sched                         string `json:",omitempty"`
@@ -118,6 +129,8 @@ func (t *Tunnel) Status() Status {
 				RTT: s.SRTT, RTTVar: s.RTTVar, Loss: s.Loss, Rate: s.DeliveryRate,
 				TxPackets: pp.txPackets.Load(), TxBytes: pp.txBytes.Load(), TxDrops: pp.txDrops.Load(),
 				RxPackets: uint64(pp.rxPackets), RxBytes: pp.rxBytes,
+				TxDataPackets: pp.txDataPackets.Load(), TxDataBytes: pp.txDataBytes.Load(),
+				RxDataPackets: pp.rxDataPackets, RxDataBytes: pp.rxDataBytes,
 				ProbesSent: s.ProbesSent, ProbesLost: s.ProbesLost,
 			})
 			if ss, ok := p.schedStateLocked(int(pp.id)); ok {
@@ -153,6 +166,7 @@ func (c *Counters) snapshot() map[string]uint64 {
 		"drop_bad_inner": c.DropBadInner.Load(), "drop_spoofed": c.DropSpoofed.Load(),
 		"drop_handshake": c.DropHandshake.Load(), "drop_device": c.DropDevice.Load(), "drop_too_big": c.DropTooBig.Load(),
 		"handshakes_sent": c.HandshakesSent.Load(), "handshakes_done": c.HandshakesDone.Load(),
+		"handshake_copies": c.HandshakeCopies.Load(), "drop_early": c.DropEarly.Load(),
 	}
 }
 
