@@ -25,12 +25,13 @@ test: deps
 	$(GO) test $(TESTFLAGS) ./...
 	@./scripts/check-clean.sh
 
-# Macro benchmarks; each driver writes its section, bench/BENCH.md is their concatenation.
+# Macro benchmarks: every driver on one clean commit, -runs 5, written whole into bench/BENCH.md
+# (a header naming the commit, then each driver's section, each naming the commit it ran on),
+# then checked by scripts/check-bench.sh. A dirty tree is refused (BENCH_DIRTY=1 runs anyway and
+# marks it). Commit bench/BENCH.md alone, on top of the commit it names.
 BENCHES := emulator tunnel dataplane lisp lb proxy rbpm
 bench: build
-	@mkdir -p bench/out
-	$(foreach b,$(BENCHES),$(GO) run ./bench/$(b) -braid $(BIN) -runs 5 -out bench/out/$(b).md &&) true
-	for f in $(foreach b,$(BENCHES),bench/out/$(b).md); do cat $$f; echo; done > bench/BENCH.md
+	GO=$(GO) ./scripts/bench.sh $(BENCHES)
 
 # One short run of every benchmark, so that none rots (CI runs it).
 bench-smoke: build

@@ -5,7 +5,8 @@
 // tunnel), unlimited or limited to 1 Gbit/s by TBF. For 1 and 2 paths, unlimited and limited,
 // encrypted and not, one TCP flow runs for the measurement time over the plain links (the
 // baseline: each link alone, summed for two) and through `braid tunnel`. Recorded: throughput,
-// the ratio to the baseline, CPU seconds per gigabit of each tunnel process, TCP
+// the ratio to the baseline, CPU seconds per gigabit of every process of each side (drive's
+// per-process instrument on both), TCP
 // retransmissions as a share of the segments sent, and the UDP receive errors of both sites
 // (the tunnel's sockets dropping what arrived). The tunnels and the traffic run as processes,
 // so their CPU times are their own.
@@ -53,7 +54,9 @@ func (c config) String() string {
 // result is what one run of a config measured.
 type result struct {
 	base, tunnel float64    // bit/s
-	cpu          [2]float64 // core-seconds per gigabit, a and b
+	baseCPU      float64    // core-seconds per gigabit: the traffic processes over the plain links
+	braidCPU     float64    // core-seconds per gigabit: the traffic processes and both tunnels
+	cpu          [2]float64 // core-seconds per gigabit, tunnel a and tunnel b alone
 	retrans      float64    // share of segments
 	drops        uint64     // UDP receive errors, both sites
 }
@@ -90,14 +93,19 @@ func main() {
 	}
 	var md bytes.Buffer
 	w := io.MultiWriter(os.Stdout, &md)
-	fmt.Fprintf(w, "## Tunnel data path\n\n`go run ./bench/dataplane -braid bin/braid -runs %d`: one TCP flow for %v over kernel veth\n"+
+	drive.Section(w, "Tunnel data path")
+	fmt.Fprintf(w, "`go run ./bench/dataplane -braid bin/braid -runs %d`: one TCP flow for %v over kernel veth\n"+
 		"links (unlimited, or 1 Gbit/s each by TBF), through `braid tunnel` and, as the baseline, over the same\n"+
-		"links without it (each link alone, summed for two paths). CPU is each tunnel process's user and\n"+
-		"system time per gigabit carried; retransmissions are TCP's, as a share of the segments sent; drops\n"+
-		"are the UDP receive errors of both sites. Medians of %d runs.\n\n", *runs, dur, *runs)
+		"links without it (each link alone, summed for two paths). CPU is user and system time per gigabit\n"+
+		"carried, summed over every process of the side, each read from the kernel's per-process accounting\n"+
+		"(/proc/PID/stat, or rusage once it has exited): the traffic client and server over the plain links;\n"+
+		"the same two and both tunnel processes through braid (the tunnels' shares also apart, a and b).\n"+
+		"Kernel work in softirq is counted where the kernel charges it, to the process it interrupts.\n"+
+		"Retransmissions are TCP's, as a share of the segments sent; drops are the UDP receive errors of\n"+
+		"both sites. Medians of %d runs.\n\n", *runs, dur, *runs)
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	fmt.Fprintln(tw, "| paths, links, mode\t| plain links\t| braid\t| ratio\t| CPU s/Gbit a\t| CPU s/Gbit b\t| retransmitted\t| receive drops\t|")
-	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
+	fmt.Fprintln(tw, "| paths, links, mode\t| plain links\t| braid\t| ratio\t| CPU s/Gbit, plain\t| CPU s/Gbit, braid\t| CPU ratio\t| of which tunnel a\t| tunnel b\t| retransmitted\t| receive drops\t|")
+	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
 	for _, c := range configs {
 		var rs []result
 		for range *runs {
@@ -115,13 +123,15 @@ func main() {
 			drops = max(drops, r.drops)
 		}
 		base, tun := pick(func(r result) float64 { return r.base }), pick(func(r result) float64 { return r.tunnel })
-		fmt.Fprintf(tw, "| %v\t| %.2f Gbit/s\t| %.2f Gbit/s\t| %.3f\t| %.3f\t| %.3f\t| %.3f %%\t| %d\t|\n", c, base/1e9, tun/1e9,
+		fmt.Fprintf(tw, "| %v\t| %.2f Gbit/s\t| %.2f Gbit/s\t| %.3f\t| %.3f\t| %.3f\t| %.2f\t| %.3f\t| %.3f\t| %.3f %%\t| %d\t|\n", c, base/1e9, tun/1e9,
 			pick(func(r result) float64 { return r.tunnel / r.base }),
+			pick(func(r result) float64 { return r.baseCPU }), pick(func(r result) float64 { return r.braidCPU }),
+			pick(func(r result) float64 { return r.braidCPU / r.baseCPU }),
 			pick(func(r result) float64 { return r.cpu[0] }), pick(func(r result) float64 { return r.cpu[1] }),
 			100*pick(func(r result) float64 { return r.retrans }), drops)
 		tw.Flush()
 	}
-	fmt.Fprintf(w, "\nThe ratio is the median of each run's ratio (braid over the plain links measured in the same run);\n"+
+	fmt.Fprintf(w, "\nEach ratio is the median of each run's ratio (braid over the plain links measured in the same run);\n"+
 		"receive drops are the largest of the runs.\n\n")
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err == nil {
 		os.WriteFile(*out, md.Bytes(), 0o644)
@@ -140,11 +150,19 @@ func measure(ctx context.Context, braid string, c config, dur time.Duration, pro
 	}
 	defer l.Close()
 	var r result
-	stopPlain := drive.Server(l, braid, "0.0.0.0:5201")
+	plain := drive.Server(l, braid, "0.0.0.0:5201")
+	srv0 := drive.ProcCPU(plain.Pid())
+	var cpu time.Duration
+	var bytes int64
 	for i := range c.paths {
-		r.base += drive.Bulk(ctx, l, braid, fmt.Sprintf("10.9.%d.2:5201", i), dur).Steady
+		res, client := drive.BulkCPU(ctx, l, braid, fmt.Sprintf("10.9.%d.2:5201", i), dur)
+		r.base += res.Steady
+		cpu += client
+		bytes += res.Bytes
 	}
-	stopPlain()
+	cpu += drive.ProcCPU(plain.Pid()) - srv0
+	plain.Stop()
+	r.baseCPU = cpu.Seconds() / (float64(bytes) * 8 / 1e9)
 
 	spec := scenario.SiteSpec{Paths: c.paths, Outer: 4, Capacities: rates, Encryption: &c.encrypt}
 	var args []string
@@ -156,20 +174,26 @@ func measure(ctx context.Context, braid string, c config, dur time.Duration, pro
 		drive.Fatal(err)
 	}
 	defer pair.Close()
-	stop := drive.Server(l, braid, "10.255.0.2:5201")
-	defer stop()
+	srv := drive.Server(l, braid, "10.255.0.2:5201")
+	defer srv.Stop()
 	segs0, re0 := tcpSegments(ctx, l)
 	drops0 := drive.SNMP(ctx, l, "a", "Udp", "RcvbufErrors") + drive.SNMP(ctx, l, "b", "Udp", "RcvbufErrors")
-	cpu0 := pair.CPU()
-	res := drive.Bulk(ctx, l, braid, "10.255.0.2:5201", dur)
-	cpu1 := pair.CPU()
+	tunnels := [2]drive.Side{{pair.Procs[0].Process.Pid}, {pair.Procs[1].Process.Pid}}
+	tun0 := [2]time.Duration{tunnels[0].CPU(), tunnels[1].CPU()}
+	srv0 = drive.ProcCPU(srv.Pid())
+	res, client := drive.BulkCPU(ctx, l, braid, "10.255.0.2:5201", dur)
+	srvCPU := drive.ProcCPU(srv.Pid()) - srv0
+	tun1 := [2]time.Duration{tunnels[0].CPU(), tunnels[1].CPU()}
 	segs1, re1 := tcpSegments(ctx, l)
 	r.drops = drive.SNMP(ctx, l, "a", "Udp", "RcvbufErrors") + drive.SNMP(ctx, l, "b", "Udp", "RcvbufErrors") - drops0
 	r.tunnel = res.Steady
 	gbits := float64(res.Bytes) * 8 / 1e9
+	total := client + srvCPU
 	for i := range 2 {
-		r.cpu[i] = (cpu1[i] - cpu0[i]).Seconds() / gbits
+		r.cpu[i] = (tun1[i] - tun0[i]).Seconds() / gbits
+		total += tun1[i] - tun0[i]
 	}
+	r.braidCPU = total.Seconds() / gbits
 	if segs1 > segs0 {
 		r.retrans = float64(re1-re0) / float64(segs1-segs0)
 	}

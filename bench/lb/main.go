@@ -30,6 +30,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"braid/bench/internal/drive"
 	"braid/internal/lab"
 	"braid/internal/lab/scenario"
 	"braid/internal/lb/maglev"
@@ -55,7 +56,8 @@ func main() {
 	if *quick {
 		repeat, flows, live = 20000, 200, 200000
 	}
-	fmt.Fprintf(w, "## LB data plane: cost per packet\n\n`go run ./bench/lb -runs %d` (%s, %d cores, Linux XDP through BPF_PROG_RUN). The kernel's\n"+
+	drive.Section(w, "LB data plane: cost per packet")
+	fmt.Fprintf(w, "`go run ./bench/lb -runs %d` (%s, %d cores, Linux XDP through BPF_PROG_RUN). The kernel's\n"+
 		"time per run of the program, 4 backends, MPTCP-aware, MAC rewrite. Steady-state rows repeat one\n"+
 		"packet %d times; rows that change state (a new flow, a token learned) run %d distinct packets\n"+
 		"once each, so they include the test-run timer's fixed cost per call, as the baseline row of\n"+
@@ -63,7 +65,9 @@ func main() {
 	if err := costTable(w, *runs, repeat, flows); err != nil {
 		log.Fatal(err)
 	}
-	fmt.Fprintf(w, "\n## LB data plane: forwarding rate on veth\n\nLive-frames BPF_PROG_RUN: %d frames of an established IPv4 flow (74 bytes) injected as if\n"+
+	fmt.Fprintln(w)
+	drive.Section(w, "LB data plane: forwarding rate on veth")
+	fmt.Fprintf(w, "Live-frames BPF_PROG_RUN: %d frames of an established IPv4 flow (74 bytes) injected as if\n"+
 		"received on one end of a veth pair; the program sends them back out with XDP_TX and an XDP\n"+
 		"sink on the peer counts them. The baseline is plain XDP_TX forwarding (MACs swapped) on the\n"+
 		"same pair in the same run. Medians of %d runs.\n\n", live, *runs)

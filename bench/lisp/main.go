@@ -31,6 +31,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"braid/bench/internal/drive"
 	"braid/internal/lab"
 	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
@@ -65,10 +66,13 @@ func main() {
 		}
 		clients = append(clients, n)
 	}
-	fmt.Fprintf(w, "## LISP map-resolver\n\n`go run ./bench/lisp -runs %d` (%s, %d cores). An in-process braid map server on loopback\nwith %d registered EID prefixes (100 sites, proxy replies, rate limit off); closed-loop clients\n(one ECM Map-Request in flight each, on the same machine, sharing its cores with the server) for\n%v per run. Latency is the client's, from send to reply. Medians of %d runs.\n\n",
+	drive.Section(w, "LISP map-resolver")
+	fmt.Fprintf(w, "`go run ./bench/lisp -runs %d` (%s, %d cores). An in-process braid map server on loopback\nwith %d registered EID prefixes (100 sites, proxy replies, rate limit off); closed-loop clients\n(one ECM Map-Request in flight each, on the same machine, sharing its cores with the server) for\n%v per run. Latency is the client's, from send to reply. Medians of %d runs.\n\n",
 		*runs, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), *prefixes, dur, *runs)
 	resolver(w, *prefixes, clients, dur, *runs)
-	fmt.Fprintf(w, "\n## LISP xTR encapsulation\n\nTCP bulk h1 -> h2 for %v between two LISP sites of `scenario.LispTopology` (links unshaped,\n%s): through two braid xTRs (TUN, encapsulation on UDP 4341, hash placement), beside the\nbaseline of the same hosts forwarded natively over the same links. Medians of %d runs.\n\n", dur, lab.EmulatorName, *runs)
+	fmt.Fprintln(w)
+	drive.Section(w, "LISP xTR encapsulation")
+	fmt.Fprintf(w, "TCP bulk h1 -> h2 for %v between two LISP sites of `scenario.LispTopology` (links unshaped,\n%s): through two braid xTRs (TUN, encapsulation on UDP 4341, hash placement), beside the\nbaseline of the same hosts forwarded natively over the same links. Medians of %d runs.\n\n", dur, lab.EmulatorName, *runs)
 	if err := xtrThroughput(ctx, w, dur, *runs); err != nil {
 		fmt.Fprintf(w, "not measured: %v\n", err)
 	}

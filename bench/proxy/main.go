@@ -29,6 +29,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"braid/bench/internal/drive"
 	"braid/internal/lab"
 	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
@@ -119,7 +120,8 @@ func main() {
 	var md bytes.Buffer
 	w := io.MultiWriter(os.Stdout, &md)
 	med := scenario.Median
-	fmt.Fprintf(w, "## Federation proxy\n\n`go run ./bench/proxy -braid bin/braid -runs %d`: two sites joined by two uplinks of %.0f Mbit/s\n"+
+	drive.Section(w, "Federation proxy")
+	fmt.Fprintf(w, "`go run ./bench/proxy -braid bin/braid -runs %d`: two sites joined by two uplinks of %.0f Mbit/s\n"+
 		"(%v one way) between their proxies; TLS 1.3 between the proxies; one TCP flow for %v. Baseline:\n"+
 		"plain TCP over one uplink without a proxy, in the same run. Medians of %d runs.\n\n",
 		*runs, float64(uplink.Rate)/1e6, uplink.Delay, dur, *runs)

@@ -52,7 +52,8 @@ func main() {
 
 	var md bytes.Buffer
 	w := io.MultiWriter(os.Stdout, &md)
-	fmt.Fprintf(w, "## Multipath tunnel\n\n`go run ./bench/tunnel -braid bin/braid -runs %d`: two paths of 300 and 100 Mbit/s (5 ms one way,\n"+
+	drive.Section(w, "Multipath tunnel")
+	fmt.Fprintf(w, "`go run ./bench/tunnel -braid bin/braid -runs %d`: two paths of 300 and 100 Mbit/s (5 ms one way,\n"+
 		"default queues), one TCP flow for %v. Baseline: the same flow over each path alone without a\ntunnel; ideal aggregation is their sum. The tunnel is paced at the uplinks' configured capacities,\n"+
 		"except in the last row, where no capacity is configured and braid measures them. Medians of %d runs.\n\n", *runs, dur, *runs)
 
@@ -114,8 +115,7 @@ func up(ctx context.Context) *lab.Lab {
 func baseline(ctx context.Context, braid string, dur time.Duration) (float64, float64) {
 	l := up(ctx)
 	defer l.Close()
-	stop := drive.Server(l, braid, "0.0.0.0:5201")
-	defer stop()
+	defer drive.Server(l, braid, "0.0.0.0:5201").Stop()
 	return bulk(ctx, l, braid, "10.9.0.2:5201", dur), bulk(ctx, l, braid, "10.9.1.2:5201", dur)
 }
 
@@ -129,8 +129,7 @@ func tunnelRun(ctx context.Context, braid string, dur time.Duration, reorder boo
 		drive.Fatal(err)
 	}
 	defer pair.Close()
-	stop := drive.Server(l, braid, "10.255.0.2:5201")
-	defer stop()
+	defer drive.Server(l, braid, "10.255.0.2:5201").Stop()
 	if fn != nil {
 		fn(l)
 		return 0

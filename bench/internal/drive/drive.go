@@ -1,9 +1,11 @@
 // Package drive holds what the benchmark drivers share: `braid traffic` run as processes inside
-// lab hosts (so that their CPU time is their own), the kernel's counters of a host, and exits
-// that remove every lab first.
+// lab hosts (so that their CPU time is their own), one instrument for every CPU figure, the
+// kernel's counters of a host, the commit a section ran on, and exits that remove every lab
+// first.
 package drive
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"log"
@@ -17,21 +19,48 @@ import (
 	"braid/internal/traffic"
 )
 
-// Server runs `braid traffic serve` on host b, listening for TCP and UDP on addr; stop ends it.
-func Server(l *lab.Lab, braid, addr string) (stop func()) {
+// Proc is a process started in a lab host.
+type Proc struct{ Cmd *exec.Cmd }
+
+// Pid is the process's id.
+func (p *Proc) Pid() int { return p.Cmd.Process.Pid }
+
+// Stop ends the process and waits for it.
+func (p *Proc) Stop() { p.Cmd.Process.Signal(syscall.SIGTERM); p.Cmd.Wait() }
+
+// Server runs `braid traffic serve` on host b, listening for TCP and UDP on addr.
+func Server(l *lab.Lab, braid, addr string) *Proc {
 	srv := exec.Command(braid, "traffic", "serve", "--listen", addr, "--udp", addr)
 	if err := l.Host("b").Start(srv); err != nil {
 		Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond)
-	return func() { srv.Process.Signal(syscall.SIGTERM); srv.Wait() }
+	return &Proc{Cmd: srv}
 }
 
 // Bulk runs one `braid traffic bulk` from host a to addr for dur.
 func Bulk(ctx context.Context, l *lab.Lab, braid, addr string, dur time.Duration) traffic.BulkResult {
-	var res traffic.BulkResult
-	RunJSON(ctx, l, braid, &res, "traffic", "bulk", addr, "--duration", dur.String(), "--json")
+	res, _ := BulkCPU(ctx, l, braid, addr, dur)
 	return res
+}
+
+// BulkCPU is Bulk that also returns the client process's CPU time (ExitedCPU).
+func BulkCPU(ctx context.Context, l *lab.Lab, braid, addr string, dur time.Duration) (traffic.BulkResult, time.Duration) {
+	var res traffic.BulkResult
+	args := []string{"traffic", "bulk", addr, "--duration", dur.String(), "--json"}
+	cmd := exec.CommandContext(ctx, braid, args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := l.Host("a").Start(cmd); err != nil {
+		Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		Fatalf("braid %s: %v\n%s", strings.Join(args, " "), err, errb.String())
+	}
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		Fatalf("braid %s: %v: %q", strings.Join(args, " "), err, out.String())
+	}
+	return res, ExitedCPU(cmd.ProcessState)
 }
 
 // RunJSON runs braid with args on host a and decodes what it prints into v.
