@@ -3,6 +3,7 @@
 package archtest
 
 import (
+	"fmt"
 	"go/build"
 	"go/format"
 	"go/parser"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -107,29 +109,112 @@ func TestWireImportsOnlyStd(t *testing.T) {
 }
 
 // Data paths never import config, app, lab or a logger.
-var dataPaths = []string{"braid/internal/tunnel/dp", "braid/internal/sock", "braid/internal/tun", "braid/internal/lb/xdp", "braid/internal/lab/emu"}
+//
+// dataPaths are the packages that are data path through and through; mixedDataPaths keep
+// their hot loops beside the control code that owns them (the tunnel's loops.go beside the
+// peers and handshakes, the xTR's encapsulation loops beside the map-cache), so the package
+// imports neither config, app nor the lab, and the named files import no logger either.
+var dataPaths = []string{"braid/internal/sock", "braid/internal/tun", "braid/internal/lb/xdp", "braid/internal/lab/emu", "braid/internal/tunnel/session"}
 
-func TestDataPathImports(t *testing.T) {
-	banned := []string{"braid/internal/config", "braid/internal/app", "braid/internal/lab/scenario", "log", "log/slog"}
-	for _, f := range goFiles(t) {
+var mixedDataPaths = []struct {
+	pkg   string
+	files []string // the hot loops, relative to the module root
+}{
+	{"braid/internal/tunnel", []string{"internal/tunnel/loops.go", "internal/tunnel/flight.go", "internal/tunnel/pmtu.go"}},
+	{"braid/internal/lisp/xtr", []string{"internal/lisp/xtr/run.go", "internal/lisp/xtr/socket.go", "internal/lisp/xtr/select.go"}},
+}
+
+// dataPathViolations returns what breaks the data-path rule in files, and every rule that names
+// a package or file which does not exist (such a rule would check nothing).
+func dataPathViolations(files []goFile) []string {
+	var out []string
+	pkgs, paths := map[string]bool{}, map[string]bool{}
+	for _, f := range files {
+		if !f.test {
+			pkgs[f.pkg], paths[f.path] = true, true
+		}
+	}
+	control := []string{"braid/internal/config", "braid/internal/app", "braid/internal/lab/scenario"}
+	check := func(f goFile, noLogger bool) {
+		for _, im := range f.imports {
+			banned := slices.ContainsFunc(control, func(b string) bool { return under(im, b) })
+			if noLogger && (im == "log" || im == "log/slog") {
+				banned = true
+			}
+			if banned {
+				out = append(out, fmt.Sprintf("%s imports %s: data paths get snapshots from control, never config, app or a logger", f.path, im))
+			}
+			if under(im, "braid/internal/lab") && !under(f.pkg, "braid/internal/lab") {
+				out = append(out, fmt.Sprintf("%s imports %s: data paths never import the lab", f.path, im))
+			}
+		}
+	}
+	for _, dp := range dataPaths {
+		if !pkgs[dp] {
+			out = append(out, fmt.Sprintf("data-path rule names %s, which has no Go files: it would check nothing", dp))
+		}
+	}
+	for _, m := range mixedDataPaths {
+		if !pkgs[m.pkg] {
+			out = append(out, fmt.Sprintf("data-path rule names %s, which has no Go files: it would check nothing", m.pkg))
+		}
+		for _, p := range m.files {
+			if !paths[p] {
+				out = append(out, fmt.Sprintf("data-path rule names %s, which does not exist: it would check nothing", p))
+			}
+		}
+	}
+	for _, f := range files {
 		if f.test {
 			continue
 		}
 		for _, dp := range dataPaths {
-			if !under(f.pkg, dp) {
-				continue
-			}
-			for _, im := range f.imports {
-				for _, b := range banned {
-					if im == b || strings.HasPrefix(im, b+"/") {
-						t.Errorf("%s imports %s: data paths get snapshots from control, never config, app or a logger", f.path, im)
-					}
-				}
-				if under(im, "braid/internal/lab") && !under(f.pkg, "braid/internal/lab") {
-					t.Errorf("%s imports %s: data paths never import the lab", f.path, im)
-				}
+			if under(f.pkg, dp) {
+				check(f, true)
 			}
 		}
+		for _, m := range mixedDataPaths {
+			if f.pkg != m.pkg {
+				continue
+			}
+			check(f, slices.Contains(m.files, f.path))
+		}
+	}
+	return out
+}
+
+func TestDataPathImports(t *testing.T) {
+	for _, v := range dataPathViolations(goFiles(t)) {
+		t.Error(v)
+	}
+}
+
+// The rule itself: it reports an import it bans and a package or file it names that is gone.
+func TestDataPathRuleBites(t *testing.T) {
+	files := goFiles(t)
+	base := len(dataPathViolations(files)) // the tree's own, which TestDataPathImports reports
+	var loops goFile
+	for _, f := range files {
+		if f.path == "internal/tunnel/loops.go" {
+			loops = f
+		}
+	}
+	bad := loops
+	bad.imports = append(slices.Clone(bad.imports), "log/slog")
+	sock := goFile{path: "internal/sock/x.go", pkg: "braid/internal/sock", imports: []string{"braid/internal/config"}}
+	v := strings.Join(dataPathViolations(append(slices.Clone(files), bad, sock)), "\n")
+	if n := strings.Count(v, "\n") + 1 - base; n != 2 || !strings.Contains(v, "internal/tunnel/loops.go imports log/slog") || !strings.Contains(v, "internal/sock/x.go imports braid/internal/config") {
+		t.Errorf("banned imports: got %q", v)
+	}
+	var without []goFile
+	for _, f := range files {
+		if f.pkg != "braid/internal/tun" && f.path != "internal/lisp/xtr/run.go" {
+			without = append(without, f)
+		}
+	}
+	v = strings.Join(dataPathViolations(without), "\n")
+	if n := strings.Count(v, "\n") + 1 - base; n != 2 || !strings.Contains(v, "braid/internal/tun, which has no Go files") || !strings.Contains(v, "internal/lisp/xtr/run.go, which does not exist") {
+		t.Errorf("missing package and file: got %q", v)
 	}
 }
 

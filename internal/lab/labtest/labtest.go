@@ -3,8 +3,11 @@
 package labtest
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -26,6 +29,32 @@ func Require(t testing.TB) {
 	if _, err := os.Stat("/dev/net/tun"); err != nil {
 		skip(t, "lab needs /dev/net/tun: "+err.Error())
 	}
+}
+
+// Tool returns the path of the program name when it is installed and runs (name --version).
+// Without it the test fails at once under BRAID_LAB_REQUIRED=1; otherwise ok is false and the
+// test may run what does not need the program, then call Skip.
+func Tool(t testing.TB, name string) (path string, ok bool) {
+	t.Helper()
+	path, err := exec.LookPath(name)
+	if err == nil {
+		if out, rerr := exec.Command(path, "--version").CombinedOutput(); rerr != nil {
+			err = fmt.Errorf("%s --version: %v: %s", path, rerr, bytes.TrimSpace(out))
+		}
+	}
+	if err != nil {
+		if os.Getenv("BRAID_LAB_REQUIRED") == "1" {
+			t.Fatalf("BRAID_LAB_REQUIRED=1 but %s cannot run (scripts/deps.sh installs it): %v", name, err)
+		}
+		return "", false
+	}
+	return path, true
+}
+
+// Skip skips with reason, or fails under BRAID_LAB_REQUIRED=1.
+func Skip(t testing.TB, reason string) {
+	t.Helper()
+	skip(t, reason)
 }
 
 func skip(t testing.TB, reason string) {
