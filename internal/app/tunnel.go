@@ -232,7 +232,7 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 			closeAll()
 			return fmt.Errorf("uplink %s: %w", u.Name, err)
 		}
-		uplinks = append(uplinks, tunnel.Uplink{Name: u.Name, Conn: c, MTU: linkMTU(u)})
+		uplinks = append(uplinks, tunnel.Uplink{Name: u.Name, Conn: c, MTU: linkMTU(u), Capacity: u.Capacity})
 		byName[u.Name] = u
 	}
 	for _, p := range cfg.Peers {

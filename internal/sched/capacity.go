@@ -167,6 +167,10 @@ func (c *Capacity) Estimate() float64 { return c.est }
 // Phase is the current phase.
 func (c *Capacity) Phase() Phase { return c.phase }
 
+// Measured reports whether a sample has entered the estimate: until then Estimate is the
+// configured initial guess, not a measurement.
+func (c *Capacity) Measured() bool { return c.filled > 0 }
+
 // Gain is the current pacing gain.
 func (c *Capacity) Gain() float64 {
 	switch {

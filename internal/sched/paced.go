@@ -61,7 +61,12 @@ func (c PacedConfig) Validate() error {
 // rate. Deficits are clamped to ±one burst so that a path held back by its bucket does not
 // build up a claim it would later spend in one go; a path that is down has its deficit reset.
 //
-// When no bucket holds the packet, Next reports the path whose bucket fills first and when.
+// Paths that leave by one uplink also draw from the uplink's shared Bucket (Path.Uplink): a
+// path's own rate is what the path can carry (configured, or measured end to end), and the
+// uplink's bucket keeps the paths on it, together, within the uplink's capacity. Without it
+// two paths on a 100 Mbit/s uplink, each paced at 100 Mbit/s, would feed the uplink 200.
+//
+// When no bucket holds the packet, Next reports the path whose buckets fill first and when.
 type Paced struct {
 	cfg     PacedConfig
 	st      []pacedState // parallel to the last paths slice
@@ -124,6 +129,9 @@ func (s *Paced) Next(now int64, paths []Path, size int) (index int, at int64, ok
 			st.last = now
 		}
 		st.tokens = min(st.tokens, st.burst)
+		if b := paths[i].Uplink; b != nil {
+			b.refill(now, s.cfg)
+		}
 		total += share(&paths[i], s.cfg.DefaultCapacity)
 	}
 	if total == 0 {
@@ -139,14 +147,19 @@ func (s *Paced) Next(now int64, paths []Path, size int) (index int, at int64, ok
 		st := &s.st[i]
 		// A packet bigger than the bucket waits for a full bucket and leaves it in debt.
 		need := min(float64(size), st.burst)
-		if st.tokens+1e-6 >= need {
+		b := paths[i].Uplink
+		if st.tokens+1e-6 >= need && b.holds(size) {
 			score := st.deficit + float64(size)*share(&paths[i], s.cfg.DefaultCapacity)/total
 			if best < 0 || score > bestScore {
 				best, bestScore = i, score
 			}
 			continue
 		}
-		t := now + int64(math.Ceil((need-st.tokens)/st.rate))
+		t := now
+		if st.tokens+1e-6 < need {
+			t += int64(math.Ceil((need - st.tokens) / st.rate))
+		}
+		t = max(t, b.readyAt(now, size))
 		if soonest < 0 || t < soonestAt || (t == soonestAt && st.deficit > s.st[soonest].deficit) {
 			soonest, soonestAt = i, t
 		}
@@ -163,6 +176,9 @@ func (s *Paced) Next(now int64, paths []Path, size int) (index int, at int64, ok
 		if i == best {
 			st.deficit -= float64(size)
 			st.tokens -= float64(size)
+			if b := paths[i].Uplink; b.limits() {
+				b.tokens -= float64(size)
+			}
 		}
 		st.deficit = min(max(st.deficit, -st.burst), st.burst)
 	}
@@ -192,4 +208,61 @@ func (s *Paced) sync(now int64, paths []Path) {
 		s.scratch = append(s.scratch, st)
 	}
 	s.st, s.scratch = s.scratch, s.st
+}
+
+// Bucket is the token bucket of one uplink, shared by the Paced schedulers of every path that
+// leaves by it (Path.Uplink). Its owner sets Rate, the uplink's capacity in bit/s counted in
+// IP bytes on the wire; the burst follows the scheduler that refills it: the larger of
+// BurstTime at Rate and MinBurst, like a path's. A Bucket starts full.
+//
+// A Bucket has no lock: every scheduler that shares it must be called from one goroutine (the
+// tunnel's device reader is the only caller of its schedulers). A Rate of 0 or less, or a nil
+// Bucket, limits nothing.
+type Bucket struct {
+	Rate float64 // bit/s
+
+	tokens  float64 // bytes
+	burst   float64 // bytes
+	rate    float64 // bytes per ns, from Rate at the last refill
+	last    int64   // ns of the last refill
+	started bool
+}
+
+// NewBucket returns a full bucket for an uplink of rate bit/s.
+func NewBucket(rate float64) *Bucket { return &Bucket{Rate: rate} }
+
+// Tokens returns the bytes the bucket held at its last refill.
+func (b *Bucket) Tokens() float64 { return b.tokens }
+
+func (b *Bucket) limits() bool { return b != nil && b.Rate > 0 && !math.IsInf(b.Rate, 0) }
+
+// refill adds the tokens earned since the last refill; calling it again at the same time
+// changes nothing, so each scheduler that shares the bucket may refill it.
+func (b *Bucket) refill(now int64, c PacedConfig) {
+	if !b.limits() {
+		return
+	}
+	b.rate = b.Rate / 8 / 1e9
+	b.burst = max(b.rate*float64(c.BurstTime), float64(c.MinBurst))
+	if !b.started {
+		b.tokens, b.last, b.started = b.burst, now, true
+	}
+	if now > b.last {
+		b.tokens += float64(now-b.last) * b.rate
+		b.last = now
+	}
+	b.tokens = min(b.tokens, b.burst)
+}
+
+// holds reports whether the bucket lets a packet of size bytes go now (refilled).
+func (b *Bucket) holds(size int) bool {
+	return !b.limits() || b.tokens+1e-6 >= min(float64(size), b.burst)
+}
+
+// readyAt is when the bucket will hold a packet of size bytes: now if it does.
+func (b *Bucket) readyAt(now int64, size int) int64 {
+	if b.holds(size) {
+		return now
+	}
+	return now + int64(math.Ceil((min(float64(size), b.burst)-b.tokens)/b.rate))
 }

@@ -59,6 +59,11 @@ type Path struct {
 	// Backup paths take data only when no other Up path can (MPTCP's backup flag).
 	// WRR and Paced ignore it.
 	Backup bool
+	// Uplink is the token bucket of the uplink the path leaves by, shared with every other
+	// path on that uplink (of every peer); nil when the uplink's capacity is unknown. Only
+	// Paced uses it: a path is sent a packet only when its own bucket and its uplink's both
+	// hold it, so paths that share an uplink together stay within the uplink's rate.
+	Uplink *Bucket
 }
 
 // DefaultMSS stands in for an unknown Path.MSS: a TCP segment in a 1500-byte packet.

@@ -304,6 +304,12 @@ func (p *peer) snapshotLocked(now int64) bool {
 			// reason with the delivery rate instead, or a configured capacity.
 			p.snap[i].Capacity, p.snap[i].PaceRate = pp.capEst.Estimate(), pp.capEst.PacingRate()
 		}
+		if b := pp.up.pace; b != nil {
+			// The paths on one uplink are paced together at its capacity, and none is
+			// worth more than the uplink in the shares.
+			p.snap[i].Uplink = b
+			p.snap[i].Capacity = min(p.snap[i].Capacity, b.Rate)
+		}
 		fresh = fresh || (up && !quiet)
 	}
 	p.conn = fb.conn()

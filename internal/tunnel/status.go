@@ -71,11 +71,17 @@ type PathStatus struct {
 	AdminDown   bool
 	RTT, RTTVar time.Duration
 	Loss        float64
-	Rate        float64 // delivery rate measured by the peer, bit/s
+	// Rate is the delivery rate measured by the peer, bit/s, while the path is up and has
+	// been measured (RateMeasured); 0 otherwise: a path that is down has no current rate.
+	Rate         float64
+	RateMeasured bool
 	// Capacity is the rate the path is scheduled for, bit/s: configured, or measured (then
-	// CapacityPhase names the estimator's phase: startup, drain or cruise).
-	Capacity      float64
-	CapacityPhase string `json:",omitempty"`
+	// CapacityPhase names the estimator's phase: startup, drain or cruise). Until the
+	// estimator has taken a sample, CapacityMeasured is false and Capacity is its start-up
+	// guess, which paces the path but says nothing of it.
+	Capacity         float64
+	CapacityPhase    string `json:",omitempty"`
+	CapacityMeasured bool
 	// MTU is the path MTU (outer packet size) found by probing, or assumed while MTUSearching.
 	MTU                    int
 	MTUSearching           bool
@@ -107,7 +113,7 @@ func (t *Tunnel) Status() Status {
 			ps.Scheduler = "paced"
 		}
 		if cur := p.cur.Load(); cur != nil {
-			ps.Session, ps.SessionAge, ps.Cipher = true, time.Duration(now-cur.created), cur.s.Cipher.String()
+			ps.Session, ps.SessionAge, ps.Cipher = true, time.Duration(now-cur.created), t.cipherName(cur.s)
 		}
 		p.mu.Lock()
 		if p.rb != nil {
@@ -118,15 +124,20 @@ func (t *Tunnel) Status() Status {
 		}
 		for _, pp := range p.paths {
 			s := pp.est.Snapshot()
-			capacity, phase := float64(pp.capacity), ""
+			capacity, phase, measured := float64(pp.capacity), "", true
 			if pp.capEst != nil {
-				capacity, phase = pp.capEst.Estimate(), pp.capEst.Phase().String()
+				capacity, phase, measured = pp.capEst.Estimate(), pp.capEst.Phase().String(), pp.capEst.Measured()
+			}
+			rate, rateKnown := s.DeliveryRate, s.RateSamples > 0 && s.State == path.Up && !pp.admin
+			if !rateKnown {
+				rate = 0
 			}
 			ps.Paths = append(ps.Paths, PathStatus{
-				Capacity: capacity, CapacityPhase: phase, MTU: pp.pmtu.Value(), MTUSearching: pp.pmtu.Searching(),
+				Capacity: capacity, CapacityPhase: phase, CapacityMeasured: measured,
+				MTU: pp.pmtu.Value(), MTUSearching: pp.pmtu.Searching(),
 				ID: int(pp.id) + 1, Uplink: pp.up.name, Remote: pp.remote.String(),
 				State: stateName(s.State, pp.admin), AdminDown: pp.admin,
-				RTT: s.SRTT, RTTVar: s.RTTVar, Loss: s.Loss, Rate: s.DeliveryRate,
+				RTT: s.SRTT, RTTVar: s.RTTVar, Loss: s.Loss, Rate: rate, RateMeasured: rateKnown,
 				TxPackets: pp.txPackets.Load(), TxBytes: pp.txBytes.Load(), TxDrops: pp.txDrops.Load(),
 				RxPackets: uint64(pp.rxPackets), RxBytes: pp.rxBytes,
 				TxDataPackets: pp.txDataPackets.Load(), TxDataBytes: pp.txDataBytes.Load(),

@@ -70,6 +70,10 @@ type Uplink struct {
 	// MTU is the uplink interface's MTU: the largest packet its paths are probed with. 0
 	// means the tunnel MTU plus the tunnel's overhead and outer headers.
 	MTU int
+	// Capacity is the uplink's rate in bit/s (IP bytes), 0 unknown. The paced scheduler sends
+	// every path that leaves by the uplink, of every peer, through one token bucket at this
+	// rate, besides each path's own: paths that share the uplink share its capacity.
+	Capacity uint64
 }
 
 // PeerConfig is one remote site.
@@ -158,6 +162,9 @@ type uplink struct {
 	name string
 	conn Conn
 	mtu  int
+	// pace is the uplink's shared token bucket (nil when its capacity is unknown); only the
+	// device reader, through the peers' schedulers, touches it.
+	pace *sched.Bucket
 }
 
 type route struct {
@@ -228,6 +235,9 @@ func New(o Options) (*Tunnel, error) {
 			return nil, fmt.Errorf("tunnel: uplink %q twice", u.Name)
 		}
 		t.uplinks[u.Name] = &uplink{name: u.Name, conn: u.Conn, mtu: u.MTU}
+		if u.Capacity > 0 {
+			t.uplinks[u.Name].pace = sched.NewBucket(float64(u.Capacity))
+		}
 	}
 	now := t.now()
 	for _, pc := range o.Peers {
@@ -265,7 +275,14 @@ func (t *Tunnel) Run(ctx context.Context) error {
 		t.wg.Go(func() { errc <- t.readUplink(u) })
 	}
 	t.wg.Go(func() { t.timers(ctx) })
-	t.log.Info("tunnel up", "peers", len(t.peers), "uplinks", len(t.uplinks), "mtu", t.o.MTU, "public_key", t.pub.String())
+	encryption := "on"
+	if t.o.Cleartext {
+		encryption = "off: data in clear, authenticated only"
+	}
+	t.log.Info("tunnel up", "peers", len(t.peers), "uplinks", len(t.uplinks), "mtu", t.o.MTU, "public_key", t.pub.String(), "encryption", encryption)
+	if t.o.Cleartext {
+		t.log.Warn("encryption is off: data packets travel in clear (authenticated, not confidential); handshakes and control messages stay sealed")
+	}
 	var err error
 	select {
 	case <-ctx.Done():
