@@ -30,6 +30,7 @@ import (
 	"slices"
 	"time"
 
+	"braid/bench/internal/drive"
 	"braid/internal/lab"
 	"braid/internal/lab/scenario"
 )
@@ -37,13 +38,17 @@ import (
 func main() {
 	braid := flag.String("braid", "bin/braid", "path of the braid binary (the tunnel rows run it)")
 	runs := flag.Int("runs", 3, "kernel runs per configuration; the tables show medians")
-	tunnelRuns := flag.Int("tunnel-runs", 0, "tunnel runs per scheduler (each row is six schedulers); 0: -runs, at most 3")
+	tunnelRuns := flag.Int("tunnel-runs", 0, "tunnel runs per scheduler (each row is six schedulers); 0: as -runs")
 	quick := flag.Bool("quick", false, "short measurements: a smoke run")
+	only := flag.String("only", "", "run only one table: kernel or tunnel (for exploring; make bench runs both)")
 	out := flag.String("out", "bench/out/rbpm.md", "where to write this section (Markdown)")
 	flag.Parse()
 	log.SetFlags(0)
+	if *only != "" && *only != "kernel" && *only != "tunnel" {
+		log.Fatalf("-only: %q is neither kernel nor tunnel", *only)
+	}
 	if *tunnelRuns <= 0 {
-		*tunnelRuns = min(*runs, 3)
+		*tunnelRuns = *runs
 	}
 	self, err := filepath.Abs(*braid)
 	if err != nil {
@@ -57,7 +62,8 @@ func main() {
 	}
 	var md bytes.Buffer
 	w := io.MultiWriter(os.Stdout, &md)
-	fmt.Fprintf(w, "## RBPM: kernel MPTCP with braid pm, and braid tunnel's schedulers\n\n`go run ./bench/rbpm -runs %d -tunnel-runs %d` (%s, %d cores). The RBPM paper's scenarios on %s\nlinks (100-packet drop-tail queues), receive buffer %d B, reno, %v bulk uploads. Goodput in\nbytes/s, medians of %d runs (kernel) and %d runs (tunnel).\n\n",
+	drive.Section(w, "RBPM: kernel MPTCP with braid pm, and braid tunnel's schedulers")
+	fmt.Fprintf(w, "`go run ./bench/rbpm -runs %d -tunnel-runs %d` (%s, %d cores). The RBPM paper's scenarios on %s\nlinks (100-packet drop-tail queues), receive buffer %d B, reno, %v bulk uploads. Goodput in\nbytes/s, medians of %d runs (kernel) and %d runs (tunnel).\n\n",
 		*runs, *tunnelRuns, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), lab.EmulatorName, scenario.RBPMBuffer, dur, *runs, *tunnelRuns)
 	var failures []string
 	fail := func(f string, a ...any) {
@@ -65,12 +71,36 @@ func main() {
 		log.Print(failures[len(failures)-1])
 	}
 
+	if *only != "tunnel" {
+		kernelTable(ctx, w, *runs, dur, fail)
+	}
+	if *only != "kernel" {
+		tunnelTable(ctx, w, self, *tunnelRuns, dur, fail)
+	}
+	if len(failures) > 0 {
+		fmt.Fprintf(w, "\nFailed runs (left out of the medians):\n\n")
+		for _, f := range failures {
+			fmt.Fprintf(w, "- %s\n", f)
+		}
+	}
+	if *out != "" {
+		if err := os.WriteFile(*out, md.Bytes(), 0o644); err != nil {
+			log.Fatal(err)
+		}
+	}
+	if len(failures) > 0 {
+		os.Exit(1)
+	}
+}
+
+// kernelTable measures kernel MPTCP with and without the rbpm policy on every scenario.
+func kernelTable(ctx context.Context, w io.Writer, runs int, dur time.Duration, fail func(string, ...any)) {
 	fmt.Fprintf(w, "### Kernel MPTCP\n\nOne subflow per path; baseline: braid pm fullmesh (the kernel's default scheduler over all\nsubflows); braid: braid pm rbpm (same subflows, slow ones set to backup). The receive buffer is\ntcp_rmem's maximum. S1' is scenario 1 with a 2 MB buffer and queues of one bandwidth-delay\nproduct (at least 15 KB): not the paper's, the case where the slow path rather than the buffer\nlimits upstream MPTCP.\n\n")
 	fmt.Fprintln(w, "| scenario | default (B/s) | rbpm (B/s) | ratio | paper: original MPTCP | paper: RBPM |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|")
 	for _, sc := range append(scenario.RBPMScenarios(), scenario.RBPMShallowS1()) {
 		var base, rb, ratios []float64
-		for r := 0; r < *runs; r++ {
+		for r := 0; r < runs; r++ {
 			b, err := scenario.RBPMKernel(ctx, sc, false, dur, scenario.Options{})
 			if err != nil {
 				fail("kernel %s run %d, default: %v", sc.Name, r+1, err)
@@ -90,16 +120,20 @@ func main() {
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", sc.Name, num(base), num(rb), ratio(ratios), paper(sc.PaperOriginal), paper(sc.PaperRBPM))
 	}
 	fmt.Fprintln(w, "\nratio: median of the per-run ratios (rbpm over default, measured back to back).")
+}
 
-	fmt.Fprintf(w, "\n### braid tunnel\n\nOne TCP flow through the tunnel over the same links; the reorder buffer, the tunnel's receive\nbuffer, bounded to %d B; path capacities not configured. wrr: MPT's default weights (all 1);\nwrr-rates: weights in proportion to the paths' rates. vs wrr: rbpm's median over wrr's; vs\nbest: rbpm's median over the better of blest's and ecf's.\n\n", scenario.RBPMBuffer)
-	fmt.Fprintln(w, "| scenario | wrr | wrr-rates | minrtt | blest | ecf | rbpm | rbpm vs wrr | rbpm vs best | paper: RBPM |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+// tunnelTable measures one TCP flow through braid tunnel with each scheduler on every scenario.
+func tunnelTable(ctx context.Context, w io.Writer, self string, runs int, dur time.Duration, fail func(string, ...any)) {
+
+	fmt.Fprintf(w, "\n### braid tunnel\n\nOne TCP flow through the tunnel over the same links. The inner TCP receiver is bounded as in\nthe kernel rows (tcp_rmem's maximum %d B on the receiving host), and so is the tunnel's reorder\nbuffer; path capacities not configured. wrr: MPT's default weights (all 1); wrr-rates: weights in\nproportion to the paths' rates. vs wrr, vs wrr-rates: rbpm's median over that scheduler's; vs\nbest: rbpm's median over the best median of every other scheduler measured (named).\n\n", scenario.RBPMBuffer)
+	fmt.Fprintln(w, "| scenario | wrr | wrr-rates | minrtt | blest | ecf | rbpm | rbpm vs wrr | rbpm vs wrr-rates | rbpm vs best | paper: RBPM |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, sc := range scenario.RBPMScenarios() {
 		med := map[string]float64{}
 		cells := ""
 		for _, s := range scenario.RBPMTunnelSchedulers {
 			var g []float64
-			for r := 0; r < *tunnelRuns; r++ {
+			for r := 0; r < runs; r++ {
 				row, err := scenario.RBPMTunnel(ctx, self, sc, s, dur, scenario.Options{})
 				if err != nil {
 					fail("tunnel %s %s run %d: %v", sc.Name, s, r+1, err)
@@ -113,29 +147,31 @@ func main() {
 			}
 			cells += " " + num(g) + " |"
 		}
-		vsWRR, vsBest := "", ""
-		if med["wrr"] > 0 && med["rbpm"] > 0 {
-			vsWRR = fmt.Sprintf("%.2fx", med["rbpm"]/med["wrr"])
-		}
-		if best := max(med["blest"], med["ecf"]); best > 0 && med["rbpm"] > 0 {
-			vsBest = fmt.Sprintf("%.2fx", med["rbpm"]/best)
-		}
-		fmt.Fprintf(w, "| %s |%s %s | %s | %s |\n", sc.Name, cells, vsWRR, vsBest, paper(sc.PaperRBPM))
+		fmt.Fprintf(w, "| %s |%s %s | %s | %s | %s |\n", sc.Name, cells, over(med, "rbpm", "wrr"), over(med, "rbpm", "wrr-rates"), vsBest(med, "rbpm"), paper(sc.PaperRBPM))
 	}
-	if len(failures) > 0 {
-		fmt.Fprintf(w, "\nFailed runs (left out of the medians):\n\n")
-		for _, f := range failures {
-			fmt.Fprintf(w, "- %s\n", f)
+}
+
+// over is med[a] over med[b] ("1.23x"), empty when either is missing.
+func over(med map[string]float64, a, b string) string {
+	if med[a] <= 0 || med[b] <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("%.2fx", med[a]/med[b])
+}
+
+// vsBest is med[s] over the best median of every other scheduler, naming that scheduler
+// ("0.91x minrtt"); empty when s or every other is missing.
+func vsBest(med map[string]float64, s string) string {
+	best, name := 0.0, ""
+	for _, o := range scenario.RBPMTunnelSchedulers {
+		if o != s && med[o] > best {
+			best, name = med[o], o
 		}
 	}
-	if *out != "" {
-		if err := os.WriteFile(*out, md.Bytes(), 0o644); err != nil {
-			log.Fatal(err)
-		}
+	if best <= 0 || med[s] <= 0 {
+		return ""
 	}
-	if len(failures) > 0 {
-		os.Exit(1)
-	}
+	return fmt.Sprintf("%.2fx %s", med[s]/best, name)
 }
 
 // num is the median of v, or "not measured".

@@ -26,12 +26,13 @@ var RBPMTunnelSchedulers = []string{"wrr", "wrr-rates", "minrtt", "blest", "ecf"
 func RBPMTunnelConfig(scheduler string) string { return "braid tunnel, " + scheduler }
 
 // RBPMTunnel measures `braid tunnel` with the given scheduler on scenario sc for dur: a
-// single TCP upload (reno) from host a to host b through a tunnel over the scenario's paths,
-// the receiver's reorder buffer bounded to sc's buffer (RBPMBuffer for the paper's): the tunnel's receive buffer, which
-// the buffer-aware schedulers learn the free room of from the feedback. Path capacities are
-// not configured. scheduler "wrr" configures every weight 1 (MPT's default), "wrr-rates" the
-// weights in proportion to the paths' rates (100 kbit/s each). PerPath is what each link carried from a to b each second, tunnel headers and probes
-// included.
+// single TCP upload (reno) from host a to host b through a tunnel over the scenario's paths.
+// Two buffers are bounded to sc's buffer (RBPMBuffer for the paper's): the inner TCP receiver's
+// (tcp_rmem's maximum on b, as in the kernel rows) and the tunnel's reorder buffer, whose free
+// room the buffer-aware schedulers learn from the feedback. Path capacities are not
+// configured. scheduler "wrr" configures every weight 1 (MPT's default), "wrr-rates" the
+// weights in proportion to the paths' rates (one per 100 kbit/s). PerPath is what each link
+// carried from a to b each second, tunnel headers and probes included.
 func RBPMTunnel(ctx context.Context, self string, sc RBPMScenario, scheduler string, dur time.Duration, o Options) (RBPMRow, error) {
 	row := RBPMRow{Scenario: sc.Name, Config: RBPMTunnelConfig(scheduler)}
 	l, err := rbpmLab(ctx, "rbpmt", sc, o)
@@ -40,6 +41,14 @@ func RBPMTunnel(ctx context.Context, self string, sc RBPMScenario, scheduler str
 	}
 	defer l.Close()
 	a, b := l.Host("a"), l.Host("b")
+	// The inner TCP receiver on b is bounded exactly as the kernel rows bound theirs (tcp_rmem's
+	// maximum in b's namespace), so that a tunnel row differs from a kernel row only in the
+	// transport. The reorder buffer alone does not hold the flow to sc's buffer: it releases on
+	// overflow, and behind it the inner receiver would advertise its default window of
+	// several MB.
+	if err := b.NS.Sysctl("ipv4/tcp_rmem", fmt.Sprintf("4096 131072 %d", sc.buffer())); err != nil {
+		return row, err
+	}
 	spec := SiteSpec{Paths: len(sc.Paths), Outer: 4, Scheduler: scheduler, ReorderMaxBytes: sc.buffer()}
 	if scheduler == "wrr" || scheduler == "wrr-rates" {
 		spec.Scheduler = "wrr"
