@@ -72,7 +72,7 @@ The site file's [lb] section:
   interfaces = ["eth1"]         # more such interfaces, if any
   mode = "mac"                  # mac | ipip (then encap_source4/encap_source6)
   metrics = "127.0.0.1:9476"    # GET /status (JSON) and /metrics (Prometheus)
-  control = "/run/braid/lb.sock"
+  control = "@braid/lb"         # the default: an abstract socket of the network namespace
   [[lb.service]]
   vip = "203.0.113.80:443"
   [[lb.backend]]
@@ -201,7 +201,7 @@ func serveLB(ctx context.Context, cfg *config.LB, log *slog.Logger) error {
 		log.Info("status and metrics", "addr", srv.Addr())
 	}
 	if cfg.Control != "" {
-		stop, err := serveControl(ctx, cfg.Control, func(r lbRequest) error { return applyLB(l, r) })
+		stop, err := serveControl(ctx, cfg.Control, func(r lbRequest) error { return applyLB(l, r) }, l.StatusJSON)
 		if err != nil {
 			return err
 		}
@@ -286,7 +286,7 @@ func lbControl(e env, action string, args []string) int {
 		fmt.Fprintf(e.stderr, "braid lb %s: wrong arguments (see 'braid lb --help')\n", action)
 		return exitUsage
 	}
-	if err := callControl(*control, req); err != nil {
+	if _, err := callControl(*control, req); err != nil {
 		if errors.Is(err, errNotRunning) {
 			fmt.Fprintf(e.stderr, "braid lb %s: is braid lb running? %v\n", action, err)
 		} else {

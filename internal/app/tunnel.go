@@ -281,7 +281,7 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 		log.Info("status and metrics", "addr", srv.Addr())
 	}
 	if cfg.Control != "" {
-		stop, err := serveControl(ctx, cfg.Control, mutate)
+		stop, err := serveControl(ctx, cfg.Control, mutate, src.StatusJSON)
 		if err != nil {
 			closeAll()
 			return err
@@ -476,7 +476,7 @@ func tunnelPath(e env, args []string) int {
 		return exitUsage
 	}
 	req.Action, req.Peer, req.Path = pos[0], pos[1], n
-	if err := callControl(*control, req); err != nil {
+	if _, err := callControl(*control, req); err != nil {
 		if errors.Is(err, errNotRunning) {
 			fmt.Fprintf(e.stderr, "braid tunnel path: is the tunnel running? %v\n", err)
 		} else {

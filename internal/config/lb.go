@@ -61,7 +61,7 @@ const (
 // LBDefaults returns the defaults, without services or backends.
 func LBDefaults() LB {
 	return LB{Attach: "auto", Mode: "mac", Aware: true, Hash: "5-tuple", Collision: "keep",
-		Metrics: "127.0.0.1:9476", Control: "/run/braid/lb.sock", HashSeed: 0x6272646c,
+		Metrics: DefaultLBMetrics, Control: DefaultLBControl, HashSeed: 0x6272646c,
 		LearnRate: 100, LearnBurst: 200, GlobalRate: 20000, GlobalBurst: 40000,
 		TokenIdle: 10 * time.Minute, TokenClosing: 30 * time.Second, Sweep: time.Second,
 		ConnTable: 1 << 20, TokenTable: 1 << 18,
@@ -285,6 +285,9 @@ func (lb *LB) check(c *checker, env Env) {
 	oneOf("mode", lb.Mode, "mac", "ipip")
 	oneOf("hash", lb.Hash, "5-tuple", "addresses")
 	oneOf("collision", lb.Collision, "keep", "drop")
+	if msg := controlProblem(lb.Control); msg != "" {
+		c.report(obj, msg, "lb.control", "lb")
+	}
 	if lb.Metrics != "" {
 		if _, err := netip.ParseAddrPort(lb.Metrics); err != nil {
 			c.report(obj, fmt.Sprintf("metrics %q: want address:port such as 127.0.0.1:9476", lb.Metrics), "lb.metrics", "lb")

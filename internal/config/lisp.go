@@ -21,7 +21,7 @@ import (
 //	unregistered_ttl = 1        # minutes, negative replies for a site that is not registered
 //	rate_per_source = 1000      # messages per second from one address; 0 = no limit
 //	burst_per_source = 1000
-//	metrics = "127.0.0.1:9476"  # status and Prometheus endpoint; "" disables it
+//	metrics = "127.0.0.1:9474"  # status and Prometheus endpoint; "" disables it
 //	  [[mapserver.site]]
 //	  name = "site1"
 //	  key = "secret"            # the site's shared key (key ID key_id, default 0)
@@ -85,7 +85,7 @@ type LispSite struct {
 func MapserverDefaults() Mapserver {
 	return Mapserver{MapServer: true, MapResolver: true, Listen: netip.MustParseAddrPort("0.0.0.0:4342"),
 		RegistrationTimeout: 3 * time.Minute, NegativeTTL: 15, UnregisteredTTL: 1, RatePerSource: 1000,
-		BurstPerSource: 1000, Metrics: "127.0.0.1:9476"}
+		BurstPerSource: 1000, Metrics: DefaultMapserverMetrics}
 }
 
 // XTR is the configuration of `braid xtr`.
@@ -128,7 +128,7 @@ type LispMapServer struct {
 // XTRDefaults returns the defaults, without EIDs, RLOCs or map servers.
 func XTRDefaults() XTR {
 	return XTR{Interface: "lisp0", ProbeInterval: time.Second, DownAfter: 3 * time.Second, RegisterInterval: time.Minute,
-		RegisterTTL: 10, RequestTimeout: time.Second, RequestRetries: 3, Metrics: "127.0.0.1:9477"}
+		RegisterTTL: 10, RequestTimeout: time.Second, RequestRetries: 3, Metrics: DefaultXTRMetrics}
 }
 
 type lispSite struct {

@@ -104,7 +104,7 @@ var (
 // ProxyDefaults returns the defaults, without key, uplinks or tenants.
 func ProxyDefaults() Proxy {
 	return Proxy{Mode: "tproxy", PathManager: "braid", Pool: 4, PoolIdle: time.Minute, ConnectTimeout: 5 * time.Second,
-		HeaderTimeout: 5 * time.Second, DrainTimeout: 30 * time.Second, FwMark: 0x1b5, RouteTable: 4755, Metrics: "127.0.0.1:9478"}
+		HeaderTimeout: 5 * time.Second, DrainTimeout: 30 * time.Second, FwMark: 0x1b5, RouteTable: 4755, Metrics: DefaultProxyMetrics}
 }
 
 type proxySite struct {

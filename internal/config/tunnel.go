@@ -48,7 +48,9 @@
 //	reorder_max_hold = "100ms" # braid mode: longest time a packet waits for a gap, 1ms..10s;
 //	                          # the tunnel holds less when the paths' RTTs allow
 //	metrics = "127.0.0.1:9473" # status and Prometheus endpoint, address:port; "" disables
-//	control = "/run/braid/tunnel.sock" # runtime control socket, an absolute path; "" disables
+//	control = "@braid/tunnel" # runtime control socket and status ('braid status'): an
+//	                          # absolute path, or @NAME, an abstract socket of the network
+//	                          # namespace (the default: one per namespace); "" disables
 //
 //	[[tunnel.uplink]]         # the site's own ends of the paths, at least one
 //	name = "fibre"            # letters, digits, ".", "_", "-", at most 32; unique
@@ -261,8 +263,8 @@ func TunnelDefaults() Tunnel {
 		Interface: "braid0",
 		Port:      DefaultTunnelPort,
 		Scheduler: SchedulerPaced,
-		Metrics:   netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), 9473),
-		Control:   "/run/braid/tunnel.sock",
+		Metrics:   netip.MustParseAddrPort(DefaultTunnelMetrics),
+		Control:   DefaultTunnelControl,
 		Braid:     &b,
 	}
 }
@@ -856,12 +858,8 @@ func (t *Tunnel) check(env Env) []issue {
 	if m := t.Metrics; (m.Addr().IsValid() || m.Port() != 0) && (!m.Addr().IsValid() || m.Port() == 0) {
 		c.report(obj, fmt.Sprintf("metrics %s: want address:port with a port other than 0", m), p+"metrics")
 	}
-	switch {
-	case t.Control == "":
-	case !filepath.IsAbs(t.Control):
-		c.report(obj, fmt.Sprintf("control %q: want an absolute path", t.Control), p+"control")
-	case len(t.Control) > maxSunPath || strings.ContainsRune(t.Control, 0):
-		c.report(obj, fmt.Sprintf("control %q: a unix socket path has at most %d bytes and no NUL", t.Control, maxSunPath), p+"control")
+	if msg := controlProblem(t.Control); msg != "" {
+		c.report(obj, msg, p+"control")
 	}
 
 	var own session.PublicKey

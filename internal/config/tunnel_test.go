@@ -112,7 +112,7 @@ func TestLoadExamples(t *testing.T) {
 		Port:      4754,
 		Scheduler: SchedulerPaced,
 		Metrics:   ap("127.0.0.1:9473"),
-		Control:   "/run/braid/tunnel.sock",
+		Control:   "@braid/tunnel",
 		Braid: &BraidSettings{
 			PrivateKey:     mustPriv(t, privA),
 			PrivateKeyFile: "/etc/braid/site-a.key",
@@ -191,7 +191,7 @@ func TestLoadExamples(t *testing.T) {
 func TestTunnelDefaults(t *testing.T) {
 	d := TunnelDefaults()
 	if d.Mode != ModeBraid || d.Interface != "braid0" || d.Port != 4754 || d.Scheduler != SchedulerPaced ||
-		d.MTU != 0 || d.Metrics != ap("127.0.0.1:9473") || d.Control != "/run/braid/tunnel.sock" {
+		d.MTU != 0 || d.Metrics != ap("127.0.0.1:9473") || d.Control != "@braid/tunnel" {
 		t.Errorf("TunnelDefaults: %+v", d)
 	}
 	if d.Braid == nil || d.Braid.ProbeInterval != 50*ms || d.Braid.DownAfter != 250*ms ||
@@ -470,7 +470,9 @@ path = [{ uplink = "fibre", remote = "198.51.100.1:4754" }]` + mark + `
 	{"bad metrics", edit(minimal, "[tunnel]\n", "[tunnel]\nmetrics = \"localhost:9473\""+mark+"\n"),
 		`tunnel: metrics "localhost:9473": want address:port`},
 	{"relative control", edit(minimal, "[tunnel]\n", "[tunnel]\ncontrol = \"tunnel.sock\""+mark+"\n"),
-		`tunnel: control "tunnel.sock": want an absolute path`},
+		`tunnel: control "tunnel.sock": want an absolute path, or @NAME`},
+	{"abstract control without a name", edit(minimal, "[tunnel]\n", "[tunnel]\ncontrol = \"@\""+mark+"\n"),
+		`tunnel: control "@": an abstract socket needs a name`},
 	{"bad capacity", edit(minimal, `address = "192.0.2.1"`, `address = "192.0.2.1"`+"\ncapacity = \"100MB/s\""+mark),
 		`uplink fibre: capacity: invalid rate "100MB/s"`},
 	{"missing name", edit(minimal, `name = "fibre"`, "# no name", `uplink = "fibre"`, `uplink = "wan"`, "[[tunnel.uplink]]\n", "[[tunnel.uplink]]"+mark+"\n"),

@@ -408,6 +408,7 @@ type TokenStatus struct {
 
 // Status is the control plane's report (`braid lb status`).
 type Status struct {
+	Role          string            `json:"role"` // "lb", as every role's status names it
 	Services      []netip.AddrPort  `json:"services"`
 	Mode          string            `json:"mode"`
 	Aware         bool              `json:"aware"`
@@ -420,7 +421,7 @@ type Status struct {
 
 // Status reads the data plane's counters and tables; withTokens lists every token.
 func (l *LB) Status(withTokens bool) (Status, error) {
-	st := Status{Services: l.o.Services, Aware: l.o.Plane.Aware, Counters: map[string]uint64{}}
+	st := Status{Role: "lb", Services: l.o.Services, Aware: l.o.Plane.Aware, Counters: map[string]uint64{}}
 	st.Mode = "mac"
 	if l.o.Plane.Mode == xdp.ModeIPIP {
 		st.Mode = "ipip"
