@@ -28,6 +28,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"braid/bench/internal/drive"
@@ -35,17 +36,31 @@ import (
 	"braid/internal/lab/scenario"
 )
 
+// schedulers are the tunnel schedulers measured (-schedulers).
+var schedulers = scenario.RBPMTunnelSchedulers
+
 func main() {
 	braid := flag.String("braid", "bin/braid", "path of the braid binary (the tunnel rows run it)")
 	runs := flag.Int("runs", 3, "kernel runs per configuration; the tables show medians")
 	tunnelRuns := flag.Int("tunnel-runs", 0, "tunnel runs per scheduler (each row is six schedulers); 0: as -runs")
 	quick := flag.Bool("quick", false, "short measurements: a smoke run")
 	only := flag.String("only", "", "run only one table: kernel or tunnel (for exploring; make bench runs both)")
+	scheds := flag.String("schedulers", "", "comma-separated tunnel schedulers to run (for exploring; default all, as make bench)")
 	out := flag.String("out", "bench/out/rbpm.md", "where to write this section (Markdown)")
 	flag.Parse()
 	log.SetFlags(0)
 	if *only != "" && *only != "kernel" && *only != "tunnel" {
 		log.Fatalf("-only: %q is neither kernel nor tunnel", *only)
+	}
+	if *scheds != "" {
+		var keep []string
+		for _, s := range strings.Split(*scheds, ",") {
+			if !slices.Contains(scenario.RBPMTunnelSchedulers, s) {
+				log.Fatalf("-schedulers: no scheduler %q (%v)", s, scenario.RBPMTunnelSchedulers)
+			}
+			keep = append(keep, s)
+		}
+		schedulers = keep
 	}
 	if *tunnelRuns <= 0 {
 		*tunnelRuns = *runs
@@ -132,6 +147,10 @@ func tunnelTable(ctx context.Context, w io.Writer, self string, runs int, dur ti
 		med := map[string]float64{}
 		cells := ""
 		for _, s := range scenario.RBPMTunnelSchedulers {
+			if !slices.Contains(schedulers, s) {
+				cells += " not run |"
+				continue
+			}
 			var g []float64
 			for r := 0; r < runs; r++ {
 				row, err := scenario.RBPMTunnel(ctx, self, sc, s, dur, scenario.Options{})
