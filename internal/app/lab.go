@@ -2,6 +2,7 @@ package app
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -596,6 +597,10 @@ func labRun(e env, args []string) int {
 	return runScenario(e, "run "+s.Name, s, scenario.Options{Quick: *quick, Logger: labLogger(e, *verbose), Out: *out, Reps: *reps})
 }
 
+// exitChecks is the exit status of a demo or repro that ran to the end but printed a failed
+// check: distinct from exitError (it could not run), so that CI and scripts can tell them apart.
+const exitChecks = 3
+
 // runScenario runs s; cmd names the command line in messages ("run accuracy", "demo").
 func runScenario(e env, cmd string, s scenario.Scenario, o scenario.Options) int {
 	if err := netns.CheckPrivilege(); err != nil {
@@ -603,14 +608,34 @@ func runScenario(e env, cmd string, s scenario.Scenario, o scenario.Options) int
 	}
 	ctx, cancel := signalContext()
 	defer cancel()
-	if err := s.Run(ctx, e.stdout, o); err != nil {
-		if ctx.Err() != nil {
-			fmt.Fprintf(e.stderr, "braid lab %s: interrupted; everything the lab created was removed\n", cmd)
-			return exitInterrupted
+	return scenarioExit(e, cmd, ctx, s.Run(ctx, e.stdout, o))
+}
+
+// scenarioExit turns what a scenario's run returned into the command's exit status: 0 when it
+// ran and every check it printed passed, exitChecks with a summary when a check failed.
+func scenarioExit(e env, cmd string, ctx context.Context, err error) int {
+	var failed *scenario.ClaimsFailed
+	switch {
+	case err == nil:
+		return exitOK
+	case ctx.Err() != nil:
+		fmt.Fprintf(e.stderr, "braid lab %s: interrupted; everything the lab created was removed\n", cmd)
+		return exitInterrupted
+	case errors.As(err, &failed):
+		fmt.Fprintf(e.stderr, "braid lab %s: %d of %d checks FAILED:\n", cmd, len(failed.Failed), failed.Total)
+		for _, c := range failed.Failed {
+			fmt.Fprintf(e.stderr, "  %s: %s\n", c.Name, c.Detail)
 		}
-		return labFail(e, cmd, err)
+		if j, ok := err.(interface{ Unwrap() []error }); ok { // e.g. a figure not written too
+			for _, x := range j.Unwrap() {
+				if x != nil && !errors.Is(x, scenario.ErrClaims) {
+					fmt.Fprintf(e.stderr, "braid lab %s: also: %v\n", cmd, x)
+				}
+			}
+		}
+		return exitChecks
 	}
-	return exitOK
+	return labFail(e, cmd, err)
 }
 
 const labDemoDoc = `Usage: braid lab demo [--quick] [--file FILE]

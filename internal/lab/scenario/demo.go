@@ -104,9 +104,73 @@ func runDemo(ctx context.Context, w io.Writer, o Options) error {
 	if err != nil {
 		return err
 	}
+	mesh := demoMeshCapacity(l)
 	printPaths(w, results, tr)
-	printProxy(w, pr, results)
-	return nil
+	printProxy(w, pr, mesh)
+	c := DemoChecks(results, tr, pr, mesh)
+	c.Print(w)
+	return c.Err()
+}
+
+// DemoChecks are the demo's claims on what it measured: every transfer arrives intact; each
+// path alone reaches its bottleneck and no more (TCP payload is at most 0.965 of a link's
+// rate, so the upper bound of 1.0 fails a shaper 4 % fast; the lower one, 0.6, a slow one on a
+// busy machine); request/response times sit on the links' delays; braid tunnel and braid proxy
+// carry more than the best single path (by 10 %) and no more than their paths' capacity; the
+// tunnel keeps a 10 ms ping going within 1 s of losing path A; the proxy's connection has a
+// subflow on each uplink. mesh is the proxy's capacity: the smaller of the two sites' uplinks'
+// sums.
+func DemoChecks(paths []PathResult, tr TunnelResult, pr ProxyResult, mesh uint64) *Claims {
+	c := &Claims{}
+	var best float64
+	var sum uint64
+	for _, r := range paths {
+		name := "path " + r.Path.Name
+		c.Add(name+": file intact", r.FileIntact, "%d MiB, SHA-256 %s", r.FileSize>>20, matched(r.FileIntact))
+		c.Within(name+": goodput of its bottleneck", r.GoodputShare, 0.6, 1.0, "%.3f")
+		base := float64(r.BaseRTT) / 1e6
+		c.Within(name+": RTT on its delays", float64(r.RTT)/1e6, base, 1.5*base+5, "%.1f ms")
+		best = max(best, r.Goodput)
+		sum += r.Bottleneck
+	}
+	c.Add("braid tunnel: file intact", tr.FileIntact, "%d MiB, SHA-256 %s", tr.FileSize>>20, matched(tr.FileIntact))
+	c.Add("braid tunnel: file intact across the cut of path A", tr.CutIntact, "%d MiB, SHA-256 %s", tr.FileSize>>20, matched(tr.CutIntact))
+	c.Within("braid tunnel: goodput over both paths", tr.Goodput/1e6, 1.1*best/1e6, float64(sum)/1e6, "%.1f Mbit/s")
+	c.AtMost("braid tunnel: longest ping gap when path A is cut", float64(tr.CutGap)/1e6, 1000, "%.0f ms")
+	c.Add("braid proxy: file intact", pr.FileIntact, "%d MiB, SHA-256 %s", pr.FileSize>>20, matched(pr.FileIntact))
+	c.Within("braid proxy: goodput over both uplinks", pr.Goodput/1e6, 1.1*best/1e6, float64(mesh)/1e6, "%.1f Mbit/s")
+	c.AtLeast("braid proxy: subflows on a connection", float64(pr.Subflows), 2, "%.0f")
+	return c
+}
+
+func matched(ok bool) string {
+	if ok {
+		return "matches"
+	}
+	return "DIFFERS"
+}
+
+// demoUplinks are the links of each site's two uplinks, by site.
+var demoUplinks = [2][2]string{{"site1-fibre", "site1-lte"}, {"site2-fibre", "site2-dsl"}}
+
+// demoMeshCapacity is what a full mesh of subflows between the sites can carry: the smaller of
+// the sites' sums of uplink rates (the slower direction of each link); 0 if a rate is unknown.
+func demoMeshCapacity(l *lab.Lab) uint64 {
+	var out uint64
+	for i, site := range demoUplinks {
+		var sum uint64
+		for _, name := range site {
+			lk := l.Link(name)
+			if lk == nil || lk.Shape(0).Rate == 0 || lk.Shape(1).Rate == 0 {
+				return 0
+			}
+			sum += min(lk.Shape(0).Rate, lk.Shape(1).Rate)
+		}
+		if i == 0 || sum < out {
+			out = sum
+		}
+	}
+	return out
 }
 
 // MeasurePaths pins h1<->h2 traffic to each path in turn and measures it.

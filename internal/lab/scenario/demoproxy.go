@@ -27,11 +27,10 @@ type ProxyResult struct {
 // demoSite is the [proxy] section for r1 (side 1) or r2 (side 2) of the demo topology: the
 // routers' two uplinks, tenant "demo" with the site's LAN, the other router as the peer.
 func demoSite(l *lab.Lab, side int, key, peer string) ([]byte, error) {
-	links := map[int][2]string{1: {"site1-fibre", "site1-lte"}, 2: {"site2-fibre", "site2-dsl"}}
 	var b strings.Builder
 	fmt.Fprintf(&b, "[proxy]\nmode = \"tproxy\"\nprivate_key = %q\nmetrics = %q\n", key, FedMetrics)
 	router := fmt.Sprintf("r%d", side)
-	for _, name := range links[side] {
+	for _, name := range demoUplinks[side-1] {
 		lk := l.Link(name)
 		if lk == nil {
 			return nil, fmt.Errorf("scenario: the demo topology has no link %s", name)
@@ -157,14 +156,11 @@ func waitPooled(ctx context.Context, a, b *ProxyProc) error {
 	return fmt.Errorf("scenario: the demo's proxies did not connect within 15 s\n%s\n%s", a.Log(), b.Log())
 }
 
-func printProxy(w io.Writer, pr ProxyResult, paths []PathResult) {
-	var sum uint64
-	for _, p := range paths {
-		sum += p.Bottleneck
-	}
+func printProxy(w io.Writer, pr ProxyResult, mesh uint64) {
 	fmt.Fprintf(w, "\nbraid proxy on r1 and r2 (TCP from h1 intercepted, MPTCP over both uplinks, TLS 1.3):\n"+
-		"  download %.1f Mbit/s (%.1f %% of the paths' %s), up to %d subflows on a connection\n"+
-		"  request/response %.1f ms on a persistent connection, %.1f ms on a new one; %d MiB file in %.2f s, intact: %s\n",
-		pr.Goodput/1e6, 100*pr.Goodput/float64(max(sum, 1)), rateText(sum), pr.Subflows,
+		"  download %.1f Mbit/s (%.1f %% of the %s the sites' uplinks carry at most: the smaller site's sum),\n"+
+		"  up to %d subflows on a connection; request/response %.1f ms on a persistent connection, %.1f ms on a\n"+
+		"  new one; %d MiB file in %.2f s, intact: %s\n",
+		pr.Goodput/1e6, 100*pr.Goodput/float64(max(mesh, 1)), rateText(mesh), pr.Subflows,
 		float64(pr.RTT)/1e6, float64(pr.FirstByte)/1e6, pr.FileSize>>20, pr.FileTime.Seconds(), yesNo(pr.FileIntact))
 }
