@@ -35,9 +35,12 @@ const tunnelDoc = `Usage: braid tunnel --config FILE [--log-format text|json] [-
 
 braid tunnel carries the IP packets of a TUN interface to other sites over several UDP paths at
 once (GRE-in-UDP, RFC 8086), so that one flow gets the sum of the paths and survives the loss of
-any of them. Packets are sealed with ChaCha20-Poly1305 under keys from a Noise IK handshake
-between the sites' X25519 keys ('braid keygen'); every path is probed every 50 ms, also when the
-tunnel is idle, and a silent path is taken out of use within 300 ms and comes back by itself.
+any of them. Packets are sealed with AES-256-GCM or ChaCha20-Poly1305 (the handshake picks the
+one both machines run fast, or the site file's 'cipher') under keys from a Noise IK handshake
+between the sites' X25519 keys ('braid keygen'); with encryption = false on both sites data
+travels in clear, authenticated only, and the log says so. Every path is probed every 50 ms,
+also when the tunnel is idle, and a silent path is taken out of use within 300 ms and comes back
+by itself.
 
 The site file's [tunnel] section describes the TUN interface, the site's uplinks and its peers
 (see the example in internal/config/testdata/site-a.toml). Its 'scheduler' spreads the packets:
@@ -46,8 +49,10 @@ minrtt, blest, ecf, or rbpm (takes out the paths whose slowness would fill the p
 buffer, 'reorder_max_bytes', with out-of-order data; 'braid status' shows which and why).
 'check' validates it and exits;
 'import-mpt' writes one from an MPT daemon's configuration (mode "mpt", to interoperate). The
-running tunnel serves its status and Prometheus metrics on the 'metrics' address ('braid status'
-reads it) and takes path changes on its 'control' socket; a change applies to the next packet.
+running tunnel serves its status and Prometheus metrics on the 'metrics' address, and its status
+and path changes on its 'control' socket (default @braid/tunnel, an abstract socket of the
+network namespace, so each namespace has its own); 'braid status' and 'braid tunnel path' find
+it without flags; a change applies to the next packet.
 --cpuprofile writes a Go CPU profile of the whole run to FILE when the tunnel stops (for 'go tool
 pprof'; docs/tunnel-profile.md shows how it was used).
 
