@@ -163,3 +163,31 @@ func TestTunnelCleanStartNoDrops(t *testing.T) {
 		t.Error("no initiation arrived over both paths in any start")
 	}
 }
+
+// The status says what is not known: an idle path's capacity is unmeasured (the estimator's
+// start-up guess paces it but is no measurement), and a path that is down has no rate.
+func TestTunnelStatusUnmeasuredAndDown(t *testing.T) {
+	l := labtest.Up(t, multiPath(2, topo.Shape{Delay: 2 * time.Millisecond}))
+	eps := startTunnels(t, l, 4, nil)
+	waitUp(t, eps)
+	time.Sleep(300 * time.Millisecond) // a few delivery-rate windows of probes
+	for _, p := range eps[0].tunnel.Status().Peers[0].Paths {
+		if p.CapacityMeasured || p.CapacityPhase == "" {
+			t.Errorf("idle path %d: capacity %v measured %v (%s), want an unmeasured estimate", p.ID, p.Capacity, p.CapacityMeasured, p.CapacityPhase)
+		}
+		if !p.RateMeasured || p.Rate <= 0 {
+			t.Errorf("path %d, up for 300 ms: rate %v measured %v, want the probes' delivery rate", p.ID, p.Rate, p.RateMeasured)
+		}
+	}
+	l.Links()[1].Cut()
+	deadline := time.Now().Add(2 * time.Second)
+	for eps[0].tunnel.Status().Peers[0].Paths[1].State != "down" {
+		if time.Now().After(deadline) {
+			t.Fatal("the cut path is not down after 2 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if p := eps[0].tunnel.Status().Peers[0].Paths[1]; p.RateMeasured || p.Rate != 0 {
+		t.Errorf("down path: rate %v measured %v, want none", p.Rate, p.RateMeasured)
+	}
+}

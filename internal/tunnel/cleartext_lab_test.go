@@ -3,6 +3,9 @@ package tunnel_test
 import (
 	"bytes"
 	"context"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,14 +26,31 @@ func TestTunnelCleartext(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			l := labtest.Up(t, multiPath(2, topo.Shape{Rate: 100e6, Delay: 2 * time.Millisecond}))
 			var rec *recorder
+			var logA bytes.Buffer
+			var logMu sync.Mutex
 			eps := startTunnels(t, l, 4, func(side int, o *tunnel.Options) {
 				o.Cleartext = side == 0 || tc.bClear
 				if side == 0 {
 					rec = &recorder{Conn: o.Uplinks[0].Conn}
 					o.Uplinks[0].Conn = rec
+					o.Logger = slog.New(slog.NewTextHandler(&lockedBuffer{b: &logA, mu: &logMu}, nil))
 				}
 			})
 			waitUp(t, eps)
+			// What the operator sees: the session is not called encrypted, and the log warns.
+			for side, ep := range eps {
+				clear := side == 0 || tc.bClear
+				c := ep.tunnel.Status().Peers[0].Cipher
+				if strings.HasPrefix(c, "none (authenticated only") != clear {
+					t.Errorf("%s: session cipher %q with encryption %v", ep.host.Name, c, !clear)
+				}
+			}
+			logMu.Lock()
+			logged := logA.String()
+			logMu.Unlock()
+			if !strings.Contains(logged, "encryption=\"off: data in clear") || !strings.Contains(logged, "level=WARN msg=\"encryption is off") {
+				t.Errorf("a's log does not say that data travels in clear:\n%s", logged)
+			}
 			addr := serve(t, eps[1].host, eps[1].inner4)
 			within := 20 * time.Second
 			if !tc.delivers {
@@ -57,4 +77,16 @@ func TestTunnelCleartext(t *testing.T) {
 			}
 		})
 	}
+}
+
+// lockedBuffer is a log destination the tunnel's goroutines and the test share.
+type lockedBuffer struct {
+	b  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
 }
