@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/config"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
 	"braid/internal/lab/scenario"
@@ -31,7 +32,7 @@ func TestXtrCommand(t *testing.T) {
 	dir := t.TempDir()
 	ms := filepath.Join(dir, "ms.toml")
 	var msText strings.Builder
-	fmt.Fprintf(&msText, "[mapserver]\nlisten = %q\nmetrics = \"127.0.0.1:9476\"\n", scenario.LispMapServer)
+	fmt.Fprintf(&msText, "[mapserver]\nlisten = %q\nmetrics = %q\n", scenario.LispMapServer, config.DefaultMapserverMetrics)
 	for _, s := range scenario.LispSites {
 		fmt.Fprintf(&msText, "[[mapserver.site]]\nname = %q\nkey = %q\neid_prefixes = [%q, %q]\n", s.Name, s.Key, s.EIDs[0], s.EIDs[1])
 	}
