@@ -1,0 +1,362 @@
+package tunnel_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sort"
+	"testing"
+	"time"
+
+	"braid/internal/lab"
+	"braid/internal/lab/labtest"
+	"braid/internal/lab/scenario"
+	"braid/internal/lab/topo"
+	"braid/internal/sock"
+	"braid/internal/traffic"
+	"braid/internal/tun"
+	"braid/internal/tunnel"
+	"braid/internal/tunnel/session"
+
+	"golang.org/x/sys/unix"
+)
+
+// One TCP flow through the tunnel over a 300 and a 100 Mbit/s path (5 ms one way, the uplinks'
+// capacities configured) gets at least 0.9 of the sum of the paths. The sum is measured in the
+// same test and lab: one TCP flow over each path alone, without the tunnel (bench/tunnel's
+// baseline), so the bound is physically reachable; the tunnel's own 72 bytes per packet cost
+// about 5 % of it (bench/BENCH.md: 0.949 of the sum). One path alone is 0.75 of the sum, so a
+// tunnel that uses one path fails. Best of up to three 5 s runs.
+func TestTunnelAggregation(t *testing.T) {
+	rates := []uint64{300e6, 100e6}
+	l := labtest.Up(t, scenario.ParallelLinks("agg",
+		topo.Shape{Rate: rates[0], Delay: 5 * time.Millisecond}, topo.Shape{Rate: rates[1], Delay: 5 * time.Millisecond}))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const dur = 5 * time.Second
+	sum := 0.0
+	for i, lk := range l.Links() {
+		addr := serve(t, l.Host("b"), pickFamily(lk.Spec.B.Addrs, 4))
+		res, err := traffic.Bulk(ctx, l.Host("a").Dial, addr, traffic.BulkOptions{Duration: dur})
+		if err != nil {
+			t.Fatalf("path %d alone: %v", i+1, err)
+		}
+		t.Logf("path %d alone (%d Mbit/s), no tunnel: %.1f Mbit/s", i+1, rates[i]/1e6, res.Steady/1e6)
+		sum += res.Steady
+	}
+	eps := startTunnels(t, l, 4, func(side int, o *tunnel.Options) {
+		for i := range o.Uplinks {
+			o.Uplinks[i].Capacity = rates[i]
+			o.Peers[0].Paths[i].Capacity = rates[i]
+		}
+	})
+	waitUp(t, eps)
+	addr := serve(t, eps[1].host, eps[1].inner4)
+	best := 0.0
+	for run := 1; run <= 3 && best < 0.9; run++ {
+		res, err := traffic.Bulk(ctx, eps[0].host.Dial, addr, traffic.BulkOptions{Duration: dur})
+		if err != nil {
+			t.Fatalf("through the tunnel: %v", err)
+		}
+		ratio := res.Steady / sum
+		t.Logf("run %d: tunnel over both paths %.1f Mbit/s, %.3f of the sum of the paths alone (%.1f Mbit/s); %d retransmits", run, res.Steady/1e6, ratio, sum/1e6, res.Retransmits)
+		best = max(best, ratio)
+	}
+	if best < 0.9 {
+		t.Errorf("one TCP flow through the tunnel: best %.3f of the sum of the paths alone, want at least 0.9", best)
+	}
+	// The data went over both paths in about the ratio of their rates (0.75 and 0.25).
+	checkDataSpread(t, eps, 0.15)
+}
+
+// With unequal delays (10 and 60 ms one way, 50 Mbit/s each), the reorder buffer puts the
+// packets of the fast path behind those of the slow one back in order, so a TCP flow gets more
+// through than with the reorder buffer off, where TCP sees every slow-path packet as late and
+// backs off. The two are measured over the same links in the same lab, alternately, three
+// 4 s runs each, and compared by their medians; for each of the two congestion controls in
+// common use, cubic (Linux's default) and bbr, set on the sending socket.
+//
+// Measured when the test was written: cubic, reorder on 12.8 Mbit/s (median), off 4.6; bbr,
+// on 1.9, off 8.5: the reorder buffer loses to no reordering under bbr, whose cwnd follows the
+// minimum RTT it sees (the fast path's, 20 ms) while the held packets take the slow path's
+// 120 ms, so its bandwidth estimate shrinks with its window. Both are far below the 100 Mbit/s
+// of the paths (issue 16).
+func TestTunnelUnequalDelayReorder(t *testing.T) {
+	const rate = 50e6
+	l := labtest.Up(t, scenario.ParallelLinks("unequal",
+		topo.Shape{Rate: rate, Delay: 10 * time.Millisecond}, topo.Shape{Rate: rate, Delay: 60 * time.Millisecond}))
+	for _, cc := range []string{"cubic", "bbr"} {
+		t.Run(cc, func(t *testing.T) { unequalDelayReorder(t, l, rate, cc) })
+	}
+}
+
+func unequalDelayReorder(t *testing.T, l *lab.Lab, rate uint64, cc string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dial := func(ctx context.Context, network, address string) (net.Conn, error) {
+		c, err := l.Host("a").Dial(ctx, network, address)
+		if err != nil {
+			return nil, err
+		}
+		raw, err := c.(*net.TCPConn).SyscallConn()
+		if err == nil {
+			cerr := raw.Control(func(fd uintptr) { err = unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, cc) })
+			err = errors.Join(err, cerr)
+		}
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("congestion control %s: %w", cc, err)
+		}
+		return c, nil
+	}
+	goodput := map[bool][]float64{}
+	for run := 1; run <= 3; run++ {
+		for _, reorder := range []bool{true, false} {
+			name := fmt.Sprintf("%s run %d reorder %v", cc, run, map[bool]string{true: "on", false: "off"}[reorder])
+			t.Run(name, func(t *testing.T) {
+				eps := startTunnels(t, l, 4, func(side int, o *tunnel.Options) {
+					o.Reorder = reorder
+					for i := range o.Uplinks {
+						o.Uplinks[i].Capacity = rate
+						o.Peers[0].Paths[i].Capacity = rate
+					}
+				})
+				waitUp(t, eps)
+				addr := serve(t, eps[1].host, eps[1].inner4)
+				res, err := traffic.Bulk(ctx, dial, addr, traffic.BulkOptions{Duration: 4 * time.Second})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("%s: %.1f Mbit/s, %d retransmits", name, res.Goodput/1e6, res.Retransmits)
+				goodput[reorder] = append(goodput[reorder], res.Goodput)
+			})
+		}
+	}
+	on, off := median(goodput[true]), median(goodput[false])
+	t.Logf("%s, median goodput: reorder on %.1f Mbit/s, off %.1f Mbit/s (on/off %.2f; paths 2 x %.0f Mbit/s)", cc, on/1e6, off/1e6, on/off, float64(rate)/1e6)
+	if len(goodput[true]) < 3 || len(goodput[false]) < 3 {
+		t.Fatal("not every run finished")
+	}
+	if !(on > off) {
+		t.Errorf("%s: reorder buffer on: median %.1f Mbit/s, not above reorder off: %.1f Mbit/s", cc, on/1e6, off/1e6)
+	}
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// meshUplinks are site a's two uplinks in TestTunnelPacingSharedUplink.
+var meshUplinks = []struct {
+	name     string
+	addr     string
+	rate     uint64
+	delay    time.Duration
+	hop      string // the router's end
+	remote   string // b's address and interface on its side
+	remoteIf string
+}{
+	{"fibre", "10.10.1.1", 60e6, 2 * time.Millisecond, "10.10.1.254", "10.20.1.2", "fibre"},
+	{"lte", "10.10.2.1", 30e6, 2 * time.Millisecond, "10.10.2.254", "10.20.2.2", "dsl"},
+}
+
+// meshTopology is the four-path mesh of internal/config/testdata/site-a.toml in the lab: site a
+// has two uplinks (fibre 60 Mbit/s, lte 30 Mbit/s) to a router r, site b two fast ones
+// (fibre, dsl), and every uplink of a reaches every address of b, so a's tunnel has four
+// paths, two on each uplink. Each site routes the other's addresses over both uplinks; the
+// tunnel's sockets are bound to their interfaces, so each leaves by its own. The uplinks'
+// delays are equal (2 ms one way) so that the test is about pacing: with lte at 10 ms one TCP
+// flow got only 0.47 of the sum, with no retransmission (the tunnel's trouble with unequal
+// delays, issue 16; TestTunnelUnequalDelayReorder).
+func meshTopology() *topo.Topology {
+	pf := netip.MustParsePrefix
+	tp := &topo.Topology{Name: "mesh", Hosts: []topo.Host{{Name: "a"}, {Name: "r", Forward: true}, {Name: "b"}}}
+	for i, u := range meshUplinks {
+		s := topo.Shape{Rate: u.rate, Delay: u.delay}
+		tp.Links = append(tp.Links,
+			topo.Link{Name: "a-" + u.name, AB: s, BA: s,
+				A: topo.Endpoint{Host: "a", Ifname: u.name, Addrs: []netip.Prefix{pf(u.addr + "/24")}},
+				B: topo.Endpoint{Host: "r", Addrs: []netip.Prefix{pf(u.hop + "/24")}}},
+			topo.Link{Name: "b-" + u.remoteIf, AB: topo.Shape{Delay: time.Millisecond}, BA: topo.Shape{Delay: time.Millisecond},
+				A: topo.Endpoint{Host: "b", Ifname: u.remoteIf, Addrs: []netip.Prefix{pf(u.remote + "/24")}},
+				B: topo.Endpoint{Host: "r", Addrs: []netip.Prefix{pf(fmt.Sprintf("10.20.%d.254/24", i+1))}}})
+		tp.Hosts[0].Routes = append(tp.Hosts[0].Routes, topo.Route{Dst: pf("10.20.0.0/16"), Via: netip.MustParseAddr(u.hop), Metric: 10 * (i + 1)})
+		tp.Hosts[2].Routes = append(tp.Hosts[2].Routes, topo.Route{Dst: pf("10.10.0.0/16"), Via: netip.MustParseAddr(fmt.Sprintf("10.20.%d.254", i+1)), Metric: 10 * (i + 1)})
+	}
+	return tp
+}
+
+// startMeshTunnel runs a tunnel in h whose uplinks are bound to their interfaces (ifs[i] for
+// locals[i]), until the test ends.
+func startMeshTunnel(t *testing.T, h *lab.Host, inner netip.Prefix, locals []netip.Addr, ifs []string, o tunnel.Options) *tunnel.Tunnel {
+	t.Helper()
+	var closers []func() error
+	cleanup := func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+	for i, a := range locals {
+		var c *sock.Conn
+		if err := h.NS.Do(func() (err error) {
+			if c, err = sock.Listen(netip.AddrPortFrom(a, scenario.TunnelPort), ifs[i]); err == nil {
+				c.EnableGRO()
+			}
+			return err
+		}); err != nil {
+			cleanup()
+			t.Fatal(err)
+		}
+		closers = append(closers, c.Close)
+		o.Uplinks[i].Conn = c
+	}
+	var dev *tun.Device
+	if err := h.NS.Do(func() (err error) { dev, err = tun.OpenOffload("braid0"); return err }); err != nil {
+		cleanup()
+		t.Fatal(err)
+	}
+	closers = append(closers, dev.Close)
+	o.Device, o.MTU = dev, 1400
+	if err := tun.Configure(h.NS.Netlink(), "braid0", o.MTU, []netip.Prefix{inner}); err != nil {
+		cleanup()
+		t.Fatal(err)
+	}
+	tn, err := tunnel.New(o)
+	if err != nil {
+		cleanup()
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- tn.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("tunnel in %s: %v", h.Name, err)
+		}
+	})
+	return tn
+}
+
+// uplinkRates returns, per uplink of a (meshUplinks order), the bits of data packets (IP
+// bytes, with the outer IP and UDP headers) its paths sent between two statuses.
+func uplinkBits(before, after tunnel.Status) []float64 {
+	out := make([]float64, len(meshUplinks))
+	for k, p := range after.Peers[0].Paths {
+		q := before.Peers[0].Paths[k]
+		for j, u := range meshUplinks {
+			if p.Uplink == u.name {
+				out[j] += float64(p.TxDataBytes-q.TxDataBytes+28*(p.TxDataPackets-q.TxDataPackets)) * 8
+			}
+		}
+	}
+	return out
+}
+
+// In the four-path mesh (two uplinks at site a, two addresses at site b), each of a's uplinks
+// is paced at its own capacity, not at the sum of its two paths' (twice as much): UDP offered
+// at 1.5 times the sum of the uplinks leaves each uplink at no more than its capacity (5 %
+// above for timing) with almost no drops in the uplink's queue, and the two together reach at
+// least 0.9 of the sum. Then one TCP flow gets at least 0.75 of the sum of the capacities
+// (at most about 0.9 is reachable: TCP payload over 1400-byte inner packets in 1500-byte outer
+// ones; the fibre uplink alone is 0.6 of it).
+func TestTunnelPacingSharedUplink(t *testing.T) {
+	l := labtest.Up(t, meshTopology())
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ka, _ := session.GenerateKey()
+	kb, _ := session.GenerateKey()
+	innerA, innerB := netip.MustParseAddr("10.255.0.1"), netip.MustParseAddr("10.255.0.2")
+	var oa, ob tunnel.Options
+	oa = tunnel.Options{PrivateKey: ka, Reorder: true}
+	ob = tunnel.Options{PrivateKey: kb, Reorder: true}
+	pa := tunnel.PeerConfig{Name: "b", PublicKey: kb.Public(), Routes: []netip.Prefix{netip.PrefixFrom(innerB, 32)}}
+	pb := tunnel.PeerConfig{Name: "a", PublicKey: ka.Public(), Routes: []netip.Prefix{netip.PrefixFrom(innerA, 32)}}
+	var localsA, localsB []netip.Addr
+	var ifsA, ifsB []string
+	sum := 0.0
+	for _, u := range meshUplinks {
+		oa.Uplinks = append(oa.Uplinks, tunnel.Uplink{Name: u.name, Capacity: u.rate})
+		ob.Uplinks = append(ob.Uplinks, tunnel.Uplink{Name: u.remoteIf})
+		localsA, localsB = append(localsA, netip.MustParseAddr(u.addr)), append(localsB, netip.MustParseAddr(u.remote))
+		ifsA, ifsB = append(ifsA, u.name), append(ifsB, u.remoteIf)
+		sum += float64(u.rate)
+	}
+	for _, u := range meshUplinks {
+		for _, v := range meshUplinks {
+			// As the site file gives it: each path has its uplink's capacity.
+			pa.Paths = append(pa.Paths, tunnel.PathConfig{Uplink: u.name, Capacity: u.rate,
+				Remote: netip.AddrPortFrom(netip.MustParseAddr(v.remote), scenario.TunnelPort)})
+			pb.Paths = append(pb.Paths, tunnel.PathConfig{Uplink: u.remoteIf,
+				Remote: netip.AddrPortFrom(netip.MustParseAddr(v.addr), scenario.TunnelPort)})
+		}
+	}
+	oa.Peers, ob.Peers = []tunnel.PeerConfig{pa}, []tunnel.PeerConfig{pb}
+	ta := startMeshTunnel(t, l.Host("a"), netip.PrefixFrom(innerA, 24), localsA, ifsA, oa)
+	tb := startMeshTunnel(t, l.Host("b"), netip.PrefixFrom(innerB, 24), localsB, ifsB, ob)
+	for _, tn := range []*tunnel.Tunnel{ta, tb} {
+		if err := scenario.WaitTunnel(ctx, tn, 10*time.Second); err != nil {
+			t.Fatalf("mesh tunnel: %v; %+v", err, tn.Status())
+		}
+	}
+	addr := serve(t, l.Host("b"), innerB)
+
+	// UDP above the sum: the pacer, not the uplinks' queues, holds the excess back.
+	links := []*lab.Link{l.Link("a-fibre"), l.Link("a-lte")}
+	var dropsBefore, pktsBefore [2]uint64
+	for j, lk := range links {
+		dropsBefore[j], pktsBefore[j] = lk.Stats(0).DropQueue, lk.Stats(0).Packets
+	}
+	before, start := ta.Status(), time.Now()
+	u, err := traffic.UDP(ctx, l.Host("a").Dial, addr, traffic.UDPOptions{Rate: uint64(1.5 * sum), Size: 1300, Duration: 4 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, elapsed := ta.Status(), time.Since(start)
+	bits := uplinkBits(before, after)
+	total := 0.0
+	for j, m := range meshUplinks {
+		rate := bits[j] / elapsed.Seconds()
+		total += rate
+		drops, pkts := links[j].Stats(0).DropQueue-dropsBefore[j], links[j].Stats(0).Packets-pktsBefore[j]
+		t.Logf("UDP at %.0f Mbit/s: uplink %s (%d Mbit/s) sent %.1f Mbit/s (%.3f of its capacity); its queue dropped %d of %d packets", 1.5*sum/1e6, m.name, m.rate/1e6, rate/1e6, rate/float64(m.rate), drops, pkts+drops)
+		if rate > 1.05*float64(m.rate) {
+			t.Errorf("uplink %s sent %.1f Mbit/s, over its capacity of %d Mbit/s", m.name, rate/1e6, m.rate/1e6)
+		}
+		if float64(drops) > 0.01*float64(pkts+drops) {
+			t.Errorf("uplink %s: its queue dropped %d of %d packets: it was fed above its capacity", m.name, drops, pkts+drops)
+		}
+	}
+	for _, p := range after.Peers[0].Paths {
+		t.Logf("path %d (%s -> %s): %d data packets", p.ID, p.Uplink, p.Remote, p.TxDataPackets-before.Peers[0].Paths[p.ID-1].TxDataPackets)
+	}
+	t.Logf("UDP: uplinks together %.1f Mbit/s, %.3f of the sum of their capacities; %v", total/1e6, total/sum, u)
+	if total < 0.9*sum {
+		t.Errorf("UDP above capacity: the uplinks together sent %.1f Mbit/s, want at least 0.9 of %.0f", total/1e6, sum/1e6)
+	}
+
+	// One TCP flow reaches the sum.
+	before, start = ta.Status(), time.Now()
+	res, err := traffic.Bulk(ctx, l.Host("a").Dial, addr, traffic.BulkOptions{Duration: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bits, elapsed = uplinkBits(before, ta.Status()), time.Since(start)
+	for j, m := range meshUplinks {
+		t.Logf("TCP: uplink %s sent %.1f Mbit/s (%.3f of its capacity)", m.name, bits[j]/elapsed.Seconds()/1e6, bits[j]/elapsed.Seconds()/float64(m.rate))
+	}
+	t.Logf("TCP through the mesh: %.1f Mbit/s, %.3f of the sum of the uplinks' capacities; %d retransmits", res.Steady/1e6, res.Steady/sum, res.Retransmits)
+	if res.Steady < 0.75*sum {
+		t.Errorf("one TCP flow through the four-path mesh: %.1f Mbit/s, %.3f of the sum of the uplinks (%.0f Mbit/s), want at least 0.75", res.Steady/1e6, res.Steady/sum, sum/1e6)
+	}
+}
