@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -137,7 +136,7 @@ func runAMPTCP(ctx context.Context, w io.Writer, o Options) error {
 		fmt.Fprintf(tw, "%s med [min-max] s\t", c.name)
 	}
 	fmt.Fprint(tw, "A-MPTCP/TCP\tMPTCP/TCP\t2 LISP/2 hand\t\n")
-	var fails []string
+	var worstAM, worstMP []amptcpRatio // files of 2 MB and more
 	for f, size := range sizes {
 		fmt.Fprintf(tw, "%d\t", size>>10)
 		for i := range cfgs {
@@ -147,12 +146,7 @@ func runAMPTCP(ctx context.Context, w io.Writer, o Options) error {
 		tcp, mp, am, hand := Median(results[0].times[f]), Median(results[1].times[f]), Median(results[2].times[f]), Median(results[4].times[f])
 		fmt.Fprintf(tw, "%.2f\t%.2f\t%.2f\t\n", am/tcp, mp/tcp, am/hand)
 		if size >= 2<<20 {
-			if am/tcp > 0.6 {
-				fails = append(fails, fmt.Sprintf("%d KB: A-MPTCP/TCP %.2f > 0.6", size>>10, am/tcp))
-			}
-			if mp/tcp > 1.1 || mp/tcp < 0.9 {
-				fails = append(fails, fmt.Sprintf("%d KB: MPTCP/TCP %.2f outside 0.9-1.1", size>>10, mp/tcp))
-			}
+			worstAM, worstMP = append(worstAM, amptcpRatio{size, am / tcp}), append(worstMP, amptcpRatio{size, mp / tcp})
 		}
 	}
 	tw.Flush()
@@ -166,13 +160,6 @@ func runAMPTCP(ctx context.Context, w io.Writer, o Options) error {
 	fmt.Fprintf(w, "\nThe paper (Fig. 6): TCP and MPTCP close, MPTCP a little slower; A-MPTCP nearly halves the times\n"+
 		"(\"a gain close to 90%%\"); 3 forced subflows worse on average than 2, sometimes better. Fig. 7: the LISP\n"+
 		"encapsulation overhead \"most of the time negligible\".\n")
-	if len(sizes) > 0 && sizes[len(sizes)-1] >= 2<<20 {
-		if len(fails) == 0 {
-			fmt.Fprintln(w, "Checks for files of 2 MB and more: A-MPTCP median <= 0.6 x TCP's, MPTCP within 10 % of TCP: all hold.")
-		} else {
-			fmt.Fprintf(w, "Checks for files of 2 MB and more that do NOT hold:\n  %s\n", strings.Join(fails, "\n  "))
-		}
-	}
 	var plotErr error
 	for _, fig := range []struct {
 		file, title string
@@ -204,7 +191,44 @@ func runAMPTCP(ctx context.Context, w io.Writer, o Options) error {
 		fmt.Fprintf(w, "wrote %s\n", path)
 	}
 	fmt.Fprintf(w, "took %v; links emulated by: %s\n", time.Since(start).Round(time.Second), lab.EmulatorName)
-	return plotErr
+	claims := amptcpClaims(worstAM, worstMP)
+	fmt.Fprintln(w, "The checks are made on files of 2 MB and more (medians over the repetitions); every download is\n"+
+		"checked whole (SHA-256), and a corrupt one ends the run with an error.")
+	claims.Print(w)
+	return errors.Join(plotErr, claims.Err())
+}
+
+// amptcpRatio is a median completion time over TCP's, for one file size.
+type amptcpRatio struct {
+	size  int64
+	ratio float64
+}
+
+// amptcpClaims are the paper's claims (Fig. 6) on files of 2 MB and more, where the slow start
+// no longer dominates: A-MPTCP takes at most 0.6 of TCP's time (the paper: nearly half), plain
+// MPTCP within 10 % of TCP's (the paper: close, a little slower). Each claim is made on the
+// size where it holds worst.
+func amptcpClaims(am, mp []amptcpRatio) *Claims {
+	c := &Claims{}
+	if len(am) == 0 {
+		return c
+	}
+	worst := func(rs []amptcpRatio, bad func(a, b float64) bool) amptcpRatio {
+		w := rs[0]
+		for _, r := range rs {
+			if bad(r.ratio, w.ratio) {
+				w = r
+			}
+		}
+		return w
+	}
+	a := worst(am, func(x, y float64) bool { return x > y })
+	c.AtMost(fmt.Sprintf("A-MPTCP time over TCP's, files of 2 MB and more (worst: %d KB)", a.size>>10), a.ratio, 0.6, "%.2f")
+	hi := worst(mp, func(x, y float64) bool { return x > y })
+	lo := worst(mp, func(x, y float64) bool { return x < y })
+	c.Within(fmt.Sprintf("MPTCP time over TCP's, files of 2 MB and more (highest: %d KB)", hi.size>>10), hi.ratio, 0.9, 1.1, "%.2f")
+	c.Within(fmt.Sprintf("MPTCP time over TCP's, files of 2 MB and more (lowest: %d KB)", lo.size>>10), lo.ratio, 0.9, 1.1, "%.2f")
+	return c
 }
 
 func writeChart(path string, ch Chart) error {
