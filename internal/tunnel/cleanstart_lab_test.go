@@ -191,3 +191,37 @@ func TestTunnelStatusUnmeasuredAndDown(t *testing.T) {
 		t.Errorf("down path: rate %v measured %v, want none", p.Rate, p.RateMeasured)
 	}
 }
+
+// Sites that started together rekey together: each side's initiation crosses the other's, and
+// each side receives the other's initiation before the response to its own. Both new sessions
+// must survive: traffic keeps flowing across several rekeys and nothing is counted as an
+// unknown session, a replay or a forgery.
+func TestTunnelSimultaneousRekey(t *testing.T) {
+	defer tunnel.SetRekeyTimers(time.Second, 300*time.Millisecond)()
+	l := labtest.Up(t, scenario.ParallelLinks("tun",
+		topo.Shape{Delay: 2 * time.Millisecond}, topo.Shape{Delay: 8 * time.Millisecond}))
+	eps := startTogether(t, l, nil)
+	waitUp(t, eps)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	worst, err := scenario.Ping(ctx, eps[0].host, eps[1].host, eps[1].inner4, 4500*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ep := range eps {
+		c := ep.tunnel.Status().Counters
+		t.Logf("%s: handshakes sent %d, done %d, copies %d, drop_early %d, drop_no_session %d", ep.host.Name,
+			c["handshakes_sent"], c["handshakes_done"], c["handshake_copies"], c["drop_early"], c["drop_no_session"])
+		if c["handshakes_sent"] < 3 {
+			t.Errorf("%s rekeyed %d times in 4.5 s with rekeys every second", ep.host.Name, c["handshakes_sent"])
+		}
+		for _, k := range attackCounters {
+			if c[k] != 0 {
+				t.Errorf("%s counted %s %d across simultaneous rekeys (%v)", ep.host.Name, k, c[k], c)
+			}
+		}
+	}
+	if worst > 300*time.Millisecond {
+		t.Errorf("longest time without a ping reply across the rekeys: %v", worst)
+	}
+}

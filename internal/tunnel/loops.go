@@ -610,7 +610,7 @@ func (t *Tunnel) onInit(u *uplink, src netip.AddrPort, msg []byte) {
 	t.setSession(idx, s, p)
 	ls := &liveSession{s: s, created: t.now()}
 	if p.cur.Load() == nil {
-		p.rotateLocked(ls) // nothing to keep using meanwhile
+		p.rotateLocked(ls, ls.created) // nothing to keep using meanwhile
 	} else {
 		if p.pending != nil {
 			t.dropIndex(p.pending.s.LocalIndex)

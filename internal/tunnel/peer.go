@@ -19,11 +19,15 @@ import (
 // Handshake and session timing.
 const (
 	handshakeRetry = 500 * time.Millisecond // resend an unanswered initiation
-	rekeyAfter     = 2 * time.Minute        // the initiator starts a new handshake
 	rejectAfter    = 3 * time.Minute        // a session older than this is not used to send
-	keepPrevious   = 10 * time.Second       // how long the previous session still opens packets
 	// rekeyAfterMessages starts a new handshake long before the session's counter runs out.
 	rekeyAfterMessages = session.RejectAfterMessages - 1<<32
+)
+
+// Variables only so that tests can see rekeys in seconds (export_test.go).
+var (
+	rekeyAfter   = 2 * time.Minute  // the initiator starts a new handshake
+	keepPrevious = 10 * time.Second // how long the previous session still opens packets
 )
 
 // peer is one remote site: its paths, sessions, reorder buffer and scheduler.
@@ -46,13 +50,18 @@ type peer struct {
 	flight, measured bool
 	conn             sched.Conn        // the receiver's buffer, from the last snapshot
 	states           []sched.PathState // scratch for the status
-	prev             *liveSession      // still opens packets for keepPrevious after a rekey
-	pending          *liveSession      // made as responder, used to send once the initiator is heard on it
-	hs               *session.Initiator
-	hsIndex          uint32
-	hsSent           int64
-	lastInit         session.Timestamp // newest initiation accepted from the peer
-	initSeen         initCopies        // and its copies over the other paths
+	// prev was current before cur; it still opens packets, and may be the session the peer
+	// sends on (after initiations that crossed, each side sends on the one it initiated).
+	prev *liveSession
+	// retired are sessions that were prev, each still opening what is on its way for
+	// keepPrevious after it left (at most maxRetired; the oldest goes first).
+	retired  []retiredSession
+	pending  *liveSession // made as responder, used to send once the initiator is heard on it
+	hs       *session.Initiator
+	hsIndex  uint32
+	hsSent   int64
+	lastInit session.Timestamp // newest initiation accepted from the peer
+	initSeen initCopies        // and its copies over the other paths
 	// cipherWarned: the log has said that the peer offers no cipher this side accepts.
 	cipherWarned atomic.Bool
 	rb           *reorder.Buffer[*packetBuf]
@@ -367,28 +376,47 @@ func (p *peer) installInitiated(now int64, k session.Keys, remoteIdx uint32) {
 	s := session.New(k, p.hsIndex, remoteIdx)
 	p.t.setSession(p.hsIndex, s, p)
 	p.hs = nil
-	p.rotateLocked(&liveSession{s: s, created: now})
+	p.rotateLocked(&liveSession{s: s, created: now}, now)
 	p.mu.Unlock()
 	p.t.log.Info("session up", "peer", p.name, "role", "initiator", "cipher", p.t.cipherName(s))
 }
 
-// rotateLocked makes ls current and keeps the one before it for keepPrevious.
-func (p *peer) rotateLocked(ls *liveSession) {
+// rotateLocked makes ls current at now. The one before it becomes prev, and the prev before
+// that is retired: it opens packets for keepPrevious more, because the peer may have sent on
+// it until a moment ago (when initiations cross, the peer sends on the session this side keeps
+// as prev, and the rotations of a rekey come a round trip apart). A pending responder session
+// other than ls stays pending: when both sites rekey at once, each receives the other's
+// initiation before the response to its own, and the peer sends on the session it initiated,
+// which is this side's pending one. Dropping it at once, as rotations once did, left each side
+// sending on a session the other had dropped, and the tunnel dead until the next rekey.
+func (p *peer) rotateLocked(ls *liveSession, now int64) {
 	if old := p.prev; old != nil {
-		p.t.dropIndex(old.s.LocalIndex)
+		if len(p.retired) == maxRetired {
+			p.t.dropIndex(p.retired[0].ls.s.LocalIndex)
+			p.retired = append(p.retired[:0], p.retired[1:]...)
+		}
+		p.retired = append(p.retired, retiredSession{ls: old, until: now + int64(keepPrevious)})
 	}
 	p.prev = p.cur.Swap(ls)
-	if p.pending != nil && p.pending != ls {
-		p.t.dropIndex(p.pending.s.LocalIndex)
+	if p.pending == ls {
+		p.pending = nil
 	}
-	p.pending = nil
 }
+
+// retiredSession is a session kept to open late packets until until.
+type retiredSession struct {
+	ls    *liveSession
+	until int64
+}
+
+// maxRetired bounds the retired sessions of a peer: a rekey retires one or two.
+const maxRetired = 4
 
 // confirm is called when a packet opened with s: a pending responder session becomes current.
 func (p *peer) confirm(s *session.Session) {
 	p.mu.Lock()
 	if p.pending != nil && p.pending.s == s {
-		p.rotateLocked(p.pending)
+		p.rotateLocked(p.pending, p.t.now())
 		p.t.log.Info("session up", "peer", p.name, "role", "responder", "cipher", p.t.cipherName(s))
 	}
 	p.mu.Unlock()
@@ -401,6 +429,10 @@ func (p *peer) expire(now int64) {
 	if p.prev != nil && time.Duration(now-p.prev.created) > rejectAfter+keepPrevious {
 		p.t.dropIndex(p.prev.s.LocalIndex)
 		p.prev = nil
+	}
+	for len(p.retired) > 0 && now > p.retired[0].until {
+		p.t.dropIndex(p.retired[0].ls.s.LocalIndex)
+		p.retired = append(p.retired[:0], p.retired[1:]...)
 	}
 	if cur := p.cur.Load(); cur != nil && time.Duration(now-cur.created) > rejectAfter {
 		p.t.dropIndex(cur.s.LocalIndex)
