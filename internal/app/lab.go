@@ -37,7 +37,7 @@ no netem). braid's roles and any other program run inside the hosts for real.
 
 Commands:
   up FILE        build the topology in FILE and keep it until Ctrl-C (or --detach)
-  down           remove every lab on this machine, also what a killed run left behind
+  down           remove what killed runs left behind and your last 'lab up' lab (--all: every lab)
   status         list the running labs and the state of their links
   exec HOST -- CMD [ARG...]
                  run a command inside a host of the running lab
@@ -223,7 +223,7 @@ func labUpDetached(e env, file string, verbose bool) int {
 	cmd.Process.Release()
 	out, _ := os.ReadFile(logPath)
 	e.stdout.Write(out)
-	fmt.Fprintf(e.stdout, "\nlab %s is up in the background (pid %d, log %s); 'braid lab down' removes it.\n", id, pid, logPath)
+	fmt.Fprintf(e.stdout, "\nlab %s is up in the background (pid %d, log %s); 'braid lab down' (your last lab) or\n'braid lab down --lab %s' removes it.\n", id, pid, logPath, id)
 	return exitOK
 }
 
@@ -286,20 +286,30 @@ func queueString(s topo.Shape) string {
 	return "1 BDP"
 }
 
-const labDownDoc = `Usage: braid lab down [--lab ID] [--wait 5s]
+const labDownDoc = `Usage: braid lab down [--lab ID | --all] [--wait 5s]
 
-Removes every lab on this machine, or only the lab ID. A running 'braid lab up' is asked to stop (SIGTERM; SIGKILL
-after --wait); what a killed or crashed run left behind (namespaces named braid-*, the
-processes inside them, state files) is removed directly. Safe to run at any time.
+Removes labs, and says what it removed and what it left:
+
+  braid lab down            what killed or crashed runs left behind (labs whose process is
+                            gone: their namespaces, the processes inside, state files), and
+                            the lab you started last with 'braid lab up', if it still runs.
+                            Labs of other running processes (tests, demos, other users' labs)
+                            are left alone and listed.
+  braid lab down --lab ID   only the lab ID, running or not.
+  braid lab down --all      every lab on this machine, also those of running processes.
+
+A running lab is asked to stop (SIGTERM; SIGKILL after --wait). Safe to run at any time.
 
 Example:
   braid lab down
+  braid lab down --lab 3fa9c1
 `
 
 func labDown(e env, args []string) int {
 	fs := newFlags(e, "braid lab down", labDownDoc)
 	wait := fs.Duration("wait", 5*time.Second, "how long a running lab may take to stop before it is killed")
 	id := fs.String("lab", "", "remove only the lab with this `ID`")
+	all := fs.Bool("all", false, "remove every lab, also those of running processes")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
@@ -307,30 +317,47 @@ func labDown(e env, args []string) int {
 		fmt.Fprintln(e.stderr, "braid lab down: takes no arguments")
 		return exitUsage
 	}
+	if *all && *id != "" {
+		fmt.Fprintln(e.stderr, "braid lab down: --lab and --all exclude each other")
+		return exitUsage
+	}
 	if err := netns.CheckPrivilege(); err != nil {
 		return labFail(e, "down", err)
 	}
-	rep, err := lab.Down(*id, *wait, nil)
-	for _, st := range rep.Stopped {
-		fmt.Fprintf(e.stdout, "stopped lab %s (%s, pid %d)\n", st.ID, st.Topology, st.PID)
-	}
-	for _, st := range rep.Reaped {
-		fmt.Fprintf(e.stdout, "removed lab %s (%s) left by dead pid %d\n", st.ID, st.Topology, st.PID)
-	}
-	for _, n := range rep.Namespaces {
-		fmt.Fprintf(e.stdout, "removed namespace %s\n", n)
-	}
+	rep, err := lab.Down(lab.DownOptions{ID: *id, All: *all, Wait: *wait, UID: os.Getuid()})
+	printDown(e.stdout, rep, *id)
 	if err != nil {
 		return labFail(e, "down", err)
 	}
-	if len(rep.Stopped)+len(rep.Reaped)+len(rep.Namespaces) == 0 {
-		if *id != "" {
-			fmt.Fprintf(e.stdout, "no lab %s to remove\n", *id)
-			return exitOK
-		}
-		fmt.Fprintln(e.stdout, "no lab to remove")
-	}
 	return exitOK
+}
+
+// printDown says what lab down removed and what it left.
+func printDown(w io.Writer, rep lab.DownReport, id string) {
+	for _, st := range rep.Stopped {
+		fmt.Fprintf(w, "stopped lab %s (%s, pid %d)\n", st.ID, st.Topology, st.PID)
+	}
+	for _, st := range rep.Reaped {
+		fmt.Fprintf(w, "removed lab %s (%s) left by dead pid %d\n", st.ID, st.Topology, st.PID)
+	}
+	for _, n := range rep.Namespaces {
+		fmt.Fprintf(w, "removed namespace %s\n", n)
+	}
+	for _, st := range rep.Left {
+		what := "a process's own lab"
+		if st.Control != "" {
+			what = "started by 'braid lab up'"
+		}
+		fmt.Fprintf(w, "left lab %s (%s, pid %d running, %s, since %s): 'braid lab down --lab %s' or --all removes it\n",
+			st.ID, st.Topology, st.PID, what, st.Started.Format(time.RFC3339), st.ID)
+	}
+	if len(rep.Stopped)+len(rep.Reaped)+len(rep.Namespaces) == 0 {
+		if id != "" {
+			fmt.Fprintf(w, "no lab %s to remove\n", id)
+		} else {
+			fmt.Fprintln(w, "no lab to remove")
+		}
+	}
 }
 
 // pickLab returns the running lab named by id, or the only running lab.
@@ -550,6 +577,9 @@ Runs a built-in experiment on a lab it builds for itself, prints its table and r
 'repro' is the same command, named for the experiments that reproduce a paper (mptgre): they
 print the paper's figures beside braid's. --quick shortens every measurement (a smoke run).
 Scenarios that draw figures (amptcp, mplb, rbpm) write them as PNG files into --out.
+Each demo and repro ends with its checks (the paper's claims, bytes intact, rates within what
+the links allow), one PASS or FAIL line each, and exits with status 3 when one fails (1 when
+the run could not complete); --quick runs the same checks.
 
 Scenarios:
 %s
@@ -644,6 +674,11 @@ The main demonstration. Builds two sites, each with a host behind a router that 
 uplinks of different capacity and delay, measures each path alone (TCP goodput, round-trip
 time, and a checksummed file transfer) and prints a table. Everything is removed at the end,
 also on Ctrl-C. --file runs it on another topology with the same host names.
+
+It ends with its checks, one PASS or FAIL line each: every file intact, each path between 0.6
+and 1.0 of its bottleneck, round-trip times on the links' delays, the tunnel and the proxy
+above the best single path and within their capacity, the tunnel's ping gap under 1 s when
+path A is cut, the proxy on two subflows at least. A failed check makes it exit with status 3.
 
 Example:
   braid lab demo

@@ -162,12 +162,12 @@ func TestLabCommandLine(t *testing.T) {
 	if m == nil {
 		lab.ReapStale(nil)
 		if m := regexp.MustCompile(`^lab ([0-9a-f]{6}) `).FindStringSubmatch(string(out)); m != nil {
-			lab.Down(m[1], 5*time.Second, nil)
+			lab.Down(lab.DownOptions{ID: m[1], Wait: 5 * time.Second})
 		}
 		t.Fatalf("lab up --detach printed no ID and pid:\n%s", out)
 	}
 	id := m[1]
-	t.Cleanup(func() { lab.Down(id, 5*time.Second, nil) })
+	t.Cleanup(func() { lab.Down(lab.DownOptions{ID: id, Wait: 5 * time.Second}) })
 
 	out, err = braidCmd(self, "lab", "status").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), id) || !strings.Contains(string(out), "20 Mbit/s") {

@@ -27,6 +27,7 @@ type State struct {
 	Namespaces []string  `json:"namespaces"`
 	Hosts      []string  `json:"hosts"`
 	Control    string    `json:"control,omitempty"` // unix socket of `braid lab up`, if any
+	UID        int       `json:"uid"`               // the user who started it
 }
 
 // Alive reports whether the lab's owner process is still running.
@@ -38,7 +39,7 @@ func statePath(id string) string { return filepath.Join(StateDir, id+".json") }
 func ControlPath(id string) string { return filepath.Join(StateDir, id+".sock") }
 
 func writeState(l *Lab) error {
-	st := State{ID: l.ID, Topology: l.Topo.Name, PID: os.Getpid(), Started: time.Now()}
+	st := State{ID: l.ID, Topology: l.Topo.Name, PID: os.Getpid(), Started: time.Now(), UID: os.Getuid()}
 	for _, h := range l.Topo.Hosts {
 		st.Hosts = append(st.Hosts, h.Name)
 		st.Namespaces = append(st.Namespaces, l.nsName(h.Name))
@@ -148,35 +149,87 @@ func reap(st State, log *slog.Logger) {
 	}
 }
 
-// DownReport says what Down removed.
+// DownOptions say which labs Down removes.
+type DownOptions struct {
+	ID   string        // only the lab with this ID, running or not
+	All  bool          // every lab on the machine, also those of running processes
+	Wait time.Duration // how long a running owner may take to stop before it is killed
+	UID  int           // whose last lab the default removes (os.Getuid())
+	Log  *slog.Logger
+}
+
+// DownReport says what Down removed and what it left.
 type DownReport struct {
 	Stopped    []State  // running labs asked to stop
 	Reaped     []State  // labs whose owner had died
 	Namespaces []string // stray namespaces removed
+	Left       []State  // running labs left alone
 }
 
-// Down removes every lab on this machine, or only the lab id when id is not empty: it asks running
-// owners to stop (SIGTERM, then SIGKILL after wait), removes what dead owners left, and deletes
-// any namespace named braid-* (braid-<id>-*) that no lab claims, killing the processes inside.
-// This is `braid lab down`.
-func Down(id string, wait time.Duration, log *slog.Logger) (DownReport, error) {
+// downPlan splits the labs: those to stop (their owner runs), to reap (their owner is gone),
+// and to leave. With an ID, only that lab; with All, every lab. By default: every lab whose
+// owner is gone, and of the running ones only the last that uid started with `braid lab up`
+// (the only labs that outlive the command that made them; they have a control socket), so that
+// labs of other running programs (tests, demos, another user's) are never taken away.
+func downPlan(all []State, o DownOptions, alive func(State) bool) (stop, reap, leave []State) {
+	last := -1
+	if o.ID == "" && !o.All {
+		for i, st := range all {
+			if alive(st) && st.Control != "" && st.UID == o.UID && (last < 0 || st.Started.After(all[last].Started)) {
+				last = i
+			}
+		}
+	}
+	for i, st := range all {
+		switch {
+		case o.ID != "" && st.ID != o.ID:
+		case !alive(st):
+			reap = append(reap, st)
+		case o.ID != "" || o.All || i == last:
+			stop = append(stop, st)
+		default:
+			leave = append(leave, st)
+		}
+	}
+	return stop, reap, leave
+}
+
+// labIDOf returns the lab ID in a namespace name braid-<id>-<host>, or "" when the name is not
+// one a lab makes.
+func labIDOf(ns string) string {
+	rest, ok := strings.CutPrefix(ns, NamePrefix)
+	if !ok {
+		return ""
+	}
+	id, _, ok := strings.Cut(rest, "-")
+	if !ok || len(id) != 6 || strings.Trim(id, "0123456789abcdef") != "" {
+		return ""
+	}
+	return id
+}
+
+// Down removes labs and says what it removed and left (`braid lab down`): it asks running
+// owners to stop (SIGTERM, then SIGKILL after o.Wait), removes what dead owners left, and deletes
+// the namespaces of labs that no state file claims (a run killed while it started), killing the
+// processes inside. Which labs: see downPlan; by default no lab of a running process is touched
+// but the caller's last `braid lab up`.
+func Down(o DownOptions) (DownReport, error) {
 	var rep DownReport
 	all, err := states()
 	if err != nil {
 		return rep, err
 	}
 	self := os.Getpid()
-	for _, st := range all {
-		if id != "" && st.ID != id {
-			continue
-		}
-		if st.PID == self || !processAlive(st.PID) {
-			rep.Reaped = append(rep.Reaped, st)
-			reap(st, log)
-			continue
-		}
+	alive := func(st State) bool { return st.PID != self && processAlive(st.PID) }
+	stop, dead, leave := downPlan(all, o, alive)
+	rep.Left = leave
+	for _, st := range dead {
+		rep.Reaped = append(rep.Reaped, st)
+		reap(st, o.Log)
+	}
+	for _, st := range stop {
 		syscall.Kill(st.PID, syscall.SIGTERM)
-		deadline := time.Now().Add(wait)
+		deadline := time.Now().Add(o.Wait)
 		for processAlive(st.PID) && time.Now().Before(deadline) {
 			time.Sleep(50 * time.Millisecond)
 		}
@@ -185,11 +238,11 @@ func Down(id string, wait time.Duration, log *slog.Logger) (DownReport, error) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		rep.Stopped = append(rep.Stopped, st)
-		reap(st, log) // whatever the owner did not remove itself
+		reap(st, o.Log) // whatever the owner did not remove itself
 	}
 	prefix := NamePrefix
-	if id != "" {
-		prefix += id + "-"
+	if o.ID != "" {
+		prefix += o.ID + "-"
 	}
 	names, err := netns.List(prefix)
 	if err != nil {
@@ -203,6 +256,17 @@ func Down(id string, wait time.Duration, log *slog.Logger) (DownReport, error) {
 	}
 	var errs []error
 	for _, n := range names {
+		if !o.All && o.ID == "" {
+			// Only a lab's namespaces, and only when no running lab claims them: the state is
+			// read again here, since a lab may have started since the list above.
+			id := labIDOf(n)
+			if id == "" {
+				continue
+			}
+			if st, err := ReadState(id); err == nil && alive(st) {
+				continue
+			}
+		}
 		killNamespace(n)
 		if err := netns.Delete(n); err != nil {
 			errs = append(errs, err)
