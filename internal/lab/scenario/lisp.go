@@ -295,12 +295,17 @@ func runLisp(ctx context.Context, w io.Writer, o Options) error {
 	fmt.Fprintf(w, "braid lab run lisp: 2 sites x 2 RLOCs, map server %v, links 5 ms each way (%s)\n", LispMapServer, lab.EmulatorName)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "check\tresult")
+	// The claims: a destination is reached within a second (the first packets wait for the
+	// mapping: a Map-Request over 5 ms links), and the cut of the RLOC carrying the traffic
+	// costs at most 2 s (down after 1 s of unanswered probes, one 300 ms probe interval, margin).
+	claims := &Claims{}
 	for k, dst := range LispSites[1].HostIP {
 		gap, err := Ping(ctx, h1, h2, dst, 2*time.Second)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(tw, "h1 -> h2 %v (%s)\tlongest gap %v (first packets wait for the mapping)\n", dst, []string{"IPv4", "IPv6"}[k], gap.Round(time.Millisecond))
+		claims.AtMost(fmt.Sprintf("h1 -> h2 over %s: longest gap of a 10 ms ping", []string{"IPv4", "IPv6"}[k]), float64(gap)/1e6, 1000, "%.0f ms")
 	}
 	// Cut the RLOC of site 1 that carries the pings: traffic moves to the other RLOC.
 	dur := 6 * time.Second
@@ -334,6 +339,7 @@ func runLisp(ctx context.Context, w io.Writer, o Options) error {
 	gap := <-res
 	cut.Restore()
 	fmt.Fprintf(tw, "cut %s (RLOC %v, carrying the pings)\tlongest gap %v (probe interval 300ms, down after 1s)\n", LispSites[0].Links[used], LispSites[0].RLOCs[used], gap.Round(time.Millisecond))
+	claims.AtMost("cut of the RLOC carrying the pings: longest gap", float64(gap)/1e6, 2000, "%.0f ms")
 	tw.Flush()
 	fmt.Fprintln(w, "\nxtr1 RLOC pairs:")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -345,5 +351,9 @@ func runLisp(ctx context.Context, w io.Writer, o Options) error {
 		}
 		fmt.Fprintf(tw, "%v\t%v\t%s\t%v\t%d\t%d\n", p.Local, p.Remote, state, p.RTT.Round(10*time.Microsecond), p.TxPackets, p.RxPackets)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	claims.Print(w)
+	return claims.Err()
 }
