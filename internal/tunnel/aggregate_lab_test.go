@@ -78,11 +78,14 @@ func TestTunnelAggregation(t *testing.T) {
 // 4 s runs each, and compared by their medians; for each of the two congestion controls in
 // common use, cubic (Linux's default) and bbr, set on the sending socket.
 //
-// Measured when the test was written: cubic, reorder on 12.8 Mbit/s (median), off 4.6; bbr,
-// on 1.9, off 8.5: the reorder buffer loses to no reordering under bbr, whose cwnd follows the
-// minimum RTT it sees (the fast path's, 20 ms) while the held packets take the slow path's
-// 120 ms, so its bandwidth estimate shrinks with its window. Both are far below the 100 Mbit/s
-// of the paths (issue 16).
+// Measured when the test was written: cubic, reorder on 6.7 and 12.8 Mbit/s (medians of two
+// executions), off 2.3 and 4.6. bbr with the reorder buffer is bimodal: in 10 of 16 runs a flow
+// stuck at 1.4-2.3 Mbit/s with no retransmission, in the others 65-73 Mbit/s; off, 5-22 Mbit/s.
+// So the bbr median of three mostly fails (in five executions of six: on 1.4-2.3 against off
+// 6.7-13.5). A stuck flow's bbr (ss -ti) has a minimum RTT of 20 ms, the fast path's, while
+// the reorder buffer gives its packets the slow path's 120 ms: its window, two minimum-RTT
+// products of its bandwidth estimate, shrinks the estimate, which shrinks the window. All of it
+// is far below the 100 Mbit/s of the paths (issue 16).
 func TestTunnelUnequalDelayReorder(t *testing.T) {
 	const rate = 50e6
 	l := labtest.Up(t, scenario.ParallelLinks("unequal",
@@ -266,7 +269,8 @@ func uplinkBits(before, after tunnel.Status) []float64 {
 // In the four-path mesh (two uplinks at site a, two addresses at site b), each of a's uplinks
 // is paced at its own capacity, not at the sum of its two paths' (twice as much): UDP offered
 // at 1.5 times the sum of the uplinks leaves each uplink at no more than its capacity (5 %
-// above for timing) with almost no drops in the uplink's queue, and the two together reach at
+// above for timing) with under 3 % dropped in the uplink's queue (measured 0-0.5 %; 36 % with
+// a token bucket per path only), and the two together reach at
 // least 0.9 of the sum. Then one TCP flow gets at least 0.75 of the sum of the capacities
 // (at most about 0.9 is reachable: TCP payload over 1400-byte inner packets in 1500-byte outer
 // ones; the fibre uplink alone is 0.6 of it).
@@ -333,7 +337,7 @@ func TestTunnelPacingSharedUplink(t *testing.T) {
 		if rate > 1.05*float64(m.rate) {
 			t.Errorf("uplink %s sent %.1f Mbit/s, over its capacity of %d Mbit/s", m.name, rate/1e6, m.rate/1e6)
 		}
-		if float64(drops) > 0.01*float64(pkts+drops) {
+		if float64(drops) > 0.03*float64(pkts+drops) {
 			t.Errorf("uplink %s: its queue dropped %d of %d packets: it was fed above its capacity", m.name, drops, pkts+drops)
 		}
 	}
