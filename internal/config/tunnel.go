@@ -59,7 +59,9 @@
 //	port = 0                  # local UDP port; 0 (default) = tunnel.port
 //	weight = 1                # scheduler weight (MPT's weight_out), 0..65535; 0 (default) =
 //	                          # from the measured capacity (from capacity, else 1, in mpt mode)
-//	capacity = "100mbit"      # optional hint of the uplink's capacity for the scheduler
+//	capacity = "100mbit"      # optional: the uplink's capacity; the paced scheduler sends
+//	                          # every path on the uplink at most this, and all of them
+//	                          # together too (one token bucket per uplink)
 //
 //	[[tunnel.peer]]           # the other sites, at least one
 //	name = "site-b"           # as for uplinks; unique
