@@ -35,6 +35,12 @@ func (r *initRecorder) Send(b []byte, dst netip.AddrPort) error {
 	return r.Conn.Send(b, dst)
 }
 
+func (r *initRecorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.inits)
+}
+
 // startTogether runs the tunnels of a and b over every link of l, both started at the same
 // moment, the way two sites come up after a shared outage. mutate adjusts each side's options.
 func startTogether(t *testing.T, l *lab.Lab, mutate func(side int, o *tunnel.Options)) [2]*endpoint {
@@ -111,12 +117,10 @@ func TestTunnelCleanStartNoDrops(t *testing.T) {
 		t.Run(fmt.Sprintf("start %d", run+1), func(t *testing.T) {
 			l := labtest.Up(t, scenario.ParallelLinks("tun",
 				topo.Shape{Delay: 2 * time.Millisecond}, topo.Shape{Delay: 8 * time.Millisecond}))
-			var rec *initRecorder
+			var recs [2]*initRecorder
 			eps := startTogether(t, l, func(side int, o *tunnel.Options) {
-				if side == 0 {
-					rec = &initRecorder{Conn: o.Uplinks[0].Conn}
-					o.Uplinks[0].Conn = rec
-				}
+				recs[side] = &initRecorder{Conn: o.Uplinks[0].Conn}
+				o.Uplinks[0].Conn = recs[side]
 			})
 			waitUp(t, eps)
 			time.Sleep(300 * time.Millisecond) // the copies over the slower path, the first probes
@@ -134,20 +138,30 @@ func TestTunnelCleanStartNoDrops(t *testing.T) {
 			if run != starts-1 {
 				return
 			}
-			// An attacker who recorded a's initiation sends it again from a's address on path
-			// 1, twice: at least the second (and the first too, if b took the original)
-			// repeats an initiation b has already answered.
+			// An attacker who recorded an initiation (of a, or of b when only b initiated)
+			// sends it again from its sender's address on path 1, twice: at least the second
+			// (and the first too, if the other side took the original) repeats an initiation
+			// the other side has already answered.
+			from := 0
+			if recs[0].count() == 0 {
+				from = 1
+			}
+			rec, victim := recs[from], eps[1-from]
 			rec.mu.Lock()
+			if len(rec.inits) == 0 {
+				rec.mu.Unlock()
+				t.Fatal("neither side sent an initiation")
+			}
 			init, dst := rec.inits[len(rec.inits)-1], rec.dst
 			rec.mu.Unlock()
-			before := eps[1].tunnel.Status().Counters
+			before := victim.tunnel.Status().Counters
 			for range 2 {
 				if err := rec.Conn.Send(init, dst); err != nil {
 					t.Fatal(err)
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
-			after := eps[1].tunnel.Status().Counters
+			after := victim.tunnel.Status().Counters
 			if after["drop_replay"] == before["drop_replay"] {
 				t.Errorf("a replayed initiation was not counted: drop_replay %d", after["drop_replay"])
 			}
@@ -197,9 +211,10 @@ func TestTunnelStatusUnmeasuredAndDown(t *testing.T) {
 // must survive: traffic keeps flowing across several rekeys and nothing is counted as an
 // unknown session, a replay or a forgery.
 func TestTunnelSimultaneousRekey(t *testing.T) {
-	defer tunnel.SetRekeyTimers(time.Second, 300*time.Millisecond)()
 	l := labtest.Up(t, scenario.ParallelLinks("tun",
 		topo.Shape{Delay: 2 * time.Millisecond}, topo.Shape{Delay: 8 * time.Millisecond}))
+	// Restored by a cleanup registered before the tunnels' own, so after they stop.
+	t.Cleanup(tunnel.SetRekeyTimers(time.Second, 300*time.Millisecond))
 	eps := startTogether(t, l, nil)
 	waitUp(t, eps)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
