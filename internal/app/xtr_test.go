@@ -125,6 +125,15 @@ placement = true
 	if !strings.Contains(m, "site1  192.168.1.0/24") || !strings.Contains(m, "site2  fd00:2::/64") || !strings.Contains(m, "map_requests_forwarded") {
 		t.Errorf("mapserver show:\n%s", m)
 	}
+	// braid status without flags finds each role at its default address and shows its state.
+	if st := show("ms", "status"); !strings.Contains(st, "map server: 2 sites registered, 4 EID prefixes; registrations accepted") ||
+		!strings.Contains(st, "site1  192.168.1.0/24") {
+		t.Errorf("braid status on the map server's host:\n%s", st)
+	}
+	if st := show("xtr1", "status"); !strings.Contains(st, "xtr: ") || !strings.Contains(st, "RLOC pairs") ||
+		!strings.Contains(st, "10.0.1.1    10.0.3.1     up") {
+		t.Errorf("braid status on xtr1's host:\n%s", st)
+	}
 	if capture == nil {
 		labtest.Skip(t, "tshark is not installed: the capture was not checked (scripts/deps.sh installs it)")
 	}
