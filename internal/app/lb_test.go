@@ -241,6 +241,13 @@ vip = "%s:%d"
 	if st := status(); st.Backends[0].State != "drained" {
 		t.Fatalf("b0 is %s", st.Backends[0].State)
 	}
+	// braid status through the control socket: the services, the backends with their state,
+	// the tokens and the counters.
+	code, out, errOut := run("status", "--control", control)
+	if code != exitOK || !strings.Contains(out, "load balancer: services [") || !regexp.MustCompile(`b0 +0 +drained`).MatchString(out) ||
+		!strings.Contains(out, "60 tokens") || !regexp.MustCompile(`join_steered +[1-9]`).MatchString(out) {
+		t.Errorf("braid status --control: %d\n%s%s", code, out, errOut)
+	}
 	if code, _, errOut := run("lb", "weight", "nosuch", "1", "--control", control); code != exitError || !strings.Contains(errOut, "no such backend") {
 		t.Fatalf("unknown backend: %d %q", code, errOut)
 	}
