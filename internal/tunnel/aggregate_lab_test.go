@@ -269,7 +269,7 @@ func uplinkBits(before, after tunnel.Status) []float64 {
 // In the four-path mesh (two uplinks at site a, two addresses at site b), each of a's uplinks
 // is paced at its own capacity, not at the sum of its two paths' (twice as much): UDP offered
 // at 1.5 times the sum of the uplinks leaves each uplink at no more than its capacity (5 %
-// above for timing) with under 3 % dropped in the uplink's queue (measured 0-0.5 %; 36 % with
+// above for timing) with under 3 % dropped in the uplink's queue (measured 0-1 %; 36 % with
 // a token bucket per path only), and the two together reach at
 // least 0.9 of the sum. Then one TCP flow gets at least 0.75 of the sum of the capacities
 // (at most about 0.9 is reachable: TCP payload over 1400-byte inner packets in 1500-byte outer
