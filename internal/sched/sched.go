@@ -11,7 +11,8 @@
 //   - WRR: MPT's deterministic weighted round robin, as the interoperable baseline;
 //   - Paced, the default: capacity-proportional shares with a token bucket per path, so that no
 //     path is sent more than it can carry (glorytun's reason for staying loss-free on shaped
-//     links, tunnels.md section 4) and unequal paths aggregate in proportion;
+//     links, tunnels.md section 4) and unequal paths aggregate in proportion, and a Bucket
+//     per uplink that the paths leaving by it share, so that together they stay within it;
 //   - MinRTT: the MPTCP default rule (lowest smoothed RTT with room in the window, backup
 //     paths only when no other can send), a baseline for RBPM;
 //   - BLEST and ECF: MPTCP's receive-window-aware schedulers, which wait for the fast path
