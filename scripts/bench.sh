@@ -18,9 +18,17 @@ fi
 start=$(git rev-parse HEAD)
 mkdir -p bench/out
 $GO run ./bench/internal/benchmd header -runs 5 > bench/out/header.md
+# A driver that fails still has its section written when it wrote one (rbpm lists its failed
+# runs and exits 1); one that wrote none gets a section naming no commit, which the check
+# rejects. Either way make bench fails at the end, after writing the file.
+failed=""
 for b in "$@"; do
 	t0=$(date +%s)
-	$GO run ./bench/"$b" -braid bin/braid -runs 5 -out bench/out/"$b".md
+	rm -f bench/out/"$b".md
+	if ! $GO run ./bench/"$b" -braid bin/braid -runs 5 -out bench/out/"$b".md; then
+		failed="$failed $b"
+	fi
+	[ -s bench/out/"$b".md ] || printf '## bench/%s failed\n\nIt wrote no section.\n' "$b" > bench/out/"$b".md
 	echo "make bench: $b took $(( $(date +%s) - t0 )) s" >&2
 done
 if [ "$(git rev-parse HEAD)" != "$start" ]; then
@@ -32,3 +40,7 @@ fi
 	for b in "$@"; do cat bench/out/"$b".md; echo; done
 } > bench/BENCH.md
 ./scripts/check-bench.sh bench/BENCH.md
+if [ -n "$failed" ]; then
+	echo "make bench: these drivers failed (see their sections):$failed" >&2
+	exit 1
+fi
