@@ -44,7 +44,8 @@ Commands:
   link HOST1 HOST2 [--rate R] [--delay D] [--jitter J] [--loss L] [--down|--up]
                  change a link of the running lab while traffic flows
   run SCENARIO   run a built-in experiment and print its table
-  repro PAPER    reproduce a paper's experiment (mptgre, amptcp, rbpm), its figures printed beside braid's
+  repro PAPER    reproduce a paper's experiment (mptgre, amptcp, federation, mplb, rbpm): its
+                 figures beside braid's, its claims checked (exit 3 when one fails)
   demo           the main demonstration: two sites, two uplinks each, each path measured
 
 Names: namespaces are called braid-<id>-<host>, where <id> is a random run ID.
