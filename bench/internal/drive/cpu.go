@@ -22,7 +22,12 @@ func ProcCPU(pid int) time.Duration {
 	if err != nil {
 		return 0
 	}
-	s := string(b)
+	return statCPU(string(b))
+}
+
+// statCPU is utime + stime of a /proc/PID/stat line (fields 14 and 15 of proc(5), in clock
+// ticks: USER_HZ, 100 on Linux); 0 if the line is malformed.
+func statCPU(s string) time.Duration {
 	i := strings.LastIndexByte(s, ')') // the command name may hold spaces and parentheses
 	if i < 0 || i+2 > len(s) {
 		return 0
@@ -31,9 +36,11 @@ func ProcCPU(pid int) time.Duration {
 	if len(f) < 13 {
 		return 0
 	}
-	// Fields 14 and 15 of proc(5), utime and stime, in clock ticks (USER_HZ, 100 on Linux).
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0
+	}
 	return time.Duration(ut+st) * time.Second / 100
 }
 
