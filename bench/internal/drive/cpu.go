@@ -12,8 +12,9 @@ import (
 // on braid's: the user and system time the kernel accounts to each process that does the
 // side's work (all its threads), summed. A live process is read from /proc/PID/stat, one that
 // has exited from its rusage (os.ProcessState); both are the kernel's per-process CPU time.
-// Never machine-wide busy time: it counts the other work of a shared machine, and the kernel's
-// idle accounting makes it disagree with the per-process figures.
+// Never machine-wide busy time: it counts the other work of a shared machine, and on this
+// machine /proc/stat's busy time read lower than one process's own CPU time over the same
+// interval, so the two cannot be set side by side.
 
 // ProcCPU returns the user and system time process pid has used so far, every thread counted;
 // 0 if it is gone.
