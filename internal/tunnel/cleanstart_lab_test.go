@@ -14,7 +14,6 @@ import (
 	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/tunnel"
-	"braid/internal/tunnel/session"
 	"braid/internal/wire/mpath"
 )
 
@@ -45,15 +44,7 @@ func (r *initRecorder) count() int {
 // moment, the way two sites come up after a shared outage. mutate adjusts each side's options.
 func startTogether(t *testing.T, l *lab.Lab, mutate func(side int, o *tunnel.Options)) [2]*endpoint {
 	t.Helper()
-	var eps [2]*endpoint
-	for i, name := range []string{"a", "b"} {
-		k, err := session.GenerateKey()
-		if err != nil {
-			t.Fatal(err)
-		}
-		eps[i] = &endpoint{host: l.Host(name), priv: k,
-			inner4: netip.MustParseAddr(fmt.Sprintf("10.255.0.%d", i+1)), inner6: netip.MustParseAddr(fmt.Sprintf("fd00:ff::%d", i+1))}
-	}
+	eps := newEndpoints(t, l)
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
 	start := make(chan struct{})

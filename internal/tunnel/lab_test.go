@@ -34,9 +34,9 @@ type endpoint struct {
 	inner6 netip.Addr
 }
 
-// startTunnels runs a tunnel on a and b over every link, with outer addresses of the given
-// family (4 or 6). Inner addresses: a 10.255.0.1 / fd00:ff::1, b 10.255.0.2 / fd00:ff::2.
-func startTunnels(t *testing.T, l *lab.Lab, outer int, mutate func(side int, o *tunnel.Options)) [2]*endpoint {
+// newEndpoints gives hosts a and b of l a key each and their inner addresses: a 10.255.0.1 /
+// fd00:ff::1, b 10.255.0.2 / fd00:ff::2.
+func newEndpoints(t *testing.T, l *lab.Lab) [2]*endpoint {
 	t.Helper()
 	var eps [2]*endpoint
 	for i, name := range []string{"a", "b"} {
@@ -47,6 +47,14 @@ func startTunnels(t *testing.T, l *lab.Lab, outer int, mutate func(side int, o *
 		eps[i] = &endpoint{host: l.Host(name), priv: k,
 			inner4: netip.MustParseAddr(fmt.Sprintf("10.255.0.%d", i+1)), inner6: netip.MustParseAddr(fmt.Sprintf("fd00:ff::%d", i+1))}
 	}
+	return eps
+}
+
+// startTunnels runs a tunnel on a and b over every link, with outer addresses of the given
+// family (4 or 6). Inner addresses: a 10.255.0.1 / fd00:ff::1, b 10.255.0.2 / fd00:ff::2.
+func startTunnels(t *testing.T, l *lab.Lab, outer int, mutate func(side int, o *tunnel.Options)) [2]*endpoint {
+	t.Helper()
+	eps := newEndpoints(t, l)
 	for i, ep := range eps {
 		other := eps[1-i]
 		peer := tunnel.PeerConfig{Name: "peer", PublicKey: other.priv.Public(),
