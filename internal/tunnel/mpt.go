@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -39,6 +40,12 @@ type MPTPath struct {
 	Uplink string
 	Remote netip.AddrPort
 	Weight int // MPT's weight_out; 0 means 1
+	// Local is the path's own address, which names the path in the status exchange with the
+	// peer; an invalid Addr means the uplink socket's address.
+	Local netip.Addr
+	// Interface is the path's local interface (MPT's interface_name): while it is down or has
+	// no carrier, the path is down, at once. "" means not watched.
+	Interface string
 }
 
 // MPTOptions configure an MPT connection.
@@ -66,7 +73,15 @@ type MPTOptions struct {
 	// LocalTunnelIP and RemoteTunnelIP are carried in the keepalives (MPT's tunnel addresses;
 	// an invalid Addr is sent as ::).
 	LocalTunnelIP, RemoteTunnelIP netip.Addr
-	Logger                        *slog.Logger
+	// Command is the socket of MPT's command port (cmdport_local), on which the peer and braid
+	// exchange path status changes (0xA2, mptcmd.go); nil: no exchange, paths are judged by
+	// keepalives alone. RemoteCmdPort is the peer's (remote_cmd_port; 0 means 65050).
+	// AuthType and AuthKey are the connection's auth_type (0, 1 or 2) and auth_key's bytes.
+	Command       Conn
+	RemoteCmdPort uint16
+	AuthType      uint8
+	AuthKey       []byte
+	Logger        *slog.Logger
 }
 
 // MPTCounters are the connection's packet counters; drops are counted by reason.
@@ -85,6 +100,17 @@ type MPTCounters struct {
 	DropNoPath      atomic.Uint64 // no path up
 	DropSend        atomic.Uint64 // socket send buffer full, or the send failed
 	DropDevice      atomic.Uint64 // the device refused a write
+
+	// The command port.
+	CmdReceived           atomic.Uint64 // datagrams received, before any check
+	CmdSent               atomic.Uint64 // 0xA2 sent, all rounds
+	CmdApplied            atomic.Uint64 // path statuses applied from the peer
+	CmdRefusedSource      atomic.Uint64 // from an address that is no path's remote
+	CmdRefusedUnsupported atomic.Uint64 // a command other than 0xA2
+	CmdRefusedMalformed   atomic.Uint64 // a 0xA2 that does not decode, or a round not 1 to 4
+	CmdRefusedAuth        atomic.Uint64 // wrong auth_type, SHA-256, or token
+	CmdRefusedNoPath      atomic.Uint64 // names no configured path
+	CmdExchangeFailed     atomic.Uint64 // status changes the peer did not confirm
 }
 
 func (c *MPTCounters) snapshot() map[string]uint64 {
@@ -96,6 +122,10 @@ func (c *MPTCounters) snapshot() map[string]uint64 {
 		"drop_command": c.DropCommand.Load(), "drop_bad_inner": c.DropBadInner.Load(),
 		"drop_no_route": c.DropNoRoute.Load(), "drop_no_path": c.DropNoPath.Load(),
 		"drop_send": c.DropSend.Load(), "drop_device": c.DropDevice.Load(),
+		"cmd_received": c.CmdReceived.Load(), "cmd_sent": c.CmdSent.Load(), "cmd_applied": c.CmdApplied.Load(),
+		"cmd_refused_source": c.CmdRefusedSource.Load(), "cmd_refused_unsupported": c.CmdRefusedUnsupported.Load(),
+		"cmd_refused_malformed": c.CmdRefusedMalformed.Load(), "cmd_refused_auth": c.CmdRefusedAuth.Load(),
+		"cmd_refused_no_path": c.CmdRefusedNoPath.Load(), "cmd_exchange_failed": c.CmdExchangeFailed.Load(),
 	}
 }
 
@@ -112,12 +142,15 @@ type MPTStatus struct {
 
 // MPTPathStatus describes one path.
 type MPTPathStatus struct {
-	ID                 int // 1-based, in the order of MPTOptions.Paths
-	Uplink             string
-	Remote             string
-	Weight             int
-	State              string // "up" or "down"
-	UplinkFailed       bool   // the uplink's socket failed: down for good
+	ID     int // 1-based, in the order of MPTOptions.Paths
+	Uplink string
+	Remote string
+	Weight int
+	State  string // "up" or "down"
+	// Status says why: ok, path_down (silent for the dead time), if_down, path_down_manual,
+	// peer_down (the peer announced it down).
+	Status             string
+	UplinkFailed       bool // the uplink's socket failed: down for good
 	SinceReceive       time.Duration
 	TxPackets, TxBytes uint64 // data and keepalives
 	TxDrops            uint64
@@ -153,7 +186,8 @@ type MPTTunnel struct {
 	snap  []sched.Path
 	txSeq uint32 // last sequence number sent
 
-	rx mptRx
+	rx  mptRx
+	cmd *mptCmd // nil without a command port
 
 	stats   MPTCounters
 	start   time.Time
@@ -175,9 +209,18 @@ type mptPath struct {
 	remote netip.AddrPort
 	weight int
 
-	alive  atomic.Bool
-	lastRx atomic.Int64 // t.now() of the last datagram accepted from the path
-	nextKA int64        // owned by the timers goroutine
+	local netip.Addr
+	iface string
+	alive atomic.Bool
+	// Set by the interface watch, by hand, and by the peer's status exchange.
+	ifDown, manual, peerDown atomic.Bool
+	announce                 atomic.Bool  // the peer is to be told the local status
+	retryAt                  atomic.Int64 // t.now() to announce again, 0: none
+	cmdMu                    sync.Mutex
+	challenge                [mpt.TokenLen]byte // the last round-2 token sent, for round 3
+	challengeAt              int64
+	lastRx                   atomic.Int64 // t.now() of the last datagram accepted from the path
+	nextKA                   int64        // owned by the timers goroutine
 
 	txPackets, txBytes, txDrops atomic.Uint64
 	rxPackets, rxBytes          atomic.Uint64
@@ -185,7 +228,24 @@ type mptPath struct {
 }
 
 // usable reports whether data may be sent on the path.
-func (p *mptPath) usable() bool { return p.alive.Load() && !p.up.failed.Load() }
+func (p *mptPath) usable() bool {
+	return p.alive.Load() && !p.up.failed.Load() && !p.ifDown.Load() && !p.manual.Load() && !p.peerDown.Load()
+}
+
+// status names p's status (MPTPathStatus.Status).
+func (p *mptPath) status() string {
+	switch {
+	case p.manual.Load():
+		return mptStatusManual
+	case p.ifDown.Load():
+		return mptStatusIfDown
+	case p.peerDown.Load():
+		return mptStatusPeerDown
+	case !p.alive.Load():
+		return mptStatusDead
+	}
+	return mptStatusOK
+}
 
 // mptRx is the receive side's reorder buffer. Packets it releases are queued and written by one
 // goroutine at a time, the drainer, so that they reach the device in the order released while
@@ -276,7 +336,15 @@ func NewMPT(o MPTOptions) (*MPTTunnel, error) {
 				return nil, fmt.Errorf("mpt: paths %d and %d are the same (%s on %s)", q.id+1, i+1, remote, up.name)
 			}
 		}
-		p := &mptPath{id: i, up: up, remote: remote, weight: w}
+		local := pc.Local.Unmap().WithZone("")
+		if !local.IsValid() {
+			if lc, ok := up.conn.(interface{ LocalAddr() net.Addr }); ok {
+				if ua, ok := lc.LocalAddr().(*net.UDPAddr); ok {
+					local = ua.AddrPort().Addr().Unmap().WithZone("")
+				}
+			}
+		}
+		p := &mptPath{id: i, up: up, remote: remote, weight: w, local: local, iface: pc.Interface}
 		p.alive.Store(true) // as MPT's status=OK: up until proven dead
 		p.lastRx.Store(now)
 		up.paths = append(up.paths, p)
@@ -306,6 +374,25 @@ func NewMPT(o MPTOptions) (*MPTTunnel, error) {
 			return nil, fmt.Errorf("mpt: %w", err)
 		}
 		t.rx.rb = rb
+	}
+	if o.Command != nil {
+		if _, ok := mpt.AuthLen(o.AuthType); !ok {
+			return nil, fmt.Errorf("mpt: auth_type %d, want 0, 1 or 2", o.AuthType)
+		}
+		if o.AuthType == mpt.AuthSHA256 && len(o.AuthKey) == 0 {
+			return nil, errors.New("mpt: auth_type 2 needs a key")
+		}
+		for _, p := range t.paths {
+			if !p.local.IsValid() || p.local.IsUnspecified() {
+				return nil, fmt.Errorf("mpt: path %d: no local address to name it to the peer", p.id+1)
+			}
+		}
+		port := o.RemoteCmdPort
+		if port == 0 {
+			port = 65050
+		}
+		t.cmd = &mptCmd{conn: o.Command, port: port, authType: o.AuthType, key: o.AuthKey,
+			replies: make(chan mptReply, 16), wake: make(chan struct{}, 1)}
 	}
 	ka := mpt.Keepalive{IPVer: uint8(o.IPVersion), Local: o.LocalTunnelIP, Remote: o.RemoteTunnelIP}
 	b := make([]byte, mpt.HeaderLen, mpt.HeaderLen+mpt.KeepaliveLen)
@@ -347,6 +434,10 @@ func (t *MPTTunnel) Run(ctx context.Context) error {
 		})
 	}
 	t.wg.Go(func() { t.timers(ctx) })
+	if t.cmd != nil {
+		t.wg.Go(t.readCmd)
+		t.wg.Go(func() { t.announcer(ctx.Done()) })
+	}
 	t.log.Info("mpt connection up", "paths", len(t.paths), "uplinks", len(t.uplinks), "mtu", t.o.MTU,
 		"ip_ver", t.o.IPVersion, "reorder_window", t.o.ReorderWindow, "keepalive", t.o.Keepalive)
 	var err error
@@ -359,6 +450,9 @@ func (t *MPTTunnel) Run(ctx context.Context) error {
 	t.o.Device.Close()
 	for _, u := range t.uplinks {
 		u.conn.Close()
+	}
+	if t.cmd != nil {
+		t.cmd.conn.Close()
 	}
 	t.wg.Wait()
 	if t.reorder {
@@ -564,8 +658,12 @@ func (t *MPTTunnel) timers(ctx context.Context) {
 	defer tick.Stop()
 	for {
 		now := t.now()
-		if t.every > 0 {
-			for _, p := range t.paths {
+		for _, p := range t.paths {
+			t.checkIface(p, now)
+			if r := p.retryAt.Load(); r != 0 && now >= r && p.retryAt.CompareAndSwap(r, 0) {
+				t.announce(p)
+			}
+			if t.every > 0 {
 				t.keepalive(p, now)
 			}
 		}
@@ -588,7 +686,8 @@ func (t *MPTTunnel) keepalive(p *mptPath, now int64) {
 	if p.up.failed.Load() {
 		return
 	}
-	if now >= p.nextKA {
+	// MPT sends no keepalives on a path taken down by hand or whose interface is down.
+	if !p.ifDown.Load() && !p.manual.Load() && now >= p.nextKA {
 		// MPT sends keepalives on paths that are down too: that is how they come back.
 		if t.send(p, t.kaPacket) {
 			p.kaSent.Add(1)
@@ -627,7 +726,7 @@ func (t *MPTTunnel) Status() MPTStatus {
 		}
 		st.Paths = append(st.Paths, MPTPathStatus{
 			ID: p.id + 1, Uplink: p.up.name, Remote: p.remote.String(), Weight: p.weight,
-			State: state, UplinkFailed: p.up.failed.Load(), SinceReceive: time.Duration(now - p.lastRx.Load()),
+			State: state, Status: p.status(), UplinkFailed: p.up.failed.Load(), SinceReceive: time.Duration(now - p.lastRx.Load()),
 			TxPackets: p.txPackets.Load(), TxBytes: p.txBytes.Load(), TxDrops: p.txDrops.Load(),
 			RxPackets: p.rxPackets.Load(), RxBytes: p.rxBytes.Load(),
 			KeepalivesSent: p.kaSent.Load(), KeepalivesReceived: p.kaRecv.Load(),
