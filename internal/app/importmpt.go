@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -17,11 +18,16 @@ interface.conf, one uplink per local end of the paths (interface_name, private_i
 local_port) and, for each connection file (conf/connections/<name>.conf, or ipv4.conf), a peer
 with its paths, routes ([net_N] dst_addr and ip_remote), reordering and keepalive settings.
 
+The command ports (cmdport_local, remote_cmd_port) are carried over with auth_type and, for
+auth_type 2, auth_key: braid speaks MPT's path-status exchange on the command port, so a path
+that failed comes back on both sides. The site file then holds a secret, and --out writes it
+readable by its owner only.
+
 What braid cannot carry over is printed as "file:line: warning: ..." on standard error and
-marked WARNING in the output: MPT's control-plane authentication (auth_type; mode "mpt" is
-unauthenticated and unencrypted, so use mode "braid" with 'braid keygen' keys where both ends
-run braid), public_ipaddr and gw_ipaddr (braid binds private_ipaddr and installs no routes),
-the command ports, accept_remote, permission, saved states and weight_in.
+marked WARNING in the output: public_ipaddr and gw_ipaddr (braid binds private_ipaddr and
+installs no routes), accept_remote, permission, saved states and weight_in. auth_type covers
+the command port only: mode "mpt" carries data unauthenticated and unencrypted, like MPT, so
+use mode "braid" with 'braid keygen' keys where both ends run braid.
 
 The site file goes to standard output, or to --out FILE, which must not exist yet. Check it on
 the site's machine with 'braid tunnel check'.
@@ -117,7 +123,11 @@ func tunnelImportMPT(e env, args []string) int {
 		}
 		return exitOK
 	}
-	f, err := os.OpenFile(*outFile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	perm := os.FileMode(0o644)
+	if bytes.Contains(out, []byte("\nauth_key = ")) {
+		perm = 0o600 // a secret of MPT's control plane
+	}
+	f, err := os.OpenFile(*outFile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
 		return exitError

@@ -47,11 +47,17 @@ func TestImportMPT(t *testing.T) {
 	if p := cfg.Peers[0]; p.Name != "site-b" || p.Paths[1].Remote != netip.MustParseAddrPort("198.51.100.130:23456") || p.MPT.ReorderWindow != 900 {
 		t.Errorf("peer %+v", p)
 	}
+	// The command ports and the control plane's authentication are carried over.
+	if m := cfg.Peers[0].MPT; m.CmdPort != 60456 || m.RemoteCmdPort != 60456 || m.AuthType != 2 || len(m.AuthKey) != 16 {
+		t.Errorf("command port settings %d %d %d %x", m.CmdPort, m.RemoteCmdPort, m.AuthType, m.AuthKey)
+	}
+	if strings.Contains(errOut, "cmdport_local") || strings.Contains(errOut, "remote_cmd_port") {
+		t.Errorf("the command ports are warned away:\n%s", errOut)
+	}
 	// Warnings on stderr as file:line: warning: ...
 	for _, want := range []string{
 		mptSiteB + ":17: warning: auth_type 2",
 		mptSiteB + ":39: warning: [path_1] gw_ipaddr 0.0.0.0",
-		mptInterface + ":7: warning: cmdport_local",
 		mptIPv4 + ":3: warning: no ip_ver",
 	} {
 		if !strings.Contains(errOut, want) {
@@ -64,6 +70,9 @@ func TestImportMPT(t *testing.T) {
 	dst := filepath.Join(t.TempDir(), "site.toml")
 	if code, _, errOut := importMPT(t, mptSiteB, "--interface", mptInterface, "--out", dst); code != exitOK {
 		t.Fatalf("--out: exit %d, %s", code, errOut)
+	}
+	if fi, err := os.Stat(dst); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("the site file, holding auth_key, is not readable by its owner only: %v", fi.Mode())
 	}
 	data, err := os.ReadFile(dst)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"runtime/pprof"
 	"strconv"
@@ -254,15 +255,25 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 		mutate func(pathRequest) error
 	)
 	if cfg.Mode == config.ModeMPT {
-		t, err := tunnel.NewMPT(mptOptions(cfg, dev, mtu, uplinks, byName, log))
+		o := mptOptions(cfg, dev, mtu, uplinks, byName, log)
+		if port := cfg.Peers[0].MPT.CmdPort; port != 0 {
+			c, err := listenMPTCommand(port)
+			if err != nil {
+				closeAll()
+				return err
+			}
+			o.Command = c
+		}
+		t, err := tunnel.NewMPT(o)
 		if err != nil {
+			if o.Command != nil {
+				o.Command.Close()
+			}
 			closeAll()
 			return err
 		}
 		run, src = t.Run, mptSource{t}
-		mutate = func(pathRequest) error {
-			return errors.New("mode mpt has no runtime path control; change the site file and restart")
-		}
+		mutate = func(r pathRequest) error { return applyMPTPath(t, cfg.Peers[0].Name, r) }
 	} else {
 		o := braidOptions(cfg, dev, mtu, uplinks, byName, log)
 		if cfg.MTU == 0 { // derived: path MTU discovery may lower it
@@ -347,9 +358,45 @@ func mptOptions(cfg *config.Tunnel, dev tunnel.Device, mtu int, uplinks []tunnel
 		if w == 0 {
 			w = byName[pp.Uplink].Weight
 		}
-		o.Paths = append(o.Paths, tunnel.MPTPath{Uplink: pp.Uplink, Remote: pp.Remote, Weight: w})
+		u := byName[pp.Uplink]
+		o.Paths = append(o.Paths, tunnel.MPTPath{Uplink: pp.Uplink, Remote: pp.Remote, Weight: w, Local: u.Address, Interface: u.Interface})
+	}
+	if p.MPT.CmdPort != 0 {
+		o.RemoteCmdPort = p.MPT.RemoteCmdPort
+		if o.RemoteCmdPort == 0 {
+			o.RemoteCmdPort = config.DefaultMPTCmdPort
+		}
+		o.AuthType, o.AuthKey = uint8(p.MPT.AuthType), []byte(p.MPT.AuthKey)
 	}
 	return o
+}
+
+// mptCmdConn is the socket of MPT's command port: IPv4 and IPv6, on every address.
+type mptCmdConn struct{ *net.UDPConn }
+
+func (c mptCmdConn) Send(b []byte, dst netip.AddrPort) error {
+	_, err := c.WriteToUDPAddrPort(b, dst)
+	return err
+}
+
+func listenMPTCommand(port uint16) (tunnel.Conn, error) {
+	c, err := net.ListenUDP("udp", &net.UDPAddr{Port: int(port)})
+	if err != nil {
+		return nil, fmt.Errorf("mpt command port: %w", err)
+	}
+	return mptCmdConn{c}, nil
+}
+
+// applyMPTPath is 'braid tunnel path up|down' in mode mpt: MPT's "path up|down", told to the
+// peer through the status exchange when there is a command port.
+func applyMPTPath(t *tunnel.MPTTunnel, peer string, r pathRequest) error {
+	if r.Action != "up" && r.Action != "down" {
+		return fmt.Errorf("mode mpt: action %q: only up and down (weights are MPT's weight_out, in the site file)", r.Action)
+	}
+	if r.Peer != peer || !t.SetAdminDown(r.Path, r.Action == "down") {
+		return fmt.Errorf("no path %d to a peer %q", r.Path, r.Peer)
+	}
+	return nil
 }
 
 // tunnelSource exposes a tunnel's status and metrics.

@@ -93,6 +93,14 @@
 //	local_tunnel_ip = "10.255.0.1"  # carried in keepalives; default: the first address of
 //	                          # tunnel.address of remote_tunnel_ip's family
 //	remote_tunnel_ip = "10.255.0.2" # required: the peer's tunnel address
+//	cmd_port = 0              # MPT's cmdport_local: the UDP port on which braid exchanges path
+//	                          # status changes (0xA2) with the peer; 0 (default) = no command
+//	                          # port, paths judged by keepalives alone. Only the paths' remote
+//	                          # addresses are answered
+//	remote_cmd_port = 65050   # the peer's command port (MPT's remote_cmd_port, default 65050)
+//	auth_type = 0             # MPT's auth_type for the command port: 0 none, 1 random token,
+//	                          # 2 SHA-256 with auth_key
+//	auth_key = ""             # MPT's auth_key, hex; required with auth_type 2
 //	  [[tunnel.peer.path]]
 //	  uplink = "fibre"
 //	  remote = "198.51.100.1:23456"
@@ -104,6 +112,7 @@ package config
 
 import (
 	"cmp"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -152,6 +161,8 @@ const (
 	maxWeight         = 65535
 	maxPathsBraid     = 255 // path IDs 0..254 (docs/tunnel-wire.md)
 	maxPathsMPT       = 20  // MPT's limit per connection
+	// DefaultMPTCmdPort is MPT's default cmdport_local and remote_cmd_port.
+	DefaultMPTCmdPort = 65050
 	maxReorderPackets = 1 << 20
 	maxReorderWindow  = 10000 // MPT's reorder buffer holds 10 001
 	maxSunPath        = 107   // sizeof(sockaddr_un.sun_path) - 1
@@ -247,6 +258,10 @@ type MPTSettings struct {
 	DeadTime       time.Duration // without keepalives, a path is down; 0 with Keepalive 0
 	LocalTunnelIP  netip.Addr    // carried in keepalives
 	RemoteTunnelIP netip.Addr
+	CmdPort        uint16 // MPT's cmdport_local; 0: no command port
+	RemoteCmdPort  uint16 // MPT's remote_cmd_port; 0: DefaultMPTCmdPort
+	AuthType       int    // MPT's auth_type, 0, 1 or 2
+	AuthKey        string // MPT's auth_key's bytes, decoded from hex
 }
 
 // Env is what validation needs from the machine. The app passes the real system
@@ -440,6 +455,10 @@ type filePeer struct {
 	DeadTime       any     `toml:"dead_time"`
 	LocalTunnelIP  *string `toml:"local_tunnel_ip"`
 	RemoteTunnelIP *string `toml:"remote_tunnel_ip"`
+	CmdPort        *int64  `toml:"cmd_port"`
+	RemoteCmdPort  *int64  `toml:"remote_cmd_port"`
+	AuthType       *int64  `toml:"auth_type"`
+	AuthKey        *string `toml:"auth_key"`
 }
 
 type filePath struct {
@@ -651,6 +670,10 @@ func (l *loader) peer(t *Tunnel, i int, f *filePeer) Peer {
 		{"dead_time", f.DeadTime != nil},
 		{"local_tunnel_ip", f.LocalTunnelIP != nil},
 		{"remote_tunnel_ip", f.RemoteTunnelIP != nil},
+		{"cmd_port", f.CmdPort != nil},
+		{"remote_cmd_port", f.RemoteCmdPort != nil},
+		{"auth_type", f.AuthType != nil},
+		{"auth_key", f.AuthKey != nil},
 	}
 	switch t.Mode {
 	case ModeBraid:
@@ -693,6 +716,22 @@ func (l *loader) peer(t *Tunnel, i int, f *filePeer) Peer {
 					break
 				}
 			}
+		}
+		if f.CmdPort != nil {
+			m.CmdPort = l.port(obj, p+"cmd_port", "cmd_port", *f.CmdPort, 0)
+		}
+		if f.RemoteCmdPort != nil {
+			m.RemoteCmdPort = l.port(obj, p+"remote_cmd_port", "remote_cmd_port", *f.RemoteCmdPort, 1)
+		}
+		if f.AuthType != nil {
+			m.AuthType = l.int(obj, p+"auth_type", "auth_type", *f.AuthType)
+		}
+		if f.AuthKey != nil {
+			k, err := hex.DecodeString(*f.AuthKey)
+			if err != nil {
+				l.fail(obj, p+"auth_key", "auth_key: not hex: %v", err)
+			}
+			m.AuthKey = string(k)
 		}
 		pr.MPT = &m
 	}
@@ -1109,6 +1148,15 @@ func (c *checker) mpt(obj, p string, m *MPTSettings, addrs []netip.Prefix) {
 		c.report(obj, fmt.Sprintf("dead_time %v without keepalives: no path could ever come back", m.DeadTime), p+".dead_time", p+".keepalive", p)
 	case m.Keepalive != 0 && m.DeadTime < 2*m.Keepalive:
 		c.report(obj, fmt.Sprintf("dead_time %v is less than 2 × keepalive (%v): one late keepalive would take a path down", m.DeadTime, m.Keepalive), p+".dead_time", p+".keepalive", p)
+	}
+	switch {
+	case m.AuthType < 0 || m.AuthType > 2:
+		c.report(obj, fmt.Sprintf("auth_type %d: MPT knows 0 (none), 1 (random token) and 2 (SHA-256)", m.AuthType), p+".auth_type", p)
+	case m.AuthType == 2 && len(m.AuthKey) == 0:
+		c.report(obj, "auth_type 2 needs auth_key (hex)", p+".auth_key", p)
+	}
+	if m.CmdPort == 0 && (m.AuthType != 0 || len(m.AuthKey) > 0) {
+		c.report(obj, "auth_type and auth_key are for the command port, and cmd_port is 0 (none)", p+".cmd_port", p)
 	}
 	rem, loc := m.RemoteTunnelIP, m.LocalTunnelIP
 	if !rem.IsValid() {

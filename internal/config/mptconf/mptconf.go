@@ -15,13 +15,15 @@
 // Every error and warning names the file and line.
 //
 // The conversion carries over what braid's mpt mode has: the TUN device, one uplink per local
-// end of the paths, one peer per connection with its paths, routes and MPT settings. What braid
-// cannot carry over (MPT's control-plane authentication, public and gateway addresses, the
-// command port, remote connection creation, permissions, path states, weight_in) becomes a
-// warning, both in the returned list and as a comment in the generated file.
+// end of the paths, one peer per connection with its paths, routes and MPT settings, and the
+// command ports with the control plane's auth_type and auth_key (braid speaks MPT's path-status
+// exchange). What braid cannot carry over (public and gateway addresses, remote connection
+// creation, permissions, path states, weight_in) becomes a warning, both in the returned list
+// and as a comment in the generated file.
 package mptconf
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -239,7 +241,7 @@ type Connection struct {
 	ReorderWindow int        // reorder_window, packets (default 0: off)
 	MaxBuffDelay  time.Duration
 	AuthType      int    // auth_type: 0 none, 1 random token, 2 SHA-256
-	AuthKey       string // auth_key (hex); never written out
+	AuthKey       string // auth_key (hex), written out for auth_type 2 only
 	Paths         []Path
 	Nets          []Net
 
@@ -645,6 +647,10 @@ type outPeer struct {
 	maxBuffDelay      time.Duration
 	keepalive, dead   time.Duration
 	localIP, remoteIP netip.Addr
+	cmdPort           int // cmdport_local of interface.conf
+	remoteCmdPort     int
+	authType          int
+	authKey           string // hex
 	paths             []outPath
 	notes             notes
 }
@@ -669,8 +675,8 @@ func ToSiteTOML(ifc *Interface, conns []*Connection) (toml []byte, warnings []Wa
 		c.warn(&tunNotes, w.File, w.Line, "%s", w.Message)
 	}
 	f, ln := ifc.file, ifc.lines
-	if ifc.CmdPortLocal != defaultCmdPort || line(ln, "general", "cmdport_local") > 0 {
-		c.warn(&tunNotes, f, line(ln, "general", "cmdport_local"), "cmdport_local %d: braid has no UDP command port; its runtime control is the 'control' socket ('braid tunnel path up|down|weight', 'braid status')", ifc.CmdPortLocal)
+	if ifc.CmdPortLocal == 0 {
+		c.warn(&tunNotes, f, line(ln, "general", "cmdport_local"), "cmdport_local 0: no command port, so braid does not exchange path status changes with the peer (paths are judged by keepalives alone)")
 	}
 	if line(ln, "general", "cmd_timeout") > 0 {
 		c.warn(&tunNotes, f, line(ln, "general", "cmd_timeout"), "cmd_timeout is a setting of MPT's CLI; not carried over")
@@ -736,6 +742,7 @@ func ToSiteTOML(ifc *Interface, conns []*Connection) (toml []byte, warnings []Wa
 		if pr == nil {
 			continue
 		}
+		pr.cmdPort = ifc.CmdPortLocal
 		cf, cl := conn.file, conn.lines
 		port := conn.LocalPort
 		seen := map[string]string{} // uplink + remote -> the path that has it
@@ -913,14 +920,25 @@ func (c *converter) peer(conn *Connection, ci int, addrs []netip.Prefix, names m
 	if conn.LocalPort == 0 {
 		c.warn(&pr.notes, f, at(ln, "connection", "local_port"), "local_port 0 (MPT's default): MPT sends from an ephemeral port; braid binds tunnel.port %d, so set remote_port = %d for this connection on the MPT peer", config.DefaultTunnelPort, config.DefaultTunnelPort)
 	}
-	if line(ln, "connection", "remote_cmd_port") > 0 {
-		c.warn(&pr.notes, f, line(ln, "connection", "remote_cmd_port"), "remote_cmd_port %d: braid's mpt mode has no control channel to the peer (status changes and connection updates); paths are judged by keepalives alone", conn.RemoteCmdPort)
+	pr.remoteCmdPort = conn.RemoteCmdPort
+	if conn.RemoteCmdPort == 0 {
+		c.warn(&pr.notes, f, line(ln, "connection", "remote_cmd_port"), "remote_cmd_port 0: MPT's default, 65050, is written instead")
+		pr.remoteCmdPort = defaultCmdPort
 	}
 
-	// Control plane.
-	if conn.AuthType != 0 || conn.AuthKey != "" {
-		kind := map[int]string{0: "none", 1: "a random token", 2: "SHA-256 of message and key"}[conn.AuthType]
-		c.warn(&pr.notes, f, line(ln, "connection", "auth_type"), "auth_type %d (%s) and auth_key have no equivalent: they cover only MPT's control plane, which braid does not speak; mode \"mpt\" is unauthenticated and unencrypted, like MPT's data plane. Where both ends run braid, use mode = \"braid\" with keys from 'braid keygen'", conn.AuthType, kind)
+	// Control plane: braid speaks the path-status exchange with MPT's authentication.
+	pr.authType = conn.AuthType
+	if conn.AuthType == 2 {
+		if _, err := hex.DecodeString(conn.AuthKey); err != nil || conn.AuthKey == "" {
+			c.fail(f, line(ln, "connection", "auth_key"), "auth_type 2 needs auth_key in hex; %q is not", conn.AuthKey)
+		}
+		pr.authKey = strings.ToLower(conn.AuthKey)
+	} else if conn.AuthKey != "" {
+		c.warn(&pr.notes, f, line(ln, "connection", "auth_key"), "auth_key without auth_type 2 is unused, by MPT too; not carried over")
+	}
+	if conn.AuthType != 0 {
+		kind := map[int]string{1: "a random token", 2: "SHA-256 of message and key"}[conn.AuthType]
+		c.warn(&pr.notes, f, line(ln, "connection", "auth_type"), "auth_type %d (%s) covers only the command port (path status changes); mode \"mpt\" carries data unauthenticated and unencrypted, like MPT. Where both ends run braid, use mode = \"braid\" with keys from 'braid keygen'", conn.AuthType, kind)
 	}
 	if conn.Permission != 0 {
 		c.warn(&pr.notes, f, line(ln, "connection", "permission"), "permission %d: braid neither sends nor accepts connection updates; change the site file on both ends instead", conn.Permission)
@@ -1053,7 +1071,7 @@ func (c *converter) pathWarnings(conn *Connection, p *Path, n *notes) {
 		c.warn(n, f, l, "[%s] window_size is unused by MPT too; not carried over", p.Section)
 	}
 	if l := line(ln, p.Section, "cmd_default"); l > 0 {
-		c.warn(n, f, l, "[%s] cmd_default: braid has no command channel to the peer; not carried over", p.Section)
+		c.warn(n, f, l, "[%s] cmd_default: MPT's reference gives it no meaning braid could follow; not carried over", p.Section)
 	}
 }
 
@@ -1262,6 +1280,17 @@ func write(ifc *Interface, conns []*Connection, ifname string, addrs []netip.Pre
 			kv("", "local_tunnel_ip", q(p.localIP.String()), "ip_local")
 		}
 		kv("", "remote_tunnel_ip", q(p.remoteIP.String()), "ip_remote")
+		kv("", "cmd_port", strconv.Itoa(p.cmdPort), "cmdport_local; 0 = none")
+		if p.cmdPort != 0 {
+			kv("", "remote_cmd_port", strconv.Itoa(p.remoteCmdPort), "remote_cmd_port")
+			if p.authType != 0 {
+				kv("", "auth_type", strconv.Itoa(p.authType), "auth_type")
+			}
+			if p.authType == 2 {
+				b.WriteString("# auth_key is a secret: keep this file readable by root only\n")
+				kv("", "auth_key", q(p.authKey), "auth_key")
+			}
+		}
 		if p.reorderWindow > 0 && p.maxBuffDelay > 20*time.Millisecond {
 			b.WriteString("# MPT waits max_buffdelay for every lost packet: with 900 packets / 300ms a TCP flow\n" +
 				"# falls to some 40 Mbit/s (tunnels.md section 3); braid mode adapts the wait to the RTTs.\n")

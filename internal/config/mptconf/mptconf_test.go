@@ -158,6 +158,7 @@ func TestConvertLoads(t *testing.T) {
 	wantMPT := config.MPTSettings{
 		ReorderWindow: 900, MaxBuffDelay: 300 * time.Millisecond, Keepalive: 5 * time.Second, DeadTime: 11 * time.Second,
 		LocalTunnelIP: netip.MustParseAddr("10.0.0.2"), RemoteTunnelIP: netip.MustParseAddr("10.0.0.1"),
+		CmdPort: 60456, RemoteCmdPort: 60456, AuthType: 2, AuthKey: "\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f",
 	}
 	if pr.MPT == nil || *pr.MPT != wantMPT {
 		t.Errorf("mpt settings %+v, want %+v", pr.MPT, wantMPT)
@@ -170,10 +171,8 @@ func TestConvertLoads(t *testing.T) {
 		words []string
 	}{
 		{ifcFile, 6, []string{"accept_remote"}},
-		{ifcFile, 7, []string{"cmdport_local", "control"}},
 		{siteBFile, 5, []string{"permission"}},
-		{siteBFile, 11, []string{"remote_cmd_port"}},
-		{siteBFile, 17, []string{"auth_type", "unauthenticated", "mode = \"braid\"", "braid keygen"}},
+		{siteBFile, 17, []string{"auth_type", "command port", "unauthenticated", "mode = \"braid\"", "braid keygen"}},
 		{siteBFile, 23, []string{"public_ipaddr", "private_ipaddr"}},
 		{siteBFile, 25, []string{"gw_ipaddr 192.168.1.1", "route"}},
 		{siteBFile, 29, []string{"weight_in"}},
@@ -188,8 +187,11 @@ func TestConvertLoads(t *testing.T) {
 			t.Errorf("warning %v is not a comment of the output", w)
 		}
 	}
-	if strings.Contains(out, "000102030405060708090a0b0c0d0e0f") {
-		t.Error("the output contains MPT's auth_key")
+	// The command ports and the control plane's authentication are carried over.
+	for _, want := range []string{"cmd_port = 60456 ", "remote_cmd_port = 60456 ", "auth_type = 2 ", `auth_key = "000102030405060708090a0b0c0d0e0f"`} {
+		if !strings.Contains(out, "\n"+want) {
+			t.Errorf("the output has no %q", want)
+		}
 	}
 	if !strings.Contains(out, "unauthenticated") && !strings.Contains(out, "no authentication") {
 		t.Error("the output does not say that mpt mode is unauthenticated")
