@@ -20,7 +20,8 @@ import (
 // This file is the tunnel's mpt mode: one MPT connection (spyff/mpt, MPT-GRE), spoken byte for
 // byte as MPT does (docs/tunnel-wire.md, mode mpt; tunnels.md sections 1-3), so that a braid
 // site and an MPT site can form a tunnel. There is no session, no encryption and no
-// authentication: data is accepted only from the configured remote addresses.
+// authentication of data: data is accepted only from the configured remote addresses. Path
+// status changes are exchanged with the peer on MPT's command port (mptcmd.go).
 //
 // Where MPT is broken, mpt mode does better without changing the wire:
 //
@@ -218,6 +219,7 @@ type mptPath struct {
 	retryAt                  atomic.Int64 // t.now() to announce again, 0: none
 	cmdMu                    sync.Mutex
 	challenge                [mpt.TokenLen]byte // the last round-2 token sent, for round 3
+	request                  [mpt.TokenLen]byte // the token of the round 1 it answered
 	challengeAt              int64
 	lastRx                   atomic.Int64 // t.now() of the last datagram accepted from the path
 	nextKA                   int64        // owned by the timers goroutine

@@ -180,10 +180,10 @@ func (t *MPTTunnel) command(src netip.AddrPort, b []byte) {
 	case 1:
 		now := t.now()
 		p.cmdMu.Lock()
-		if now-p.challengeAt > int64(mptCmdTimeout) || p.challengeAt == 0 {
-			// A retransmitted round 1 gets the same challenge.
+		if p.challengeAt == 0 || now-p.challengeAt > int64(mptChallengeLife) || m.Token != p.request {
+			// A retransmitted round 1 (the same token) gets the same challenge.
 			rand.Read(p.challenge[:])
-			p.challengeAt = now
+			p.challengeAt, p.request = now, m.Token
 		}
 		tok := p.challenge
 		p.cmdMu.Unlock()
