@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,7 +41,15 @@ type refPeer struct {
 	remote   []netip.Addr // braid's
 	replies  chan []byte  // rounds 2 and 4 of the peer's own exchanges
 
+	// mptLike makes the peer act as MPT on a path's keepalive timeout: it announces PATH_DOWN
+	// to braid, announces OK when a keepalive comes back, and gives the path up for good (no
+	// keepalives, no data) if braid does not confirm the OK, as MPT did in issue 22.
+	mptLike    atomic.Bool
+	announceMu sync.Mutex
+
 	mu        sync.Mutex
+	dead      []bool // mptLike: the path timed out and was announced down
+	disabled  []bool // mptLike: braid did not confirm the path's return
 	lastKA    []time.Time
 	announced []byte // the last status braid announced per path (0 = OK)
 	dataTx    []int
@@ -57,6 +66,7 @@ func startRefPeer(t *testing.T, h *lab.Host, l *lab.Lab, inner netip.Addr, authT
 	p := &refPeer{t: t, authType: authType, key: key, replies: make(chan []byte, 16)}
 	n := len(l.Links())
 	p.lastKA, p.announced, p.dataTx, p.dataRx = make([]time.Time, n), make([]byte, n), make([]int, n), make([]int, n)
+	p.dead, p.disabled = make([]bool, n), make([]bool, n)
 	err := h.NS.Do(func() error {
 		for _, lk := range l.Links() {
 			la, ra := pickFamily(lk.Spec.B.Addrs, 4), pickFamily(lk.Spec.A.Addrs, 4)
@@ -104,7 +114,19 @@ func startRefPeer(t *testing.T, h *lab.Host, l *lab.Lab, inner netip.Addr, authT
 		defer tick.Stop()
 		for {
 			for i := range p.data {
-				p.data[i].WriteToUDPAddrPort(p.keepalive(i), netip.AddrPortFrom(p.remote[i], mptPort))
+				p.mu.Lock()
+				off := p.disabled[i]
+				timedOut := !p.dead[i] && time.Since(p.lastKA[i]) > refDead
+				if timedOut && p.mptLike.Load() {
+					p.dead[i] = true
+				}
+				p.mu.Unlock()
+				if timedOut && p.mptLike.Load() {
+					wg.Go(func() { p.announce(i, 0x80) })
+				}
+				if !off {
+					p.data[i].WriteToUDPAddrPort(p.keepalive(i), netip.AddrPortFrom(p.remote[i], mptPort))
+				}
 			}
 			select {
 			case <-ctx.Done():
@@ -130,7 +152,7 @@ func (p *refPeer) keepalive(i int) []byte {
 func (p *refPeer) up(i int) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.announced[i] == 0 && time.Since(p.lastKA[i]) <= refDead
+	return p.announced[i] == 0 && !p.disabled[i] && time.Since(p.lastKA[i]) <= refDead
 }
 
 func (p *refPeer) counts(i int) (tx, rx int) {
@@ -159,7 +181,18 @@ func (p *refPeer) readData(i int) {
 			}
 			p.mu.Lock()
 			p.lastKA[i] = time.Now()
+			back := p.dead[i] && !p.disabled[i]
+			p.dead[i] = false
 			p.mu.Unlock()
+			if back {
+				go func() {
+					if !p.announce(i, 0x00) {
+						p.mu.Lock()
+						p.disabled[i] = true
+						p.mu.Unlock()
+					}
+				}()
+			}
 			continue
 		}
 		if !bytes.Equal(b[:4], []byte{0, 0, 8, 0}) {
@@ -292,9 +325,12 @@ func (p *refPeer) readCmd() {
 // announce runs the exchange as the initiator, telling braid that path i's status is status;
 // it reports whether braid answered both rounds correctly.
 func (p *refPeer) announce(i int, status byte) bool {
+	p.announceMu.Lock()
+	defer p.announceMu.Unlock()
 	var tok [4]byte
 	rand.Read(tok[:])
-	dst := netip.AddrPortFrom(p.remote[i], mptCmdPort)
+	// To braid's address on another path: this one may be why the status changes.
+	dst := netip.AddrPortFrom(p.remote[(i+1)%len(p.remote)], mptCmdPort)
 	for _, round := range []byte{1, 3} {
 		p.cmd.WriteToUDPAddrPort(p.a2(status, round, tok, p.local[i], p.remote[i], p.key), dst)
 		select {
@@ -599,5 +635,32 @@ func testMPTPathReturns(t *testing.T, auth uint8) {
 	}
 	if n := br.Status().Counters["cmd_refused_malformed"]; n != 0 {
 		t.Errorf("cmd_refused_malformed = %d: the peer's commands did not decode", n)
+	}
+
+	// Issue 22's case: the link is cut silently (no interface goes down). Both ends find path 2
+	// dead after the dead time; the peer, as MPT, announces it down, and OK when braid's
+	// keepalives come back, and would give the path up if braid did not confirm.
+	peer.mptLike.Store(true)
+	l.Links()[1].Cut()
+	dBraid = waitFor(2*time.Second, func() bool { return br.Status().Paths[1].State == "down" })
+	dPeer = waitFor(2*time.Second, func() bool { return !peer.up(1) })
+	waitFor(time.Second, func() bool { return br.Status().Paths[1].Status == "peer_down" })
+	t.Logf("silent cut: braid found the path down after %v (%s), the peer after %v", dBraid, br.Status().Paths[1].Status, dPeer)
+	if dBraid < 0 || dPeer < 0 {
+		t.Fatalf("the cut path is not down on both ends: braid %v, peer %v", dBraid, dPeer)
+	}
+	if s := br.Status().Paths[1].Status; s != "peer_down" {
+		t.Errorf("braid's cut path is %s, want peer_down after the peer's announcement", s)
+	}
+	time.Sleep(500 * time.Millisecond)
+	l.Links()[1].Restore()
+	back = waitFor(3*time.Second, func() bool { return bothUp(1) })
+	t.Logf("silent cut restored: both ends had the path up after %v", back)
+	if back < 0 || back > refKeepalive+refDead {
+		t.Errorf("after the silent cut, path up on both ends after %v, want within %v; braid %+v", back, refKeepalive+refDead, br.Status().Paths[1])
+	}
+	time.Sleep(refDead)
+	if !bothUp(1) {
+		t.Errorf("the path did not stay up: braid %s, peer up %v", br.Status().Paths[1].Status, peer.up(1))
 	}
 }
