@@ -217,6 +217,7 @@ type mptPath struct {
 	ifDown, manual, peerDown atomic.Bool
 	announce                 atomic.Bool  // the peer is to be told the local status
 	retryAt                  atomic.Int64 // t.now() to announce again, 0: none
+	cmdFailing               atomic.Bool  // the last announcement was not confirmed
 	cmdMu                    sync.Mutex
 	challenge                [mpt.TokenLen]byte // the last round-2 token sent, for round 3
 	request                  [mpt.TokenLen]byte // the token of the round 1 it answered

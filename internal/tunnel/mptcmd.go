@@ -232,6 +232,7 @@ func (t *MPTTunnel) peerStatus(p *mptPath, status uint8) {
 // announcer runs the exchanges that tell the peer the paths' local status, one at a time, the
 // latest status of each path winning.
 func (t *MPTTunnel) announcer(done <-chan struct{}) {
+	c := t.cmd
 	for {
 		for _, p := range t.paths {
 			if !p.announce.Swap(false) {
@@ -240,20 +241,24 @@ func (t *MPTTunnel) announcer(done <-chan struct{}) {
 			st := p.localStatus()
 			if err := t.exchange(p, st, done); err != nil {
 				t.stats.CmdExchangeFailed.Add(1)
-				t.log.Warn("mpt path status not confirmed by the peer", "path", p.id+1, "status", st, "err", err)
+				if !p.cmdFailing.Swap(true) { // once, not on every retry
+					t.log.Warn("mpt path status not confirmed by the peer; is its command port reachable?", "path", p.id+1, "status", st,
+						"port", c.port, "err", err)
+				}
 				if p.localStatus() == mpt.StatusOK {
 					// Retried by the timers until the peer answers: a path stays down on the
 					// peer's side until it hears OK.
 					p.retryAt.Store(t.now() + int64(mptChallengeLife))
 				}
 			} else {
+				p.cmdFailing.Store(false)
 				t.log.Info("mpt path status confirmed by the peer", "path", p.id+1, "status", st)
 			}
 		}
 		select {
 		case <-done:
 			return
-		case <-t.cmd.wake:
+		case <-c.wake:
 		}
 	}
 }
@@ -343,7 +348,8 @@ func (t *MPTTunnel) cmdDst(p *mptPath, try int) netip.AddrPort {
 }
 
 // ifaceUp reports whether p's interface is up and running, asked with SIOCGIFFLAGS on p's
-// uplink socket (so in the socket's network namespace); true when it cannot tell.
+// uplink socket (so in the socket's network namespace): false when the interface is down, has
+// no carrier or no longer exists, true when it cannot tell.
 func (p *mptPath) ifaceUp() bool {
 	sc, ok := p.up.conn.(syscall.Conn)
 	if !ok || p.iface == "" {
@@ -359,7 +365,8 @@ func (p *mptPath) ifaceUp() bool {
 		if err != nil {
 			return
 		}
-		if unix.IoctlIfreq(int(fd), unix.SIOCGIFFLAGS, ifr) != nil {
+		if err := unix.IoctlIfreq(int(fd), unix.SIOCGIFFLAGS, ifr); err != nil {
+			up = err != unix.ENODEV
 			return
 		}
 		f := ifr.Uint16()
