@@ -106,7 +106,7 @@ func runRBPM(ctx context.Context, w io.Writer, o Options) error {
 	}
 	fmt.Fprintf(w, "RBPM reproduction: user-space TUN link emulator (rate, delay, 100-packet drop-tail queue per link), reno, receiver tcp_rmem max %d B, %v per run\n", RBPMBuffer, dur)
 	fmt.Fprintln(w, "kernel rows: one subflow per path (braid pm on the sender, userspace PM); the default row runs the fullmesh policy (same subflows, no demotion)")
-	fmt.Fprintf(w, "tunnel rows: one TCP flow through braid tunnel over the same links, reorder buffer bounded to %d B (the tunnel's receive buffer), path capacities not configured; wrr: every weight 1 (MPT's default), wrr-rates: weights in proportion to the rates\n", RBPMBuffer)
+	fmt.Fprintf(w, "tunnel rows: one TCP flow through braid tunnel over the same links, the inner TCP receiver and the reorder buffer both bounded to %d B, path capacities not configured; wrr: every weight 1 (MPT's default), wrr-rates: weights in proportion to the rates\n", RBPMBuffer)
 	var rows []RBPMRow
 	for _, sc := range RBPMScenarios() {
 		for _, withPolicy := range []bool{false, true} {
