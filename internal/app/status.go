@@ -218,14 +218,16 @@ func printTunnelStatus(w io.Writer, st *tunnel.Status) {
 		}
 		fmt.Fprintf(w, "\npeer %s: %s, reorder hold %v, scheduler %s, peer's reorder buffer %s\n", p.Name, session, p.ReorderHold, p.Scheduler, buffer)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "PATH\tUPLINK\tREMOTE\tSTATE\tRTT\tLOSS\tRATE\tCAPACITY\tMTU\tTX\tRX\tTX DROPS")
+		// TX and RX DATA count data only (probes, replies and MTU probes are in the JSON's
+		// TxBytes and RxBytes), so a path that carries no traffic shows 0 however often it is probed.
+		fmt.Fprintln(tw, "PATH\tUPLINK\tREMOTE\tSTATE\tRTT\tLOSS\tRATE\tCAPACITY\tMTU\tTX DATA\tRX DATA\tTX DROPS")
 		for _, pa := range p.Paths {
 			mtu := strconv.Itoa(pa.MTU)
 			if pa.MTUSearching {
 				mtu += " (probing)"
 			}
 			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.1f ms\t%.1f %%\t%s\t%s\t%s\t%d B\t%d B\t%d\n", pa.ID, pa.Uplink, pa.Remote, pa.State,
-				float64(pa.RTT)/1e6, 100*pa.Loss, pathRate(pa), pathCapacity(pa), mtu, pa.TxBytes, pa.RxBytes, pa.TxDrops)
+				float64(pa.RTT)/1e6, 100*pa.Loss, pathRate(pa), pathCapacity(pa), mtu, pa.TxDataBytes, pa.RxDataBytes, pa.TxDrops)
 		}
 		tw.Flush()
 		for _, pa := range p.Paths {
@@ -321,7 +323,11 @@ func printMPTStatus(e env, st *tunnel.MPTStatus) {
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PATH\tUPLINK\tREMOTE\tSTATE\tWEIGHT\tLAST HEARD\tTX\tRX\tKEEPALIVES OUT/IN")
 	for _, p := range st.Paths {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%v ago\t%d B\t%d B\t%d/%d\n", p.ID, p.Uplink, p.Remote, p.State, p.Weight,
+		state := p.State
+		if p.Status != "" && p.Status != "ok" {
+			state += " (" + p.Status + ")" // why: silent, interface down, by hand, announced by the peer
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%v ago\t%d B\t%d B\t%d/%d\n", p.ID, p.Uplink, p.Remote, state, p.Weight,
 			p.SinceReceive.Round(time.Millisecond), p.TxBytes, p.RxBytes, p.KeepalivesSent, p.KeepalivesReceived)
 	}
 	tw.Flush()

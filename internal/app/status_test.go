@@ -24,7 +24,7 @@ func TestPrintTunnelStatus(t *testing.T) {
 	st := &tunnel.Status{PublicKey: "KEY", MTU: 1400, Peers: []tunnel.PeerStatus{{
 		Name: "b", Session: true, Cipher: "none (authenticated only, aes-256-gcm tag)", PeerBufferFree: -1,
 		Paths: []tunnel.PathStatus{
-			{ID: 1, State: "up", Capacity: 100e6, CapacityPhase: "startup"},                                                       // idle since start
+			{ID: 1, State: "up", Capacity: 100e6, CapacityPhase: "startup", TxBytes: 777777, RxBytes: 888888},                     // idle since start, probed
 			{ID: 2, State: "down", Rate: 0, Capacity: 40e6, CapacityPhase: "cruise", CapacityMeasured: true},                      // cut
 			{ID: 3, State: "up", Rate: 30e6, RateMeasured: true, Capacity: 50e6, CapacityPhase: "cruise", CapacityMeasured: true}, // busy
 			{ID: 4, State: "up", Rate: 2e6, RateMeasured: true, Capacity: 10e6, CapacityMeasured: true},                           // configured
@@ -55,6 +55,10 @@ func TestPrintTunnelStatus(t *testing.T) {
 	}
 	if !strings.Contains(out, "cipher none (authenticated only") {
 		t.Errorf("cleartext session not named:\n%s", out)
+	}
+	// An idle path's probes are not data: its data columns say 0.
+	if strings.Contains(rows["1"], "777777") || strings.Contains(rows["1"], "888888") || !strings.Contains(rows["1"], "0 B") {
+		t.Errorf("an idle path's probe bytes shown as data: %q", rows["1"])
 	}
 }
 
@@ -122,5 +126,18 @@ func TestControlStatus(t *testing.T) {
 		if _, err := controlStatus(sock); err == nil {
 			t.Errorf("%s still answers after stop", sock)
 		}
+	}
+}
+
+// A path of mode mpt that is down says why (the peer announced it, its interface is down, …).
+func TestPrintMPTStatusReason(t *testing.T) {
+	var b bytes.Buffer
+	printMPTStatus(env{stdout: &b}, &tunnel.MPTStatus{IPVersion: 4, Paths: []tunnel.MPTPathStatus{
+		{ID: 1, State: "up", Status: "ok"},
+		{ID: 2, State: "down", Status: "peer_down"},
+	}})
+	out := b.String()
+	if !strings.Contains(out, "down (peer_down)") || strings.Contains(out, "up (ok)") {
+		t.Errorf("mpt status:\n%s", out)
 	}
 }
