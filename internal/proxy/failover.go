@@ -35,6 +35,7 @@ type subflowKey struct {
 func (p *Proxy) failover(ctx context.Context, c *pmnl.Client) {
 	marked := map[subflowKey]time.Time{} // subflows set to backup, since when
 	closed := map[subflowKey]bool{}      // closed here; listed until the kernel lets them go
+	busy := map[subflowKey]time.Time{}   // subflows with data in flight, since when (at the latest)
 	tick := time.NewTicker(failoverPoll)
 	defer tick.Stop()
 	for {
@@ -55,10 +56,18 @@ func (p *Proxy) failover(ctx context.Context, c *pmnl.Client) {
 			if err != nil {
 				continue
 			}
+			now := time.Now()
 			for _, s := range full.Subflows {
-				seen[subflowKey{cn.id, s.Local, s.Remote}] = true
+				k := subflowKey{cn.id, s.Local, s.Remote}
+				seen[k] = true
+				if s.TCP.Unacked == 0 {
+					delete(busy, k)
+				} else if _, ok := busy[k]; !ok {
+					// The oldest data in flight left no later than the last data sent.
+					busy[k] = now.Add(-s.TCP.LastDataSent)
+				}
 			}
-			for _, a := range failoverDecide(time.Now(), cn.id, full.Subflows, marked, closed) {
+			for _, a := range failoverDecide(now, cn.id, full.Subflows, marked, closed, busy) {
 				s := a.sub
 				switch a.kind {
 				case failBackup:
@@ -101,6 +110,11 @@ func (p *Proxy) failover(ctx context.Context, c *pmnl.Client) {
 				delete(closed, k)
 			}
 		}
+		for k := range busy {
+			if !seen[k] {
+				delete(busy, k)
+			}
+		}
 	}
 }
 
@@ -122,10 +136,14 @@ type failAction struct {
 }
 
 // failoverDecide is the monitor's decision for one connection's subflows at now, given the
-// subflows set to backup (and since when) and those closed; it changes neither map. A subflow
-// is dead when it has data in flight and no acknowledgement for deadAckAge (or two RTTs).
-// Nothing is moved off a path unless another subflow is alive.
-func failoverDecide(now time.Time, conn uint64, subs []info.Subflow, marked map[subflowKey]time.Time, closed map[subflowKey]bool) []failAction {
+// subflows set to backup (and since when), those closed, and since when each has had data in
+// flight (busy); it changes no map. A subflow is dead when it has data in flight and no
+// acknowledgement for deadAckAge (or two RTTs), counted from the later of its last
+// acknowledgement and the start of its data in flight: a subflow idle for a while (a pooled
+// connection, a request after a pause) has an old last acknowledgement, and its first data
+// must not make it dead before the path had time to answer. Nothing is moved off a path
+// unless another subflow is alive.
+func failoverDecide(now time.Time, conn uint64, subs []info.Subflow, marked map[subflowKey]time.Time, closed map[subflowKey]bool, busy map[subflowKey]time.Time) []failAction {
 	if len(subs) < 2 {
 		return nil
 	}
@@ -133,7 +151,11 @@ func failoverDecide(now time.Time, conn uint64, subs []info.Subflow, marked map[
 	alive := 0
 	for i, s := range subs {
 		// A join still in its handshake is not a path in use (and SET_FLAGS cannot name it).
-		dead[i] = s.TCP.State == tcpEstablished && s.TCP.Unacked > 0 && s.TCP.LastAckRecv > max(deadAckAge, 2*s.TCP.RTT)
+		age := s.TCP.LastAckRecv
+		if since, ok := busy[subflowKey{conn, s.Local, s.Remote}]; ok {
+			age = min(age, now.Sub(since))
+		}
+		dead[i] = s.TCP.State == tcpEstablished && s.TCP.Unacked > 0 && age > max(deadAckAge, 2*s.TCP.RTT)
 		if !dead[i] {
 			alive++ // a backup uplink's too: with the dead one set to backup, the kernel uses it
 		}

@@ -27,51 +27,61 @@ func TestFailoverDecide(t *testing.T) {
 	fibre, lte := "10.9.0.1:45000", "10.9.1.1:45001"
 
 	// Both acknowledged: nothing to do. Data in flight but acked recently: alive.
-	if got := failoverDecide(t0, 1, []info.Subflow{sub(fibre, 10, 20*time.Millisecond, 10*time.Millisecond), sub(lte, 0, time.Second, 50*time.Millisecond)}, marked, closed); len(got) != 0 {
+	if got := failoverDecide(t0, 1, []info.Subflow{sub(fibre, 10, 20*time.Millisecond, 10*time.Millisecond), sub(lte, 0, time.Second, 50*time.Millisecond)}, marked, closed, nil); len(got) != 0 {
 		t.Fatalf("healthy: %v", got)
 	}
 	// A long path is not dead before two of its RTTs.
-	if got := failoverDecide(t0, 1, []info.Subflow{sub(fibre, 10, 200*time.Millisecond, 120*time.Millisecond), sub(lte, 0, 0, 50*time.Millisecond)}, marked, closed); len(got) != 0 {
+	if got := failoverDecide(t0, 1, []info.Subflow{sub(fibre, 10, 200*time.Millisecond, 120*time.Millisecond), sub(lte, 0, 0, 50*time.Millisecond)}, marked, closed, nil); len(got) != 0 {
 		t.Fatalf("within two RTTs: %v", got)
 	}
 	// The fibre stops acknowledging: backup.
 	subs := []info.Subflow{sub(fibre, 10, 300*time.Millisecond, 10*time.Millisecond), sub(lte, 2, 5*time.Millisecond, 50*time.Millisecond)}
-	got := kinds(failoverDecide(t0, 1, subs, marked, closed))
+	got := kinds(failoverDecide(t0, 1, subs, marked, closed, nil))
 	if got[fibre] != failBackup || len(got) != 1 {
 		t.Fatalf("dead fibre: %v", got)
 	}
 	marked[subflowKey{1, subs[0].Local, subs[0].Remote}] = t0
 	// Still dead soon after: nothing more; still dead past destroyAfter: close it.
-	if got := failoverDecide(t0.Add(destroyAfter/2), 1, subs, marked, closed); len(got) != 0 {
+	if got := failoverDecide(t0.Add(destroyAfter/2), 1, subs, marked, closed, nil); len(got) != 0 {
 		t.Fatalf("marked, waiting: %v", got)
 	}
-	got = kinds(failoverDecide(t0.Add(destroyAfter+time.Millisecond), 1, subs, marked, closed))
+	got = kinds(failoverDecide(t0.Add(destroyAfter+time.Millisecond), 1, subs, marked, closed, nil))
 	if got[fibre] != failClose {
 		t.Fatalf("dead for long: %v", got)
 	}
 	// Acknowledged again before that: restore.
 	back := []info.Subflow{sub(fibre, 0, 400*time.Millisecond, 10*time.Millisecond), subs[1]}
-	if got := kinds(failoverDecide(t0.Add(100*time.Millisecond), 1, back, marked, closed)); got[fibre] != failRestore {
+	if got := kinds(failoverDecide(t0.Add(100*time.Millisecond), 1, back, marked, closed, nil)); got[fibre] != failRestore {
 		t.Fatalf("acked again: %v", got)
 	}
 	// A closed subflow still listed is left alone.
 	closed[subflowKey{1, subs[0].Local, subs[0].Remote}] = true
-	if got := failoverDecide(t0.Add(2*destroyAfter), 1, subs, marked, closed); len(got) != 0 {
+	if got := failoverDecide(t0.Add(2*destroyAfter), 1, subs, marked, closed, nil); len(got) != 0 {
 		t.Fatalf("closed: %v", got)
 	}
 	// Nothing moves when no other non-backup subflow is alive.
 	both := []info.Subflow{sub(fibre, 10, time.Second, 10*time.Millisecond), sub(lte, 5, time.Second, 10*time.Millisecond)}
-	if got := failoverDecide(t0, 2, both, map[subflowKey]time.Time{}, map[subflowKey]bool{}); len(got) != 0 {
+	if got := failoverDecide(t0, 2, both, map[subflowKey]time.Time{}, map[subflowKey]bool{}, nil); len(got) != 0 {
 		t.Fatalf("all dead: %v", got)
 	}
 	// A join in its handshake (SYN_SENT) is not judged.
 	joining := sub(fibre, 1, time.Second, 0)
 	joining.TCP.State = 2
-	if got := failoverDecide(t0, 5, []info.Subflow{joining, subs[1]}, map[subflowKey]time.Time{}, map[subflowKey]bool{}); len(got) != 0 {
+	if got := failoverDecide(t0, 5, []info.Subflow{joining, subs[1]}, map[subflowKey]time.Time{}, map[subflowKey]bool{}, nil); len(got) != 0 {
 		t.Fatalf("joining: %v", got)
 	}
+	// An idle subflow's last acknowledgement is old; its first data, sent 10 ms ago, does not
+	// make it dead. The same data unacknowledged for 300 ms does.
+	idle := []info.Subflow{sub(fibre, 1, 5*time.Second, 10*time.Millisecond), sub(lte, 0, 5*time.Second, 50*time.Millisecond)}
+	busy := map[subflowKey]time.Time{{6, idle[0].Local, idle[0].Remote}: t0.Add(-10 * time.Millisecond)}
+	if got := failoverDecide(t0, 6, idle, map[subflowKey]time.Time{}, map[subflowKey]bool{}, busy); len(got) != 0 {
+		t.Fatalf("first data after idle: %v", got)
+	}
+	if got := kinds(failoverDecide(t0.Add(300*time.Millisecond), 6, idle, map[subflowKey]time.Time{}, map[subflowKey]bool{}, busy)); got[fibre] != failBackup {
+		t.Fatalf("unacknowledged since the data left: %v", got)
+	}
 	// One subflow: nothing to fail over to.
-	if got := failoverDecide(t0, 4, subs[:1], map[subflowKey]time.Time{}, map[subflowKey]bool{}); len(got) != 0 {
+	if got := failoverDecide(t0, 4, subs[:1], map[subflowKey]time.Time{}, map[subflowKey]bool{}, nil); len(got) != 0 {
 		t.Fatalf("one subflow: %v", got)
 	}
 }
