@@ -69,7 +69,11 @@ func (p *Proxy) relayOut(t *tenant, c *net.TCPConn, src, dst netip.AddrPort, rep
 	if contains(t.Networks, src.Addr()) {
 		h.Src = src // restored at the far side; other sources (a local SOCKS client) are not
 	}
-	b, err := h.Append(make([]byte, 0, socks5.MaxHeaderLen))
+	b, err := h.Append(make([]byte, 0, firstWriteMax))
+	hlen := len(b)
+	if err == nil && reply == nil {
+		b, err = appendFirstData(c, b)
+	}
 	if err == nil {
 		_, err = pc.c.Write(b)
 	}
@@ -90,6 +94,7 @@ func (p *Proxy) relayOut(t *tenant, c *net.TCPConn, src, dst netip.AddrPort, rep
 		}
 	}
 	cn := &conn{t: t, role: "out", peer: pr.Name, src: src, dst: dst, site: c, mp: pc.raw}
+	cn.up.Add(uint64(len(b) - hlen))
 	p.register(cn)
 	defer p.unregister(cn)
 	var down net.Conn = pc.c
@@ -97,6 +102,32 @@ func (p *Proxy) relayOut(t *tenant, c *net.TCPConn, src, dst netip.AddrPort, rep
 		down = &readyReader{Conn: pc.c, onRefused: func() { p.refuse(t, ReasonPeerRefused, "peer", pr.Name, "dst", dst) }}
 	}
 	relay(cn, c, down)
+}
+
+// firstDataWait bounds how long an intercepted connection's header waits for the client's
+// first bytes, and firstWriteMax the header and those bytes together (one TLS record).
+const (
+	firstDataWait = 2 * time.Millisecond
+	firstWriteMax = 16 << 10
+)
+
+// appendFirstData appends to the header b what the client sends within firstDataWait, so that
+// both leave in one write. Written apart, the two are two TLS records and two sends, and
+// MPTCP's scheduler sends the second on another subflow (the first one has data queued):
+// over a slower path the request waits for it at the far side. A client that speaks first
+// (HTTP, TLS) has sent its request right after its handshake; one that waits for the server
+// costs firstDataWait once. An end of stream is left for the relay to read again.
+func appendFirstData(c *net.TCPConn, b []byte) ([]byte, error) {
+	if err := c.SetReadDeadline(time.Now().Add(firstDataWait)); err != nil {
+		return b, err
+	}
+	n, err := c.Read(b[len(b):firstWriteMax])
+	b = b[:len(b)+n]
+	var ne net.Error
+	if err == nil || errors.Is(err, io.EOF) || errors.As(err, &ne) && ne.Timeout() {
+		err = c.SetReadDeadline(time.Time{})
+	}
+	return b, err
 }
 
 // readyReader consumes the peer's ready byte ahead of the response on a connection that was

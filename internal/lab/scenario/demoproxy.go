@@ -16,8 +16,9 @@ import (
 // ProxyResult is what the demo measured through braid proxy on r1 and r2.
 type ProxyResult struct {
 	Goodput    float64
-	RTT        time.Duration // request/response, persistent connection
-	FirstByte  time.Duration // request/response on a new connection
+	RTT        time.Duration   // request/response, persistent connection
+	FirstByte  time.Duration   // request/response on a new connection
+	NewConns   []time.Duration // each new connection's request/response, in order
 	FileSize   int
 	FileTime   time.Duration
 	FileIntact bool
@@ -111,11 +112,11 @@ func MeasureProxy(ctx context.Context, l *lab.Lab, quick bool) (ProxyResult, err
 		return fail("rtt", err)
 	}
 	r.RTT = rr.Median
-	nc, err := traffic.RR(ctx, h1.Dial, srvAddr, traffic.RROptions{Count: 10, NewConn: true})
+	nc, err := traffic.RR(ctx, h1.Dial, srvAddr, traffic.RROptions{Count: 20, NewConn: true})
 	if err != nil {
 		return fail("new connections", err)
 	}
-	r.FirstByte = nc.Median
+	r.FirstByte, r.NewConns = nc.Median, nc.Samples
 	bulk, err := traffic.Bulk(ctx, h1.Dial, srvAddr, traffic.BulkOptions{Duration: dur, Reverse: true, OnSample: func(traffic.Sample) {
 		if st, err := ProxyStatus(ctx, p1.Host); err == nil {
 			for _, c := range st.Proxy.Connections {

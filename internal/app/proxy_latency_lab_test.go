@@ -1,0 +1,36 @@
+package app
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"braid/internal/lab/labtest"
+	"braid/internal/lab/scenario"
+)
+
+// TestProxyNewConnectionLatency runs braid proxy on the demo's topology (two sites, two
+// uplinks each, path A's base RTT 30 ms) and checks what a new connection costs: its
+// request/response (connecting included) at most one path RTT plus 2 ms above the persistent
+// connection's, medians of 20.
+func TestProxyNewConnectionLatency(t *testing.T) {
+	labtest.Require(t)
+	tp, err := scenario.TwoSites()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := labtest.Up(t, tp)
+	t.Setenv("BRAID_TEST_MAIN", "1") // the proxies run this binary as braid
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pr, err := scenario.MeasureProxy(ctx, l, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const pathRTT = 30 * time.Millisecond
+	t.Logf("persistent %v, new %v; new connections: %v", pr.RTT, pr.FirstByte, pr.NewConns)
+	if bound := pr.RTT + pathRTT + 2*time.Millisecond; pr.FirstByte > bound {
+		t.Errorf("a new connection's request/response takes %v, more than %v (the persistent connection's %v + one path RTT %v + 2 ms)",
+			pr.FirstByte, bound, pr.RTT, pathRTT)
+	}
+}
