@@ -2,8 +2,8 @@
 //
 // Two tables, each the median of -runs runs:
 //
-//   - accuracy: every check of TESTING.md (RTT, goodput, loss, queue bound, cut), measured value
-//     as a ratio to the configured one;
+//   - accuracy: every check of TESTING.md (RTT, goodput, loss, queue bound, cut, trace replay),
+//     measured value as a ratio to the configured one;
 //   - CPU: TCP bulk at 10, 100 and 1000 Mbit/s through the emulator, beside the same transfer over
 //     a kernel veth pair shaped by TBF (the baseline, run side by side in the same process). The
 //     traffic runs in child processes (braid traffic), so this process's CPU time is the
@@ -60,7 +60,10 @@ func main() {
 		"the TCP ceiling, %.4f of the rate with %d-byte packets (payload over packet), and its bound is 5 %% of\n"+
 		"that ceiling either way. The queue bound is measured from outside the emulator: an overflowing\n"+
 		"burst of MTU-sized UDP datagrams into a 5 Mbit/s link, counted at the receiver, less what drained\n"+
-		"while the burst arrived.\n", *runs, scenario.TCPCeiling(1500), 1500)
+		"while the burst arrived. The trace row replays TMobile-LTE-short.down (lab/traces) from 30 s in\n"+
+		"under a saturating UDP flow and compares the bytes the emulator delivers each second with the\n"+
+		"trace's bytes for the same window (aligned by the offset and the delay): expected and measured are\n"+
+		"the means over the seconds compared; within bound means every second within 5 %%.\n", *runs, scenario.TCPCeiling(1500), 1500)
 	fmt.Fprintln(w)
 	accuracy(ctx, w, *runs, *quick)
 	fmt.Fprintln(w)

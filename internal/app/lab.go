@@ -114,6 +114,8 @@ File format (every key is optional unless marked):
   a_addr = ["10.0.12.1/30", "fd00:12::1/64"]
   b_addr = ["10.0.12.2/30", "fd00:12::2/64"]
   rate = "50mbit"                               # both directions; [link.ab] / [link.ba] override
+  # trace = "lte.up"                            # instead of rate: replay recorded capacity
+  # trace_offset = "30s"                        #   from 30 s in (docs/lab.md, lab/traces)
   delay = "10ms"                                # one way
   jitter = "1ms"                                # order is kept
   loss = "0.5%"
@@ -269,7 +271,7 @@ func printLinks(w io.Writer, links []lab.LinkStatus) {
 			state = "CUT"
 		}
 		fmt.Fprintf(tw, "%s\t%s -> %s\t%s\t%v\t%v\t%g %%\t%s\t%s\t%d pkts\t%d/%d/%d\n", s.Link, s.From, s.To,
-			units.FormatRate(s.Shape.Rate), s.Shape.Delay, s.Shape.Jitter, s.Shape.Loss, queueString(s.Shape), state,
+			s.Shape.RateText(), s.Shape.Delay, s.Shape.Jitter, s.Shape.Loss, queueString(s.Shape), state,
 			s.Stats.Packets, s.Stats.DropLoss, s.Stats.DropQueue, s.Stats.DropDown)
 	}
 	tw.Flush()

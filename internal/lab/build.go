@@ -30,7 +30,7 @@ func useOffload(spec topo.Link) bool {
 	}
 	for _, s := range []topo.Shape{spec.AB, spec.BA} {
 		// Random loss must hit single packets, not whole super-packets.
-		if s.Loss > 0 || s.Rate != 0 && s.Rate < offloadMinRate {
+		if s.Loss > 0 || s.MeanRate() != 0 && s.MeanRate() < offloadMinRate { // a trace's mean
 			return false
 		}
 	}

@@ -41,7 +41,7 @@ type ShapeChange struct {
 
 func (c ShapeChange) apply(s topo.Shape) topo.Shape {
 	if c.Rate != nil {
-		s.Rate = *c.Rate
+		s.Rate, s.Trace = *c.Rate, nil // a rate set by hand replaces a trace
 	}
 	if c.Delay != nil {
 		s.Delay = *c.Delay

@@ -22,6 +22,10 @@ type Stats struct {
 	MaxBacklogBytes       uint64 // the largest serialiser backlog seen, in bytes
 	MaxBacklogPackets     uint64 // and in segments
 	ReadErrors, WriteErrs uint64
+	// Age is how long the link had run when the counters were read: a trace link's replay is
+	// then at Age + Trace.Offset into its trace, and what was delivered by then departed the
+	// serialiser by Age - Delay (without jitter). 0 for a kernel link.
+	Age time.Duration
 }
 
 type counters struct {
@@ -39,7 +43,8 @@ type Link struct {
 	wg     sync.WaitGroup
 	closed atomic.Bool
 	once   sync.Once
-	stop   int // eventfd that wakes the readers on Close
+	stop   int   // eventfd that wakes the readers on Close
+	start  int64 // nanotime of the link's creation: where trace replays start
 }
 
 type direction struct {
@@ -61,10 +66,11 @@ func NewLink(a, b *os.File, offload bool, mtu int, ab, ba topo.Shape, seed uint6
 	if err != nil {
 		return nil, fmt.Errorf("emu: eventfd: %w", err)
 	}
-	l := &Link{a: a, b: b, vnet: offload, stop: stop}
+	l := &Link{a: a, b: b, vnet: offload, stop: stop, start: nanotime()}
 	l.dirs[0] = &direction{in: a, out: b, vnet: offload, shaper: NewShaper(ab, mtu, seed), closed: &l.closed}
 	l.dirs[1] = &direction{in: b, out: a, vnet: offload, shaper: NewShaper(ba, mtu, seed+1), closed: &l.closed}
 	for _, d := range l.dirs {
+		d.shaper.SetOrigin(l.start)
 		d.q.init()
 		d.inFd = fdOf(d.in)
 		l.wg.Add(2)
@@ -82,7 +88,8 @@ func fdOf(f *os.File) int {
 	return fd
 }
 
-// SetShape changes the shape of direction dir (0: A to B, 1: B to A) while traffic flows.
+// SetShape changes the shape of direction dir (0: A to B, 1: B to A) while traffic flows. A new
+// trace replays as if it had started with the link (at its offset then).
 func (l *Link) SetShape(dir int, s topo.Shape) { l.dirs[dir].next.Store(&s) }
 
 // SetDown cuts (true) or restores (false) both directions. Packets in flight on a cut link are
@@ -104,6 +111,7 @@ func (l *Link) Stats(dir int) Stats {
 		DropLoss: c.dropLoss.Load(), DropQueue: c.dropQueue.Load(), DropDown: c.dropDown.Load(),
 		MaxBacklogBytes: c.maxBacklogBytes.Load(), MaxBacklogPackets: c.maxBacklogPkts.Load(),
 		ReadErrors: c.readErrs.Load(), WriteErrs: c.writeErrs.Load(),
+		Age: time.Duration(nanotime() - l.start),
 	}
 }
 

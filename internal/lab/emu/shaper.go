@@ -9,6 +9,23 @@
 //	depart  = max(t, previous depart) + b·8/rate
 //	deliver = max(depart + delay + U[0, jitter], previous deliver)
 //
+// On a trace link (topo.Trace) the serialiser's capacity is the trace's opportunities instead of
+// a rate. The replay starts at the shaper's origin (the link's creation), Trace.Offset into the
+// trace, and repeats; opportunity j is at origin + trace time(j) - Offset. Each opportunity lets
+// topo.TraceOpportunity (1500) bytes leave at its instant, and the rule is byte-accurate:
+//
+//   - a packet of b bytes waits for the first opportunity at or after max(t, previous depart);
+//     it takes ⌈b/1500⌉ opportunities (a super-packet of several segments takes several) and
+//     departs at the last of them;
+//   - the bytes the last one leaves over can carry the next packet at the same instant, if that
+//     packet is already waiting then (queued packets share an opportunity: three 500-byte
+//     packets leave on one);
+//   - an opportunity that finds the queue empty is lost, as are its leftover bytes: capacity is
+//     not banked while the link idles.
+//
+// So a saturated trace link delivers exactly 1500 bytes per line of the trace, and the bytes it
+// delivers per second are the trace's.
+//
 // A packet is dropped at arrival when the link is cut, at random with the configured loss
 // probability, or when the backlog still waiting for the serialiser would exceed the queue bound.
 // Deliveries never overtake each other, so jitter does not reorder.
@@ -20,6 +37,7 @@ package emu
 import (
 	"math"
 	"math/rand/v2"
+	"time"
 
 	"braid/internal/lab/topo"
 )
@@ -46,8 +64,15 @@ type Shaper struct {
 	limitBytes  int // 0: no bound in bytes
 	lastDepart  int64
 	lastDeliver int64
-	down        bool
-	rng         *rand.Rand
+
+	// Trace replay (nil trace: the fixed rate). next is the first opportunity of the endless
+	// replay not yet used, left the bytes still free in the one the last packet departed on.
+	trace  *topo.Trace
+	origin int64
+	next   int64
+	left   int
+	down   bool
+	rng    *rand.Rand
 
 	// backlog holds the packets that have not left the serialiser yet, in departure order.
 	backlog           []backlogEntry
@@ -72,6 +97,20 @@ func NewShaper(s topo.Shape, mtu int, seed uint64) *Shaper {
 func (s *Shaper) Set(shape topo.Shape) {
 	s.shape = shape
 	s.limitPkts, s.limitBytes = QueueLimits(shape, s.mtu)
+	tr := shape.Trace
+	if !tr.Replayable() {
+		tr = nil // a summary cannot shape; Validate refuses it in a topology
+	}
+	if tr != s.trace {
+		s.trace, s.left = tr, 0
+		s.next = -1 // found again at the next packet
+	}
+}
+
+// SetOrigin sets when the trace's replay starts (Trace.Offset into the trace), in the caller's
+// monotonic nanoseconds; the default is 0.
+func (s *Shaper) SetOrigin(t int64) {
+	s.origin, s.left, s.next = t, 0, -1
 }
 
 // Shape returns the current shape.
@@ -81,16 +120,17 @@ func (s *Shaper) Shape() topo.Shape { return s.shape }
 func (s *Shaper) SetDown(down bool) { s.down = down }
 
 // QueueLimits returns the effective queue bounds of a shape: the configured ones, or by default
-// one bandwidth-delay product of the round trip (2·delay), at least 64 MTU-sized packets, in
-// bytes. An unlimited rate never queues, so it needs no bound.
+// one bandwidth-delay product of the round trip (2·delay) at the rate, or at a trace's mean
+// rate, at least 64 MTU-sized packets, in bytes. An unlimited rate never queues, so it needs no bound.
 func QueueLimits(s topo.Shape, mtu int) (pkts, bytes int) {
 	if s.QueuePackets > 0 || s.QueueBytes > 0 {
 		return s.QueuePackets, s.QueueBytes
 	}
-	if s.Rate == 0 {
+	rate := s.MeanRate() // a trace's mean rate
+	if rate == 0 {
 		return 0, 0
 	}
-	bdp := float64(s.Rate) / 8 * 2 * s.Delay.Seconds()
+	bdp := float64(rate) / 8 * 2 * s.Delay.Seconds()
 	return 0, max(int(bdp), minQueuePackets*mtu)
 }
 
@@ -110,13 +150,17 @@ func (s *Shaper) Admit(now int64, b, segs int) (deliver int64, v Verdict) {
 		}
 	}
 	depart := now
-	if s.shape.Rate > 0 {
+	if s.shape.Rate > 0 || s.trace != nil {
 		s.expire(now)
 		if s.n > 0 && (s.limitPkts > 0 && s.occPkts+segs > s.limitPkts ||
 			s.limitBytes > 0 && s.occBytes+b > s.limitBytes) {
 			return 0, DropQueue
 		}
-		depart = max(now, s.lastDepart) + int64(b)*8e9/int64(s.shape.Rate)
+		if s.trace != nil {
+			depart = s.traceDepart(now, b)
+		} else {
+			depart = max(now, s.lastDepart) + int64(b)*8e9/int64(s.shape.Rate)
+		}
 		s.lastDepart = depart
 		s.push(backlogEntry{depart: depart, bytes: int32(b), segs: int32(segs)})
 	}
@@ -157,4 +201,26 @@ func (s *Shaper) push(e backlogEntry) {
 	s.n++
 	s.occPkts += int(e.segs)
 	s.occBytes += int(e.bytes)
+}
+
+// traceDepart returns when a packet of b bytes arriving at now leaves a trace link's serialiser
+// (the rule in the package doc), and takes the opportunities it uses.
+func (s *Shaper) traceDepart(now int64, b int) int64 {
+	start := max(now, s.lastDepart)
+	if s.next < 0 || start > s.lastDepart {
+		// The queue ran empty (or the replay is new): what was left of the last opportunity,
+		// and every opportunity before start, went unused.
+		s.left = 0
+		s.next = s.trace.Next(max(0, time.Duration(start-s.origin)+s.trace.Offset))
+	}
+	if b <= s.left {
+		s.left -= b
+		return s.lastDepart
+	}
+	need := b - s.left
+	n := int64((need + topo.TraceOpportunity - 1) / topo.TraceOpportunity)
+	last := s.next + n - 1
+	s.next = last + 1
+	s.left = int(n)*topo.TraceOpportunity - need
+	return s.origin + int64(s.trace.At(last)-s.trace.Offset)
 }

@@ -329,11 +329,12 @@ func AccuracyChecks() []Check {
 		LossCheck(1), LossCheck(5),
 		QueueCheck(50, 0), QueueCheck(0, 60000),
 		CutCheck(),
+		TraceCheck(),
 	}
 }
 
 func init() {
-	register(Scenario{Name: "accuracy", Summary: "the link emulator's accuracy: RTT, goodput, loss, queue bound, cut", Run: runAccuracy})
+	register(Scenario{Name: "accuracy", Summary: "the link emulator's accuracy: RTT, goodput, loss, queue bound, cut, trace replay", Run: runAccuracy})
 }
 
 func runAccuracy(ctx context.Context, w io.Writer, o Options) error {

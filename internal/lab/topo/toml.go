@@ -38,6 +38,25 @@
 //	[link.ba]            # overrides for the b->a direction only
 //	rate = "10mbit"
 //
+// Instead of a fixed rate, a direction can replay recorded capacity (see Trace for the format,
+// lab/traces for cellular traces):
+//
+//	[link.ab]
+//	trace = "../traces/TMobile-LTE-short.up"   # relative to this file's directory
+//	trace_offset = "30s"  # optional: start the replay 30 s into the trace (below its period)
+//	[link.ba]
+//	trace = "../traces/TMobile-LTE-short.down"
+//
+// trace may also be set on the link itself, for both directions. rate and trace in the same
+// table are an error; a direction's trace replaces a rate it inherits from the link, and its
+// rate a trace. trace_offset shifts the trace of its table, or in [link.ab] / [link.ba] alone
+// the trace inherited from the link. delay, jitter, loss and the queue keys apply as with a
+// rate; the default queue is one bandwidth-delay product of the round trip at the trace's mean
+// rate, at least 64 packets. A trace that cannot be read, is empty, goes back in time or holds
+// anything but whole milliseconds is reported at the trace key, naming the trace file and line.
+// Each link's replay starts when the lab creates the link, and repeats after the trace's last
+// timestamp. A kernel link (kernel = true) cannot replay a trace.
+//
 // Units are those of braid/internal/units (ParseRate, ParseDelay, ParseLoss, ParseSize). A route's dst is a
 // prefix, a bare address (a host route), or "default", which means 0.0.0.0/0 or ::/0
 // depending on the family of via and therefore requires via. A route without via needs dev.
@@ -141,6 +160,8 @@ type fileShape struct {
 	Loss         any  `toml:"loss"`
 	QueuePackets *int `toml:"queue_packets"`
 	QueueBytes   any  `toml:"queue_bytes"`
+	Trace        any  `toml:"trace"`
+	TraceOffset  any  `toml:"trace_offset"`
 }
 
 // topology converts the decoded file. Names and endpoints are converted and normalized first,
@@ -164,9 +185,10 @@ func (f *fileTopology) topology(filename string) (*Topology, []issue) {
 	t.Normalize()
 
 	var issues []issue
+	traces := &traceLoader{dir: filepath.Dir(filename), cache: map[string]traceResult{}}
 	for i := range f.Link {
 		fl, l := &f.Link[i], &t.Links[i]
-		c := converter{obj: "link " + l.Name, path: fmt.Sprintf("link[%d]", i)}
+		c := converter{obj: "link " + l.Name, path: fmt.Sprintf("link[%d]", i), traces: traces}
 		l.A.Addrs = c.addrs("a_addr", fl.AAddr)
 		l.B.Addrs = c.addrs("b_addr", fl.BAddr)
 		if o, err := ParseOffload(fl.Offload); err != nil {
@@ -202,7 +224,33 @@ func (f *fileTopology) topology(filename string) (*Topology, []issue) {
 type converter struct {
 	obj    string // e.g. "link r1-core"
 	path   string // e.g. "link[2]"
+	traces *traceLoader
 	issues []issue
+}
+
+// traceLoader reads each trace file of a topology once; relative paths are taken from the
+// topology file's directory.
+type traceLoader struct {
+	dir   string
+	cache map[string]traceResult
+}
+
+type traceResult struct {
+	t   *Trace
+	err error
+}
+
+func (tl *traceLoader) load(name string) (*Trace, error) {
+	path := name
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(tl.dir, path)
+	}
+	r, ok := tl.cache[path]
+	if !ok {
+		r.t, r.err = LoadTrace(path)
+		tl.cache[path] = r
+	}
+	return r.t, r.err
 }
 
 func (c *converter) fail(reason, key string) {
@@ -266,6 +314,55 @@ func (c *converter) shape(s *Shape, f *fileShape, prefix string) {
 	value("queue_bytes", f.QueueBytes, func(v string) (err error) { s.QueueBytes, err = units.ParseSize(v); return })
 	if f.QueuePackets != nil {
 		s.QueuePackets = *f.QueuePackets // a negative bound is left to Validate
+	}
+	c.trace(s, f, prefix)
+}
+
+// trace applies the trace keys of f to s. A section's trace replaces the rate it inherits and
+// its rate replaces the trace it inherits; rate and trace in the same section conflict. A
+// trace_offset shifts the trace of its section, or the one a direction inherits.
+func (c *converter) trace(s *Shape, f *fileShape, prefix string) {
+	if f.Rate != nil {
+		s.Trace = nil
+	}
+	if f.Trace != nil {
+		name, ok := f.Trace.(string)
+		switch {
+		case !ok:
+			c.fail(fmt.Sprintf("trace must be a string (a file name), not %s", tomlfile.TypeName(f.Trace)), prefix+"trace")
+		case name == "":
+			c.fail("trace must name a file", prefix+"trace")
+		case f.Rate != nil:
+			c.fail("rate and trace are both set: a direction has either a fixed rate or a trace", prefix+"trace")
+		default:
+			t, err := c.traces.load(name)
+			if err != nil {
+				c.fail(err.Error(), prefix+"trace")
+				break
+			}
+			s.Trace, s.Rate = t, 0
+		}
+	}
+	if f.TraceOffset == nil {
+		return
+	}
+	str, ok := tomlfile.NumberText(f.TraceOffset)
+	if !ok {
+		c.fail(fmt.Sprintf("trace_offset must be a string or a number, not %s", tomlfile.TypeName(f.TraceOffset)), prefix+"trace_offset")
+		return
+	}
+	off, err := units.ParseDuration("trace_offset", str)
+	switch {
+	case err != nil:
+		c.fail(err.Error(), prefix+"trace_offset")
+	case s.Trace == nil:
+		if f.Trace == nil { // else the trace's own error is reported
+			c.fail("trace_offset without a trace", prefix+"trace_offset")
+		}
+	case off >= s.Trace.Period():
+		c.fail(fmt.Sprintf("trace_offset %v is not within the trace's period of %v (%s)", off, s.Trace.Period(), s.Trace.File), prefix+"trace_offset")
+	default:
+		s.Trace = s.Trace.WithOffset(off)
 	}
 }
 

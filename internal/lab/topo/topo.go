@@ -1,6 +1,6 @@
 // Package topo describes lab topologies as data: hosts (each a network namespace), point-to-point
-// links between them with per-direction shaping (rate, one-way delay, jitter, random loss, a
-// drop-tail queue bound), IPv4 and IPv6 addresses, and routes. A topology is built in Go or read
+// links between them with per-direction shaping (rate or a recorded capacity trace, one-way
+// delay, jitter, random loss, a drop-tail queue bound), IPv4 and IPv6 addresses, and routes. A topology is built in Go or read
 // from a TOML file (see Parse and the file format in toml.go); Validate reports every problem
 // before anything is created.
 package topo
@@ -63,12 +63,17 @@ type Endpoint struct {
 
 // Shape is what one direction of a link does to packets.
 type Shape struct {
-	Rate   uint64        // bits per second of IP packets; 0 means unlimited
+	Rate uint64 // bits per second of IP packets; 0 means unlimited (or see Trace)
+	// Trace, when set, replays recorded capacity instead of a fixed Rate (which must then be 0):
+	// the link starts at Trace.Offset into the trace when it is created and repeats the trace.
+	// Shapes hold the pointer: two shapes are == when they share the same parsed trace.
+	Trace  *Trace
 	Delay  time.Duration // one-way propagation delay, added after serialisation
 	Jitter time.Duration // uniform extra delay in [0, Jitter]; packet order is kept
 	Loss   float64       // random loss in percent, 0 to 100
 	// QueuePackets and QueueBytes bound the drop-tail queue in front of the serialiser; 0 means
-	// "default": one bandwidth-delay product of the round trip, at least 64 packets.
+	// "default": one bandwidth-delay product of the round trip (at the trace's mean rate on a
+	// trace link), at least 64 packets.
 	QueuePackets int
 	QueueBytes   int
 }

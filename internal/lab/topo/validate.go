@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"braid/internal/config/tomlfile"
+	"braid/internal/units"
 )
 
 // Limits on names. Namespace and interface names built from them must fit the kernel's
@@ -96,7 +97,9 @@ func (t *Topology) Normalize() {
 //   - links: both hosts exist and differ; interface names are at most 15 characters, not
 //     "lo", valid for the kernel and unique per host; the MTU is within 576..65535, and at
 //     least 1280 if either end has an IPv6 address;
-//   - shapes: delay, jitter and queue bounds are not negative, loss is within 0..100;
+//   - shapes: delay, jitter and queue bounds are not negative, loss is within 0..100; a trace
+//     is a parsed one (not a JSON summary), its offset within its period, and not beside a
+//     rate; a kernel link has no trace;
 //   - addresses: every prefix is valid, no IP address appears twice in the topology, and if
 //     both ends of a link have IPv4 (IPv6) addresses, some pair is in the same subnet;
 //   - routes: the destination is valid, has no host bits set and is unique in the host; the
@@ -245,6 +248,9 @@ func (c *checker) link(i int, l *Link) {
 			if d.s.Delay != 0 || d.s.Jitter != 0 || d.s.Loss != 0 || d.s.QueuePackets != 0 || d.s.QueueBytes != 0 {
 				c.report(obj, "a kernel link can only be rate-limited (no delay, jitter, loss or queue size)", p+"."+d.dir, p+".kernel", p)
 			}
+			if d.s.Trace != nil {
+				c.report(obj, "a kernel link cannot replay a trace (only the emulator can)", p+"."+d.dir+".trace", p+".trace", p+".kernel", p)
+			}
 		}
 	}
 }
@@ -315,6 +321,16 @@ func (c *checker) shape(obj, p, dir, from, to string, s Shape) {
 	}
 	if s.QueueBytes < 0 {
 		bad("queue_bytes", fmt.Sprintf("negative queue %d bytes", s.QueueBytes))
+	}
+	if s.Trace != nil {
+		switch {
+		case s.Rate != 0:
+			bad("trace", fmt.Sprintf("both a rate (%s) and a %s", units.FormatRate(s.Rate), s.Trace))
+		case !s.Trace.Replayable():
+			bad("trace", fmt.Sprintf("%s holds no timestamps (a summary, not a parsed trace)", s.Trace))
+		case s.Trace.Offset < 0 || s.Trace.Offset >= s.Trace.Period():
+			bad("trace_offset", fmt.Sprintf("trace offset %v outside the period %v of %s", s.Trace.Offset, s.Trace.Period(), s.Trace))
+		}
 	}
 }
 
