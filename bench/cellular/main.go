@@ -1,0 +1,411 @@
+// Command cellular benchmarks braid over cellular links that replay recorded capacity (the LTE
+// traces of lab/traces) and writes its section of bench/BENCH.md.
+//
+// A site (host a) and a hub (host b) are joined by parallel emulated links; the LTE ones replay
+// a trace per direction, .up from the site to the hub and .down back:
+//
+//   - case A: T-Mobile LTE and Verizon LTE (40 ms one way each) beside a fixed 20 Mbit/s,
+//     15 ms DSL-like link;
+//   - case B: T-Mobile LTE at 40 ms and Verizon LTE at 80 ms one way, both with 0.5 % loss.
+//
+// Each row is one TCP flow for -duration (60 s), upload (site to hub) and download, in a fresh
+// lab, so that every row replays the traces from their start: each path alone (plain TCP, no
+// tunnel); braid tunnel over all paths with each of its schedulers (capacities measured), and
+// the default scheduler with the capacities configured as each path's mean rate; kernel MPTCP
+// through braid proxy (the kernel's default scheduler, a subflow per uplink); and the sum of the
+// paths alone. While the flow runs, an ICMP echo every 10 ms measures the round trip: inside the
+// tunnel, between the proxies' client and server hosts for the proxy, on the path for a path
+// alone. One PNG per case plots, for the upload through the tunnel with the default scheduler,
+// what each path delivered each second and the flow's goodput.
+//
+// About 46 minutes a run with 60 s flows (42 flows); -quick makes them 5 s.
+//
+// Usage: go run ./bench/cellular -braid bin/braid -runs 5 -out bench/out/cellular.md
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"braid/bench/internal/drive"
+	"braid/internal/lab"
+	"braid/internal/lab/scenario"
+	"braid/internal/lab/topo"
+	"braid/internal/traffic"
+	"braid/internal/units"
+)
+
+// schedulers are the tunnel's schedulers (internal/config: the site file's scheduler key), the
+// default first.
+var schedulers = []string{"paced", "wrr", "minrtt", "blest", "ecf", "rbpm"}
+
+// pingInterval is how often the round trip is sampled during a flow.
+const pingInterval = 10 * time.Millisecond
+
+type path struct {
+	name     string
+	up, down topo.Shape
+}
+
+type cellCase struct {
+	id, title string
+	paths     []path
+}
+
+func lte(name, file string, delay time.Duration, loss float64) path {
+	p := path{name: name}
+	var err error
+	if p.up, err = scenario.TraceShape(file+".up", 0, delay); err == nil {
+		p.down, err = scenario.TraceShape(file+".down", 0, delay)
+	}
+	if err != nil {
+		drive.Fatal(err)
+	}
+	p.up.Loss, p.down.Loss = loss, loss
+	return p
+}
+
+func cases() []cellCase {
+	dsl := topo.Shape{Rate: 20e6, Delay: 15 * time.Millisecond}
+	ms := time.Millisecond
+	return []cellCase{
+		{id: "a", title: "two LTE traces and a DSL link", paths: []path{
+			lte("T-Mobile LTE", "TMobile-LTE-short", 40*ms, 0),
+			lte("Verizon LTE", "Verizon-LTE-short", 40*ms, 0),
+			{name: "DSL 20 Mbit/s", up: dsl, down: dsl},
+		}},
+		{id: "b", title: "two LTE traces, 40 and 80 ms, 0.5 % loss", paths: []path{
+			lte("T-Mobile LTE", "TMobile-LTE-short", 40*ms, 0.5),
+			lte("Verizon LTE", "Verizon-LTE-short", 80*ms, 0.5),
+		}},
+	}
+}
+
+func (p path) describe() string {
+	s := func(sh topo.Shape) string {
+		if sh.Trace != nil {
+			return fmt.Sprintf("%s (mean %s)", filepath.Base(sh.Trace.File), units.FormatRate(sh.Trace.MeanRate()))
+		}
+		return units.FormatRate(sh.Rate)
+	}
+	d := fmt.Sprintf("%s: up %s, down %s, %v one way", p.name, s(p.up), s(p.down), p.up.Delay)
+	if p.up.Loss > 0 {
+		d += fmt.Sprintf(", %g %% loss", p.up.Loss)
+	}
+	return d
+}
+
+// topology is the site a and the hub b joined by the case's paths: link i has 10.9.i.0/24.
+func (c cellCase) topology() *topo.Topology {
+	shapes := make([]topo.Shape, len(c.paths))
+	for i, p := range c.paths {
+		shapes[i] = p.up
+	}
+	tp := scenario.ParallelLinks("cell"+c.id, shapes...)
+	for i, p := range c.paths {
+		tp.Links[i].BA = p.down
+	}
+	return tp
+}
+
+// result is what one row measured in one run.
+type result struct {
+	goodput float64 // bit/s, TCP payload over the whole flow
+	p50     time.Duration
+	p95     time.Duration
+	pingOK  float64 // share of echoes answered
+	retrans float64
+	samples []float64   // the flow's goodput each second
+	paths   [][]float64 // what each path delivered each second, IP bit/s
+}
+
+type options struct {
+	braid string
+	dur   time.Duration
+}
+
+func main() {
+	braid := flag.String("braid", "bin/braid", "path of the braid binary")
+	runs := flag.Int("runs", 5, "runs per figure; the tables show medians")
+	quick := flag.Bool("quick", false, "short measurements: a smoke run (5 s flows)")
+	duration := flag.Duration("duration", 60*time.Second, "length of each flow")
+	out := flag.String("out", "bench/out/cellular.md", "where to write this section (Markdown)")
+	figures := flag.String("figures", "", "directory of the PNG figures (default: that of -out)")
+	flag.Parse()
+	log.SetFlags(0)
+	bin, err := filepath.Abs(*braid)
+	if err == nil {
+		_, err = os.Stat(bin)
+	}
+	if err != nil {
+		drive.Fatalf("braid binary: %v (run 'make build')", err)
+	}
+	if *figures == "" {
+		*figures = filepath.Dir(*out)
+	}
+	o := options{braid: bin, dur: *duration}
+	if *quick {
+		o.dur = 5 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Hour)
+	defer cancel()
+
+	var md bytes.Buffer
+	w := io.MultiWriter(os.Stdout, &md)
+	drive.Section(w, "Cellular paths (trace-driven links)")
+	fmt.Fprintf(w, "`go run ./bench/cellular -braid bin/braid -runs %d -duration %v`: a site and a hub joined by\n"+
+		"emulated links; the LTE ones replay the traces of lab/traces (Winstein et al., NSDI 2013), .up from\n"+
+		"the site to the hub and .down back, each row in a fresh lab so that every row replays them from\n"+
+		"their start. One TCP flow per row for %v, upload (site to hub) and download. Goodput is TCP\n"+
+		"payload at the receiver over the whole flow; RTT is an ICMP echo every %v during the flow (inside\n"+
+		"the tunnel; between the client and server hosts for the proxy, routed over the first path; on the\n"+
+		"path for a path alone); retransmissions are the TCP sender's (tcp_info; for the proxy the client's\n"+
+		"connection to its proxy, not the MPTCP subflows). Medians of %d runs. Links emulated by: %s.\n\n",
+		*runs, o.dur, o.dur, pingInterval, *runs, lab.EmulatorName)
+	for _, c := range cases() {
+		runCase(ctx, w, o, c, *runs, *figures)
+	}
+	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err == nil {
+		os.WriteFile(*out, md.Bytes(), 0o644)
+	}
+}
+
+// row is a table row: its name and its runs.
+type row struct {
+	name string
+	runs []result
+	sum  bool // the sum of the paths alone: only goodput
+}
+
+func (r *row) med(f func(result) float64) float64 {
+	v := make([]float64, len(r.runs))
+	for i, x := range r.runs {
+		v[i] = f(x)
+	}
+	return scenario.Median(v)
+}
+
+func runCase(ctx context.Context, w io.Writer, o options, c cellCase, runs int, figures string) {
+	fmt.Fprintf(w, "### Case %s: %s\n\n", strings.ToUpper(c.id), c.title)
+	for _, p := range c.paths {
+		fmt.Fprintf(w, "- %s\n", p.describe())
+	}
+	fmt.Fprintln(w)
+	var figure result
+	for _, reverse := range []bool{false, true} {
+		var rows []*row
+		add := func(name string) *row { r := &row{name: name}; rows = append(rows, r); return r }
+		alone := make([]*row, len(c.paths))
+		for i, p := range c.paths {
+			alone[i] = add(p.name + " alone, no tunnel")
+		}
+		tunnels := make([]*row, len(schedulers))
+		for i, s := range schedulers {
+			name := "braid tunnel, " + s
+			if i == 0 {
+				name += " (default)"
+			}
+			tunnels[i] = add(name + ", capacities measured")
+		}
+		configured := add("braid tunnel, " + schedulers[0] + ", capacities = the paths' means")
+		proxy := add("kernel MPTCP through braid proxy")
+		for r := range runs {
+			for i := range c.paths {
+				alone[i].runs = append(alone[i].runs, measureAlone(ctx, o, c, i, reverse))
+			}
+			for i, s := range schedulers {
+				res := measureTunnel(ctx, o, c, s, nil, reverse)
+				tunnels[i].runs = append(tunnels[i].runs, res)
+				if i == 0 && !reverse && r == 0 {
+					figure = res
+				}
+			}
+			configured.runs = append(configured.runs, measureTunnel(ctx, o, c, schedulers[0], means(c, reverse), reverse))
+			proxy.runs = append(proxy.runs, measureProxy(ctx, o, c, reverse))
+			log.Printf("case %s %s: run %d of %d done", c.id, direction(reverse), r+1, runs)
+		}
+		sum := &row{name: "sum of the paths alone", sum: true}
+		for r := range runs {
+			var s result
+			for _, a := range alone {
+				s.goodput += a.runs[r].goodput
+			}
+			sum.runs = append(sum.runs, s)
+		}
+		printTable(w, direction(reverse), rows, alone, sum)
+	}
+	if err := os.MkdirAll(figures, 0o755); err == nil {
+		file := filepath.Join(figures, "cellular-"+c.id+".png")
+		if err := plot(file, c, figure); err != nil {
+			log.Printf("figure: %v", err)
+		} else {
+			fmt.Fprintf(w, "Figure: %s (upload through the tunnel, %s scheduler, capacities measured; first run).\n\n", file, schedulers[0])
+		}
+	}
+}
+
+func direction(reverse bool) string {
+	if reverse {
+		return "download (hub to site, .down traces)"
+	}
+	return "upload (site to hub, .up traces)"
+}
+
+// means are the paths' mean rates in the flow's direction: the capacities of the reference row.
+func means(c cellCase, reverse bool) []uint64 {
+	out := make([]uint64, len(c.paths))
+	for i, p := range c.paths {
+		s := p.up
+		if reverse {
+			s = p.down
+		}
+		out[i] = s.MeanRate()
+	}
+	return out
+}
+
+func printTable(w io.Writer, dir string, rows, alone []*row, sum *row) {
+	gp := func(x result) float64 { return x.goodput }
+	best := 0.0
+	for _, a := range alone {
+		best = max(best, a.med(gp))
+	}
+	total := sum.med(gp)
+	fmt.Fprintf(w, "%s:\n\n", strings.ToUpper(dir[:1])+dir[1:])
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	fmt.Fprintln(tw, "| scenario\t| goodput\t| ratio to the sum\t| ratio to the best path\t| RTT p50\t| RTT p95\t| echoes answered\t| retransmissions\t|")
+	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
+	ratio := func(v, of float64) string {
+		if of <= 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.3f", v/of)
+	}
+	for _, r := range append(rows, sum) {
+		g := r.med(gp)
+		if r.sum {
+			fmt.Fprintf(tw, "| %s\t| %.2f Mbit/s\t| 1.000\t| %s\t| -\t| -\t| -\t| -\t|\n", r.name, g/1e6, ratio(g, best))
+			continue
+		}
+		fmt.Fprintf(tw, "| %s\t| %.2f Mbit/s\t| %s\t| %s\t| %.1f ms\t| %.1f ms\t| %.0f %%\t| %.0f\t|\n", r.name, g/1e6, ratio(g, total), ratio(g, best),
+			r.med(func(x result) float64 { return float64(x.p50) / 1e6 }), r.med(func(x result) float64 { return float64(x.p95) / 1e6 }),
+			100*r.med(func(x result) float64 { return x.pingOK }), r.med(func(x result) float64 { return x.retrans }))
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+}
+
+func up(ctx context.Context, c cellCase) *lab.Lab {
+	l, err := lab.Up(ctx, c.topology(), lab.Options{})
+	if err != nil {
+		drive.Fatal(err)
+	}
+	return l
+}
+
+// flow runs one flow from host a with a ping to pingDst from pingHost, sampling the links in
+// the flow's direction.
+func flow(l *lab.Lab, links []*lab.Link, run func() traffic.BulkResult, pingHost, pingDst string, reverse bool) result {
+	dir := 0
+	if reverse {
+		dir = 1
+	}
+	sampler := drive.SampleLinks(links, dir)
+	pinger := drive.StartPing(l.Host(pingHost), pingDst, pingInterval)
+	res := run()
+	rtts, sent := pinger.Stop()
+	sampler.Stop()
+	r := result{goodput: res.Goodput, retrans: float64(res.Retransmits), paths: sampler.Rates,
+		p50: drive.Percentile(rtts, 0.50), p95: drive.Percentile(rtts, 0.95)}
+	if sent > 0 {
+		r.pingOK = float64(len(rtts)) / float64(sent)
+	}
+	for _, s := range res.Samples {
+		r.samples = append(r.samples, s.BitsPerSecond)
+	}
+	return r
+}
+
+func measureAlone(ctx context.Context, o options, c cellCase, i int, reverse bool) result {
+	l := up(ctx, c)
+	defer l.Close()
+	defer drive.Server(l, o.braid, "0.0.0.0:5201").Stop()
+	dst := fmt.Sprintf("10.9.%d.2", i)
+	f := drive.Flow{Addr: dst + ":5201", Duration: o.dur, Reverse: reverse}
+	return flow(l, l.Links(), func() traffic.BulkResult { return f.Run(ctx, l, o.braid) }, "a", dst, reverse)
+}
+
+func measureTunnel(ctx context.Context, o options, c cellCase, sched string, capacities []uint64, reverse bool) result {
+	l := up(ctx, c)
+	defer l.Close()
+	pair, err := scenario.StartTunnelPair(ctx, l, o.braid, scenario.SiteSpec{Paths: len(c.paths), Outer: 4, Capacities: capacities, Scheduler: sched}, 4)
+	if err != nil {
+		drive.Fatalf("tunnel %s: %v", sched, err)
+	}
+	defer pair.Close()
+	defer drive.Server(l, o.braid, "10.255.0.2:5201").Stop()
+	f := drive.Flow{Addr: "10.255.0.2:5201", Duration: o.dur, Reverse: reverse}
+	return flow(l, l.Links(), func() traffic.BulkResult { return f.Run(ctx, l, o.braid) }, "a", "10.255.0.2", reverse)
+}
+
+func measureProxy(ctx context.Context, o options, c cellCase, reverse bool) result {
+	ups := make([]topo.Shape, len(c.paths))
+	for i, p := range c.paths {
+		ups[i] = p.up
+	}
+	f, err := scenario.StartFed(ctx, scenario.Options{}, o.braid, nil, false, ups...)
+	if err != nil {
+		drive.Fatal(err)
+	}
+	defer f.Close()
+	var wan []*lab.Link
+	for i, p := range c.paths {
+		lk := f.L.Link(fmt.Sprintf("wan%d", i))
+		lk.SetShape(1, p.down) // p2 (the hub) to p1 (the site)
+		wan = append(wan, lk)
+	}
+	cfg := scenario.FedConfig{Name: "MPTCP", Proxy: true, MPTCP: true, PM: "braid", Uplinks: len(c.paths)}
+	if err := f.Use(ctx, cfg); err != nil {
+		drive.Fatalf("proxy: %v\n%s", err, f.Logs())
+	}
+	return flow(f.L, wan, func() traffic.BulkResult {
+		res, err := f.Bulk(ctx, traffic.BulkOptions{Duration: o.dur, Reverse: reverse})
+		if err != nil {
+			drive.Fatalf("proxy bulk: %v\n%s", err, f.Logs())
+		}
+		return res
+	}, "c", scenario.FedServer4, reverse)
+}
+
+// plot writes the case's figure: each path's delivered rate and the flow's goodput, per second.
+func plot(file string, c cellCase, r result) error {
+	ch := scenario.Chart{Title: fmt.Sprintf("case %s: upload through braid tunnel (%s)", strings.ToUpper(c.id), schedulers[0]), XLabel: "time (s)", YLabel: "Mbit/s"}
+	series := func(name string, v []float64) scenario.Series {
+		s := scenario.Series{Name: name, Color: scenario.Palette[len(ch.Series)%len(scenario.Palette)]}
+		for i, x := range v {
+			s.X = append(s.X, float64(i+1))
+			s.Min, s.Med, s.Max = append(s.Min, x/1e6), append(s.Med, x/1e6), append(s.Max, x/1e6)
+		}
+		return s
+	}
+	for i, p := range c.paths {
+		if i < len(r.paths) {
+			ch.Series = append(ch.Series, series(p.name+" (IP bytes)", r.paths[i]))
+		}
+	}
+	ch.Series = append(ch.Series, series("tunnel TCP goodput", r.samples))
+	var buf bytes.Buffer
+	if err := ch.WritePNG(&buf, 900, 500); err != nil {
+		return err
+	}
+	return os.WriteFile(file, buf.Bytes(), 0o644)
+}
