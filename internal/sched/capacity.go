@@ -204,7 +204,14 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 	before := c.est
 	// Lossy needs a volume worth judging: a few probes on an idle path say nothing.
 	lossy := sent >= 0.5*c.est && delivered < c.cfg.LossyShare*sent
-	busy := lossy || sent >= c.cfg.BusyShare*pace
+	// A standing queue also says the path is full: it delivered what it could while data
+	// waited for it. That is how a path is found full when the scheduler sends it only what
+	// arrives in time (it is seldom offered its whole pacing rate), or when the pacing rate
+	// is above what the path now carries but too little above it to lose much. A queue with
+	// hardly any data (probes on an idle path whose site is busy) says nothing.
+	queued := minRTT > 0 && rtt > minRTT+max(minQueue, minRTT/4) && sent >= delivered &&
+		sent*float64(window)/1e9 >= queuedBits
+	busy := lossy || queued || sent >= c.cfg.BusyShare*pace
 	if lossy {
 		c.lossy++
 	} else {
@@ -227,7 +234,7 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 		if !busy {
 			return
 		}
-		if c.lossy >= 2 { // the path is full: growing the rate further only fills its queue
+		if c.lossy >= 2 || queued { // the path is full: growing the rate further only fills its queue
 			c.phase = PhaseDrain
 			return
 		}
@@ -275,6 +282,7 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 // after drains it at least queueDrain below the estimate.
 const (
 	minQueue   = int64(2e6)
+	queuedBits = 64 << 13 // 64 KiB: the least sent over a window for a queue to count as busy
 	queueDrain = 0.05
 )
 

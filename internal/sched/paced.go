@@ -80,6 +80,16 @@ type pacedState struct {
 	deficit float64 // bytes
 	rate    float64 // bytes per ns
 	burst   float64 // bytes
+
+	// Plan's walk: virtual tokens of the path and of its uplink's bucket (kept on ushare, the
+	// first path on that uplink), its one-way delay in ns, and whether it can send now.
+	vtokens, vutokens float64
+	ushare            int
+	owd               float64
+	later             bool
+	vflight           float64 // bytes in flight after the packets given so far
+	vstart            int64   // when the path could send the packet being placed
+	varrive           float64 // and when it would arrive
 }
 
 // NewPaced returns a Paced scheduler; zero fields of c take their defaults.
@@ -266,3 +276,240 @@ func (b *Bucket) readyAt(now int64, size int) int64 {
 	}
 	return now + int64(math.Ceil((min(float64(size), b.burst)-b.tokens)/b.rate))
 }
+
+// Plan is Paced's queue scheduler, earliest arrival first: the packets waiting to be sent,
+// whose wire sizes are sizes in the order the receiver must see them, are given, in that
+// order, to the path by which each would arrive first, counting what the packets ahead of it
+// already take of each path: a packet of size bytes given to path i leaves when i's bucket
+// (and its uplink's) holds it, after those ahead of it on i, and arrives a one-way delay later
+// (MinRTT/2, else SRTT/2; the bucket's time at the path's rate breaks ties towards the faster
+// path). So a slower path is given only packets that arrive no later than they would by the
+// faster ones: while the fast path keeps up it carries everything, and the slow one takes
+// from further down the queue the packets the fast one would deliver after the slow one's
+// delay. The inner flow then sees its packets arrive in order at about the fast path's delay,
+// never a fast packet held behind a slow one, so adding a path never slows it below the fast
+// path alone (docs/scheduling.md, "Unequal paths").
+//
+// A path with a CWnd takes data only while its InFlight (plus what the walk gives it) stays
+// within it: the tunnel sets one on paths whose capacity is measured, so that the estimator's
+// probing above an unknown rate overfills the path's queue by at most a window.
+//
+// out[k] is set for every packet: the index of the path to send it on now, its tokens
+// charged, or -1 when it stays queued. wake is the earliest time a packet that stays could
+// leave if the queue did not change (0 when none stays); ok is false when no path is Up.
+// Paths that can send now and deliver within planSlack of the earliest arrival count as equal:
+// among them the packet goes by the deficit of Next (shares by Weight, else Capacity), so equal
+// paths share the traffic as they do under Next. Plan does not allocate once it has seen the
+// largest path set it will be given.
+func (s *Paced) Plan(now int64, paths []Path, sizes []int, out []int) (wake int64, ok bool) {
+	s.sync(now, paths)
+	up := 0
+	for i := range paths {
+		st := &s.st[i]
+		if !paths[i].Up {
+			st.deficit = 0
+			continue
+		}
+		up++
+		capacity := paths[i].PaceRate
+		if !(capacity > 0) || math.IsInf(capacity, 0) {
+			capacity = paths[i].Capacity
+		}
+		if !(capacity > 0) || math.IsInf(capacity, 0) {
+			capacity = s.cfg.DefaultCapacity
+		}
+		st.rate = capacity / 8 / 1e9
+		st.burst = max(st.rate*float64(s.cfg.BurstTime), float64(s.cfg.MinBurst))
+		if now > st.last {
+			st.tokens += float64(now-st.last) * st.rate
+			st.last = now
+		}
+		st.tokens = min(st.tokens, st.burst)
+		if b := paths[i].Uplink; b != nil {
+			b.refill(now, s.cfg)
+		}
+		// The virtual state of the walk: tokens after the packets given so far, with what
+		// is given to a path beyond its bucket as debt.
+		st.vtokens = st.tokens
+		st.owd = oneWay(&paths[i])
+		st.vflight = float64(paths[i].InFlight)
+	}
+	if up == 0 {
+		for k := range out[:len(sizes)] {
+			out[k] = -1
+		}
+		return 0, false
+	}
+	// Uplink buckets are shared: their virtual tokens live on the first path that names them.
+	for i := range paths {
+		if b := paths[i].Uplink; paths[i].Up && b.limits() {
+			s.st[i].ushare = s.uplinkOwner(paths, i)
+			if s.st[i].ushare == i {
+				s.st[i].vutokens = b.tokens
+			}
+		}
+	}
+	pending := up // paths that may still send now
+	for i := range paths {
+		s.st[i].later = !paths[i].Up
+	}
+	total := 0.0
+	for i := range paths {
+		if paths[i].Up {
+			total += share(&paths[i], s.cfg.DefaultCapacity)
+		}
+	}
+	for k, size := range sizes {
+		if pending == 0 {
+			out[k] = -1
+			continue
+		}
+		size = max(size, 0)
+		// The earliest arrival, and among the paths that can send now and deliver within
+		// planSlack of it, the one furthest behind its share: paths of about equal delay split
+		// the traffic by their shares, as Next does, and a slower one waits its turn.
+		best, bestStart := -1, int64(0)
+		var bestArrive float64
+		for i := range paths {
+			if !paths[i].Up {
+				continue
+			}
+			st := &s.st[i]
+			st.vstart = s.startAt(now, paths, i, size)
+			st.varrive = float64(st.vstart) + st.owd + float64(size)/st.rate
+			if best < 0 || st.varrive < bestArrive {
+				best, bestStart, bestArrive = i, st.vstart, st.varrive
+			}
+		}
+		var bestScore float64
+		chosen := -1
+		for i := range paths {
+			st := &s.st[i]
+			if !paths[i].Up || st.vstart > now || st.varrive > bestArrive+float64(planSlack) {
+				continue
+			}
+			if score := st.deficit + float64(size)*share(&paths[i], s.cfg.DefaultCapacity)/total; chosen < 0 || score > bestScore {
+				chosen, bestScore = i, score
+			}
+		}
+		if chosen >= 0 {
+			best, bestStart = chosen, now
+		}
+		st := &s.st[best]
+		st.vtokens -= float64(size)
+		st.vflight += float64(size)
+		lim := paths[best].Uplink.limits()
+		if lim {
+			s.st[st.ushare].vutokens -= float64(size)
+		}
+		if bestStart <= now {
+			out[k] = best
+			st.tokens -= float64(size)
+			if lim {
+				paths[best].Uplink.tokens -= float64(size)
+			}
+			for i := range paths {
+				if !paths[i].Up {
+					continue
+				}
+				d := &s.st[i]
+				d.deficit += float64(size) * share(&paths[i], s.cfg.DefaultCapacity) / total
+				if i == best {
+					d.deficit -= float64(size)
+				}
+				d.deficit = min(max(d.deficit, -d.burst), d.burst)
+			}
+			continue
+		}
+		out[k] = -1
+		if wake == 0 || bestStart < wake {
+			wake = bestStart
+		}
+		// Once no path can take a packet now, none of the rest goes now either.
+		if !st.later {
+			st.later = true
+			pending--
+		}
+		for i := range paths {
+			if !s.st[i].later && s.startAt(now, paths, i, DefaultMSS) > now {
+				s.st[i].later = true
+				pending--
+			}
+		}
+	}
+	if pending == 0 {
+		// The rest stayed without a look: they leave no earlier than the soonest path.
+		for i := range paths {
+			if paths[i].Up {
+				if t := s.startAt(now, paths, i, DefaultMSS); wake == 0 || t < wake {
+					wake = t
+				}
+			}
+		}
+	}
+	return wake, true
+}
+
+// planSlack is how much later than by its best path a packet may arrive by a path that can send
+// it now, rather than wait: the device reader comes back no sooner than a few hundred µs, and
+// paths whose delays differ by less than this count as equal (they split by their shares).
+const planSlack = time.Millisecond
+
+// startAt is when path i's bucket, and its uplink's, hold a packet of size bytes after what the
+// walk of Plan has given the path so far (the virtual tokens), and its window (CWnd, if set)
+// has room for it.
+func (s *Paced) startAt(now int64, paths []Path, i, size int) int64 {
+	st := &s.st[i]
+	need := min(float64(size), st.burst)
+	t := now
+	if st.vtokens+1e-6 < need {
+		t += int64(math.Ceil((need - st.vtokens) / st.rate))
+	}
+	if w := float64(paths[i].CWnd); w > 0 && st.vflight+float64(size) > w {
+		// The window opens as the data in flight arrives, at about the path's rate.
+		t = max(t, now+int64(math.Ceil((st.vflight+float64(size)-w)/st.rate)))
+	}
+	if b := paths[i].Uplink; b.limits() {
+		vt := s.st[st.ushare].vutokens
+		if n := min(float64(size), b.burst); vt+1e-6 < n {
+			t = max(t, now+int64(math.Ceil((n-vt)/b.rate)))
+		}
+	}
+	return t
+}
+
+// uplinkOwner is the first Up path that leaves by path i's uplink.
+func (s *Paced) uplinkOwner(paths []Path, i int) int {
+	for j := range paths[:i] {
+		if paths[j].Up && paths[j].Uplink == paths[i].Uplink {
+			return j
+		}
+	}
+	return i
+}
+
+// oneWay is a path's one-way delay in ns as Plan counts it: half its minimum RTT (else half its
+// smoothed RTT, else 0) plus the queue its smoothed RTT shows beyond the minimum, where that is
+// more than queueNoise: a path paced above what it now carries holds the excess in its queue,
+// and what is sent on it arrives that much later.
+func oneWay(p *Path) float64 {
+	known := func(d time.Duration) bool { return d > 0 && d <= time.Minute }
+	switch {
+	case known(p.MinRTT) && known(p.SRTT):
+		q := p.SRTT - p.MinRTT
+		if q <= queueNoise {
+			q = 0
+		}
+		return float64(p.MinRTT)/2 + float64(q)
+	case known(p.MinRTT):
+		return float64(p.MinRTT) / 2
+	case known(p.SRTT):
+		return float64(p.SRTT) / 2
+	}
+	return 0
+}
+
+// queueNoise is how far a smoothed RTT may stray above the minimum without counting as a
+// queue: on a busy host the tunnel's own scheduling moves a short path's RTT by a few ms, and
+// two equal paths would no longer share the traffic.
+const queueNoise = 5 * time.Millisecond

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"time"
 
 	"braid/internal/wire/vnet"
 
@@ -129,3 +130,7 @@ func AddRoute(nl *netlink.Handle, name string, prefix netip.Prefix) error {
 	}
 	return nil
 }
+
+// SetReadDeadline makes reads that wait past t fail with os.ErrDeadlineExceeded; the zero time
+// waits for ever. The tunnel waits for the device and its pacer at once with it.
+func (d *Device) SetReadDeadline(t time.Time) error { return d.file.SetReadDeadline(t) }

@@ -188,3 +188,20 @@ func (p *peer) schedStateLocked(i int) (st sched.PathState, ok bool) {
 	}
 	return sched.PathState{ID: i, Active: true}, true
 }
+
+// probeWindow is the window of a path whose capacity is measured, under the queue planner:
+// two round trips at the estimated rate (the delivery rate until a sample has been taken),
+// the window BBR keeps for the same reason, so that the estimator's startup and probes, which
+// pace above the path's rate, fill the path's queue by at most one bandwidth-delay product.
+// Until the path has a rate and a round trip, the window is 64 KiB: a path starts as TCP does,
+// and its delivery rate, and with it the window, grows from what it carries.
+func probeWindow(c *sched.Capacity, delivery float64, base time.Duration) int {
+	rate := delivery
+	if c.Measured() {
+		rate = max(rate, c.Estimate())
+	}
+	if !(rate > 0) || base <= 0 {
+		return 4 * minWindow
+	}
+	return max(int(rate*2*base.Seconds()/8), 4*minWindow)
+}

@@ -29,27 +29,51 @@ func (t *Tunnel) putBuf(b *packetBuf) { t.bufs.Put(b) }
 
 // readDevice reads inner packets from the TUN device, a batch at a time when the device has
 // offloads (the segments of one TCP super-packet), and sends each on a path of its peer; each
-// path's share of a batch leaves in one system call (txState).
+// path's share of a batch leaves in one system call (txState). With a queue-planning
+// scheduler (the default) and a device whose reads can time out, packets wait in their peer's
+// send queue (txqueue.go) and the reader reads on while they do; otherwise each packet is sent
+// as it is read, the reader waiting for the pacer when it must.
 func (t *Tunnel) readDevice() error {
 	bd, batched := t.o.Device.(BatchDevice)
 	n := 1
 	if batched {
 		n = maxBatch
+	} else {
+		bd = nil
 	}
+	size := headroom + t.o.MTU + 1 // one byte more than the MTU shows an oversized packet
 	bufs, sizes := make([][]byte, n), make([]int, n)
 	for i := range bufs {
-		// One byte more than the MTU shows an oversized packet.
-		bufs[i] = make([]byte, headroom+t.o.MTU+1)
+		bufs[i] = make([]byte, size)
 	}
+	dl, _ := t.o.Device.(deadliner)
+	queue := dl != nil && t.plans()
+	var (
+		free     [][]byte // buffers back from the send queues
+		active   []*peer  // peers with packets queued
+		wake     int64    // when a queued packet may leave; 0: none is queued
+		deadline bool     // a read deadline is set
+	)
 	tx := &txState{}
 	for {
 		var k int
 		var err error
-		if batched {
-			k, err = bd.ReadBatch(bufs, headroom, sizes)
-		} else {
-			sizes[0], err = t.o.Device.Read(bufs[0][headroom:])
-			k = 1
+		now := t.now()
+		switch {
+		case wake == 0:
+			if deadline {
+				err = dl.SetReadDeadline(time.Time{})
+				deadline = false
+			}
+			if err == nil {
+				k, err = readSome(bd, t.o.Device, bufs, sizes)
+			}
+		case anyFull(active):
+			// The device's own queue holds the rest meanwhile.
+			sleep(wake - now)
+		case wake > now:
+			deadline = true
+			k, err = readQueued(bd, t.o.Device, dl, bufs, sizes, wake, now)
 		}
 		if err != nil {
 			if t.closing.Load() {
@@ -65,25 +89,80 @@ func (t *Tunnel) readDevice() error {
 				t.stats.DropTooBig.Add(1)
 				continue
 			}
-			t.sendData(tx, bufs[i], sizes[i])
+			if !queue {
+				t.sendData(tx, bufs[i], sizes[i])
+				continue
+			}
+			p, wire := t.classify(bufs[i], sizes[i])
+			if p == nil {
+				continue
+			}
+			if len(p.q.pkts) == 0 {
+				active = append(active, p)
+			}
+			p.q.enqueue(p, bufs[i], sizes[i], wire, now)
+			if l := len(free); l > 0 {
+				bufs[i], free = free[l-1], free[:l-1]
+			} else {
+				bufs[i] = make([]byte, size)
+			}
+		}
+		if queue && len(active) > 0 {
+			now = t.now()
+			wake = 0
+			keep := active[:0]
+			for _, p := range active {
+				w := t.dispatch(tx, p, now, &free)
+				if w == 0 {
+					continue
+				}
+				keep = append(keep, p)
+				if wake == 0 || w < wake {
+					wake = w
+				}
+			}
+			clear(active[len(keep):])
+			active = keep
 		}
 		tx.flush(t)
+		if t.closing.Load() {
+			return nil
+		}
 	}
 }
 
-// sendData seals the inner packet at b[headroom:headroom+n] (b[:headroom] is scratch for its
-// headers) and queues it on a path.
-func (t *Tunnel) sendData(tx *txState, b []byte, n int) {
+// plans reports whether the tunnel's scheduler plans a send queue.
+func (t *Tunnel) plans() bool {
+	for _, p := range t.peers {
+		if _, ok := p.sch.(planner); !ok {
+			return false
+		}
+	}
+	return len(t.peers) > 0
+}
+
+func anyFull(ps []*peer) bool {
+	for _, p := range ps {
+		if p.q.full() {
+			return true
+		}
+	}
+	return false
+}
+
+// classify checks the inner packet at b[headroom:headroom+n], clamps the MSS of a TCP SYN, and
+// returns the peer it goes to and its size on the wire; nil (counted) when it goes nowhere.
+func (t *Tunnel) classify(b []byte, n int) (*peer, int) {
 	inner := b[headroom : headroom+n]
 	if _, err := mpath.InnerVersion(inner); err != nil {
 		t.stats.DropBadInner.Add(1)
-		return
+		return nil, 0
 	}
 	dst, _ := innerDst(inner)
 	p := t.lookup(dst)
 	if p == nil {
 		t.stats.DropNoRoute.Add(1)
-		return
+		return nil, 0
 	}
 	// TCP through the tunnel must never need fragmentation: clamp the MSS of SYNs to what the
 	// tunnel MTU carries (each side clamps what it sends, so both directions are covered).
@@ -92,15 +171,23 @@ func (t *Tunnel) sendData(tx *txState, b []byte, n int) {
 	} else {
 		pkt.ClampMSS(inner, uint16(mtu-60))
 	}
-	ls := p.cur.Load()
-	if ls == nil {
+	if p.cur.Load() == nil {
 		t.stats.DropNoSession.Add(1)
+		return nil, 0
+	}
+	// The scheduler paces in bytes on the wire: count the outer IP and UDP headers too, so
+	// that a path is never fed faster than its capacity.
+	return p, n + Overhead + p.outer
+}
+
+// sendData sends the inner packet at b[headroom:headroom+n] (b[:headroom] is scratch for its
+// headers) on the path its peer's scheduler picks, waiting for the pacer if it must.
+func (t *Tunnel) sendData(tx *txState, b []byte, n int) {
+	p, wire := t.classify(b, n)
+	if p == nil {
 		return
 	}
 	now := t.now()
-	// The scheduler paces in bytes on the wire: count the outer IP and UDP headers too, so
-	// that a path is never fed faster than its capacity.
-	wire := n + Overhead + p.outer
 	pp, wait := p.pick(now, wire)
 	for waited := int64(0); pp == nil && wait > 0 && waited < maxSchedWait && !t.closing.Load(); {
 		tx.flush(t) // what the pacer let through goes out before the wait
@@ -116,6 +203,17 @@ func (t *Tunnel) sendData(tx *txState, b []byte, n int) {
 		t.stats.DropNoPath.Add(1)
 		return
 	}
+	t.emit(tx, p, pp, b, n, p.txSeq.Add(1), now)
+}
+
+// emit seals the inner packet at b[headroom:headroom+n], number seq of the peer's sequence,
+// into pp's batch (b[:headroom] is scratch for its headers).
+func (t *Tunnel) emit(tx *txState, p *peer, pp *peerPath, b []byte, n int, seq uint32, now int64) {
+	ls := p.cur.Load()
+	if ls == nil {
+		t.stats.DropNoSession.Add(1)
+		return
+	}
 	counter, err := ls.s.NextCounter()
 	if err != nil {
 		t.stats.DropNoSession.Add(1)
@@ -129,7 +227,7 @@ func (t *Tunnel) sendData(tx *txState, b []byte, n int) {
 		h.Flags = mpath.FlagClear
 	}
 	h.Encode(b[greLen : greLen+mpath.HeaderLen])
-	pre := mpath.DataPrefix{Seq: p.txSeq.Add(1), Timestamp: t.micros(now)}
+	pre := mpath.DataPrefix{Seq: seq, Timestamp: t.micros(now)}
 	pre.Encode(b[greLen+mpath.HeaderLen : headroom])
 	const aadLen = greLen + mpath.HeaderLen
 	dg := tx.reserve(t, p, pp, headroom+n+session.Overhead)

@@ -66,7 +66,8 @@ type peer struct {
 	cipherWarned atomic.Bool
 	rb           *reorder.Buffer[*packetBuf]
 	released     []*packetBuf
-	outer        int // outer IP and UDP header bytes: 28, or 48 when a path is IPv6
+	outer        int     // outer IP and UDP header bytes: 28, or 48 when a path is IPv6
+	q            txQueue // packets waiting to be sent (the device reader's only)
 }
 
 // liveSession is a session with its birth time.
@@ -153,7 +154,9 @@ func newPeer(t *Tunnel, pc PeerConfig, now int64) (*peer, error) {
 	p.flight, p.measured = !paced, paced || wrr
 	p.txSeq.Store(randUint32())
 	if t.o.Reorder {
-		if p.rb, err = reorder.New[*packetBuf](t.o.ReorderCfg); err != nil {
+		rc := t.o.ReorderCfg
+		rc.Learn = true
+		if p.rb, err = reorder.New[*packetBuf](rc); err != nil {
 			return nil, fmt.Errorf("tunnel: peer %s: %w", pc.Name, err)
 		}
 	}
@@ -212,7 +215,9 @@ func (pp *peerPath) sampleCapacityLocked(now int64, outer int) {
 	pp.capN = s.RateSamples
 	pp.capBits += s.DeliveryRate * s.RateWindow.Seconds()
 	pp.capWin += s.RateWindow
-	if pp.capWin < capacityWindow {
+	// While the estimator looks for the path's rate, every delivery window is a sample: it
+	// paces above the path then, and each window it is late overfills the path's queue.
+	if pp.capWin < capacityWindow && pp.capEst.Phase() != sched.PhaseStartup {
 		return
 	}
 	sent, pkts := pp.txBytes.Load(), pp.txPackets.Load()
@@ -224,9 +229,10 @@ func (pp *peerPath) sampleCapacityLocked(now int64, outer int) {
 	pp.capAt, pp.capSent, pp.capPkts, pp.capBits, pp.capWin = now, sent, pkts, 0, 0
 }
 
-// capacityWindow is the shortest span of one capacity sample: the peer's delivery windows are
-// timed by its clock, but when its receive loop runs late a 100 ms window is off by a few
-// per cent, and the estimate, a maximum, would take the high ones.
+// capacityWindow is the shortest span of one capacity sample once the path's rate is found:
+// the peer's delivery windows are timed by its clock, but when its receive loop runs late a
+// 100 ms window is off by a few per cent, and the estimate, a maximum, would take the high
+// ones. In startup a few per cent do not matter, and each window counts.
 const capacityWindow = 300 * time.Millisecond
 
 // pathFrom returns the path that arrives on uplink u from src.
@@ -312,6 +318,17 @@ func (p *peer) snapshotLocked(now int64) bool {
 			// phases): unpaced, it stays at its start-up guess. The window-based schedulers
 			// reason with the delivery rate instead, or a configured capacity.
 			p.snap[i].Capacity, p.snap[i].PaceRate = pp.capEst.Estimate(), pp.capEst.PacingRate()
+			if !p.flight {
+				// The queue planner's window: pacing above a rate not yet known (or that has
+				// just dropped) fills the path's queue by at most one window.
+				sp := &p.snap[i]
+				sp.InFlight = pp.sent.inFlight(now, s.SRTT)
+				base := pp.base.observe(now, s.MinRTT)
+				if base <= 0 {
+					base = s.SRTT
+				}
+				sp.CWnd = probeWindow(pp.capEst, s.DeliveryRate, base)
+			}
 		}
 		if b := pp.up.pace; b != nil {
 			// The paths on one uplink are paced together at its capacity, and none is

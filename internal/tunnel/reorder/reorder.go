@@ -32,6 +32,7 @@ package reorder
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
 	"time"
 )
@@ -67,6 +68,9 @@ type Config struct {
 	MinHold, MaxHold time.Duration
 	// Hold is the hold time until the tunnel has RTT estimates and calls SetHold.
 	Hold time.Duration
+	// Learn shortens the hold below what SetHold allows to what the reordering seen lately
+	// needs: see Buffer.SetHold.
+	Learn bool
 }
 
 // Defaults returns c with every zero field set to its default: 1024 packets, 4 MiB, hold time
@@ -209,7 +213,12 @@ type Buffer[T any] struct {
 	window int64
 	next   uint32 // next expected sequence number; its slot is never held
 	start  bool   // next is valid
-	hold   int64  // ns
+	hold   int64  // ns: the hold in force
+	ceil   int64  // ns: the hold SetHold allows
+	// Learn: the longest wait a gap needed lately (ns), decaying by half every learnHalfLife,
+	// as of learnAt.
+	need    float64
+	learnAt int64
 
 	fifo       []arrival // ring of 2 × len(ring); see push for why that is enough
 	fifoHead   int
@@ -249,8 +258,35 @@ func New[T any](c Config) (*Buffer[T], error) {
 // SetHold sets how long a packet may wait for the gap before it, clamped to
 // [MinHold, MaxHold]. It applies to packets already held, so shortening it releases them on
 // the next Expire.
+//
+// With Config.Learn, d is a ceiling, and the hold in force is what the reordering seen lately
+// needs: 5/4 of the longest wait a gap needed before its packet came (a packet that came after
+// its gap was given up on counts as needing the whole ceiling), that need halving every
+// learnHalfLife (1 s) without a new one, plus holdMargin, at least MinHold. A scheduler that
+// spreads packets over paths of unequal delay fills gaps after the paths' spread and keeps the
+// hold there; one that sends each packet where it arrives first leaves gaps that are losses,
+// which then cost TCP a millisecond or two instead of the spread. The need starts at the
+// ceiling.
 func (b *Buffer[T]) SetHold(d time.Duration) {
-	b.hold = int64(clamp(d, b.cfg.MinHold, b.cfg.MaxHold))
+	b.ceil = int64(clamp(d, b.cfg.MinHold, b.cfg.MaxHold))
+	b.hold = b.ceil
+	if b.cfg.Learn && b.start {
+		b.learn(b.learnAt, 0)
+	}
+}
+
+// learnHalfLife is how fast a learnt need for holding fades.
+const learnHalfLife = float64(time.Second)
+
+// learn takes a gap's wait into the need (Config.Learn) and sets the hold in force.
+func (b *Buffer[T]) learn(now int64, wait int64) {
+	if now > b.learnAt {
+		b.need *= math.Exp2(-float64(now-b.learnAt) / learnHalfLife)
+		b.learnAt = now
+	}
+	b.need = max(b.need, float64(wait))
+	h := int64(b.need*5/4) + int64(holdMargin)
+	b.hold = min(max(h, int64(b.cfg.MinHold)), b.ceil)
 }
 
 // Hold returns the current hold time.
@@ -298,6 +334,7 @@ func (b *Buffer[T]) Push(now int64, seq uint32, size int, v T, out []T) []T {
 	if !b.start {
 		b.start = true
 		b.next = seq
+		b.need, b.learnAt = float64(b.ceil), now
 	}
 	size = min(max(size, 0), 1<<31-1)
 	d := int64(int32(seq - b.next))
@@ -310,6 +347,11 @@ func (b *Buffer[T]) Push(now int64, seq uint32, size int, v T, out []T) []T {
 		b.next++
 		b.st.InOrder++
 		if b.count > 0 {
+			if b.cfg.Learn {
+				if e, ok := b.oldest(); ok {
+					b.learn(now, now-e.at)
+				}
+			}
 			out = b.drain(out, false)
 		}
 		return out
@@ -348,6 +390,9 @@ func (b *Buffer[T]) Push(now int64, seq uint32, size int, v T, out []T) []T {
 		// neither starts nor breaks a restart run, but it does end a row of look-alikes.
 		b.candDups = 0
 		b.st.Late++
+		if b.cfg.Learn {
+			b.learn(now, b.ceil)
+		}
 		return append(out, v)
 	}
 	b.extendRun(now, seq)
@@ -538,6 +583,9 @@ func (b *Buffer[T]) NextDeadline() (at int64, ok bool) {
 // before it in sequence order (declaring the gaps lost) and the run after it, and appends them
 // to out in order.
 func (b *Buffer[T]) Expire(now int64, out []T) []T {
+	if b.cfg.Learn && b.start {
+		b.learn(now, 0)
+	}
 	for {
 		e, ok := b.oldest()
 		if !ok || e.at+b.hold > now {

@@ -1,0 +1,59 @@
+package reorder
+
+import (
+	"testing"
+	"time"
+)
+
+
+// With Learn, gaps that fill within 2 ms bring the hold down from the ceiling to about what they
+// need, a packet that comes after its gap was given up on puts it back to the ceiling, and without
+// Learn the hold stays what SetHold set.
+func TestLearnHoldFollowsReordering(t *testing.T) {
+	for _, learn := range []bool{true, false} {
+		b, err := New[int](Config{Learn: learn})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.SetHold(100 * time.Millisecond)
+		if b.Hold() != 100*time.Millisecond {
+			t.Fatalf("learn %v: hold %v before any packet, want the ceiling", learn, b.Hold())
+		}
+		out := b.Push(0, 0, 100, 0, nil)
+		seq := uint32(1)
+		now := int64(10 * ms)
+		// Ten seconds of traffic in which every tenth packet comes 2 ms after the one behind it.
+		for now < 10_000*ms {
+			out = b.Push(now, seq+1, 100, 1, out[:0])
+			out = b.Push(now+2*ms, seq, 100, 0, out)
+			if len(out) != 2 || out[0] != 0 || out[1] != 1 {
+				t.Fatalf("learn %v: at %d ms delivered %v, want both in order", learn, now/ms, out)
+			}
+			seq += 2
+			now += 10 * ms
+			b.Expire(now, out[:0])
+		}
+		if !learn {
+			if b.Hold() != 100*time.Millisecond {
+				t.Errorf("without Learn the hold moved to %v", b.Hold())
+			}
+			continue
+		}
+		if h := b.Hold(); h < 3*time.Millisecond || h > 5*time.Millisecond {
+			t.Errorf("hold %v after gaps that needed 2 ms, want 3.5 ms (5/4 of it and the margin)", h)
+		}
+		// A gap given up on (seq is lost, or so it seems) and its packet after all: late.
+		out = b.Push(now, seq+1, 100, 1, out[:0])
+		out = b.Expire(now+10*ms, out[:0])
+		if len(out) != 1 || b.Stats().Lost != 1 {
+			t.Fatalf("the gap was not given up after the short hold: out %v, stats %+v", out, b.Stats())
+		}
+		out = b.Push(now+20*ms, seq, 100, 0, out[:0])
+		if len(out) != 1 || b.Stats().Late != 1 {
+			t.Fatalf("late packet: out %v, stats %+v", out, b.Stats())
+		}
+		if b.Hold() != 100*time.Millisecond {
+			t.Errorf("hold %v after a late packet, want the ceiling back", b.Hold())
+		}
+	}
+}
