@@ -5,7 +5,6 @@ import (
 	"time"
 )
 
-
 // With Learn, gaps that fill within 2 ms bring the hold down from the ceiling to about what they
 // need, a packet that comes after its gap was given up on puts it back to the ceiling, and without
 // Learn the hold stays what SetHold set.
