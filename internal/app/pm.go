@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"os"
 	"slices"
-	"time"
 
 	"braid/internal/config"
 	"braid/internal/metrics"
@@ -133,7 +132,7 @@ func runPM(e env, args []string) int {
 		pol, ok = nil, len(cfg.AMPTCP.Resolvers) > 0
 	}
 	if cfg.Policy == "rbpm" {
-		pol, ok = core.NewRBPM(time.Second), true
+		pol, ok = core.NewRBPM(pm.RBPMHoldDown), true
 	}
 	if !ok {
 		fmt.Fprintf(e.stderr, "braid pm: unknown policy %q, or amptcp without resolvers (known: fullmesh, amptcp, rbpm)\n", cfg.Policy)

@@ -319,8 +319,16 @@ func serveProxy(ctx context.Context, cfg *config.Proxy, log *slog.Logger) (err e
 		for _, u := range ups {
 			cups = append(cups, core.Uplink{Name: u.Name, Addr: u.Addr.String(), IfIndex: u.IfIndex, Backup: u.Backup, V6: u.Addr.Is6()})
 		}
-		d, err := pm.New(pm.Options{Uplinks: cups, Policy: core.Policies["fullmesh"], Logger: log.With("part", "pm"), Poll: 50 * time.Millisecond,
-			Core: core.Config{JoinTimeout: time.Second, DeadAfter: 500 * time.Millisecond, Retry: 250 * time.Millisecond}})
+		pol, err := pm.NewPolicy(cfg.PMPolicy)
+		if err != nil {
+			return fmt.Errorf("path manager: %w", err)
+		}
+		// Dead subflows are the failover monitor's (internal/proxy/failover.go): the manager's own
+		// rule (data unacknowledged, no acknowledgement for DeadAfter) cannot tell a dead path
+		// from a pooled connection's first data after a pause, and with 500 ms it destroyed every
+		// subflow of such a connection as its download began. It stays as a backstop.
+		d, err := pm.New(pm.Options{Uplinks: cups, Policy: pol, Logger: log.With("part", "pm"), Poll: 50 * time.Millisecond,
+			Core: core.Config{JoinTimeout: time.Second, DeadAfter: 5 * time.Second, Retry: 250 * time.Millisecond}})
 		if err != nil {
 			return fmt.Errorf("path manager: %w", err)
 		}

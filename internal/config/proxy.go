@@ -29,6 +29,10 @@ import (
 //	                            # ADD_ADDR of our other uplinks, dead paths replaced (the
 //	                            # kernel's userspace PM, driven in process); kernel: endpoints
 //	                            # for the kernel's own PM; none: one subflow
+//	pm_policy = "fullmesh"      # the braid path manager's policy, the code of 'braid pm
+//	                            # --policy': fullmesh (default; every subflow active) or
+//	                            # rbpm (also demotes to backup the subflows whose data would
+//	                            # wait in the peer's buffer; see docs/proxy.md)
 //	pool = 4                    # pre-established connections per peer (0: connect on demand)
 //	pool_idle = "60s"           # a pooled connection unused for this long is replaced
 //	connect_timeout = "5s"      # to a peer, and from the far proxy to the destination
@@ -65,6 +69,7 @@ type Proxy struct {
 	HasKey         bool
 	Plaintext      bool
 	PathManager    string // braid, kernel, none
+	PMPolicy       string // the braid path manager's policy: fullmesh, rbpm
 	Pool           int
 	PoolIdle       time.Duration
 	ConnectTimeout time.Duration
@@ -99,11 +104,14 @@ type ProxyPeer struct {
 var (
 	ProxyModes        = []string{"tproxy", "redirect", "socks"}
 	ProxyPathManagers = []string{"braid", "kernel", "none"}
+	// ProxyPMPolicies are the policies of braid's path manager in the proxy (amptcp, which
+	// needs a LISP mapping system, is braid pm's only).
+	ProxyPMPolicies = []string{"fullmesh", "rbpm"}
 )
 
 // ProxyDefaults returns the defaults, without key, uplinks or tenants.
 func ProxyDefaults() Proxy {
-	return Proxy{Mode: "tproxy", PathManager: "braid", Pool: 4, PoolIdle: time.Minute, ConnectTimeout: 5 * time.Second,
+	return Proxy{Mode: "tproxy", PathManager: "braid", PMPolicy: "fullmesh", Pool: 4, PoolIdle: time.Minute, ConnectTimeout: 5 * time.Second,
 		HeaderTimeout: 5 * time.Second, DrainTimeout: 30 * time.Second, FwMark: 0x1b5, RouteTable: 4755, Metrics: DefaultProxyMetrics}
 }
 
@@ -122,6 +130,7 @@ type fileProxy struct {
 	PrivateKeyFile *string      `toml:"private_key_file"`
 	Plaintext      *bool        `toml:"plaintext"`
 	PathManager    *string      `toml:"path_manager"`
+	PMPolicy       *string      `toml:"pm_policy"`
 	Pool           *int64       `toml:"pool"`
 	PoolIdle       any          `toml:"pool_idle"`
 	ConnectTimeout any          `toml:"connect_timeout"`
@@ -192,6 +201,9 @@ func LoadProxy(filename string, data []byte, env Env) (*Proxy, error) {
 	if fp.PathManager != nil {
 		p.PathManager = *fp.PathManager
 	}
+	if fp.PMPolicy != nil {
+		p.PMPolicy = *fp.PMPolicy
+	}
 	if fp.Metrics != nil {
 		p.Metrics = *fp.Metrics
 	}
@@ -252,6 +264,9 @@ func LoadProxy(filename string, data []byte, env Env) (*Proxy, error) {
 		}
 	}
 	p.check(c, prefix, env, fp.PrivateKeyFile != nil && env == nil)
+	if fp.PMPolicy != nil && p.PathManager != "braid" && slices.Contains(ProxyPathManagers, p.PathManager) {
+		c.report(obj, fmt.Sprintf("pm_policy %q is a policy of path_manager \"braid\", not of %q", p.PMPolicy, p.PathManager), "proxy.pm_policy", "proxy")
+	}
 	reported := map[string]bool{}
 	for _, is := range l.issues {
 		reported[is.paths[0]] = true
@@ -356,7 +371,10 @@ func (p *Proxy) check(c *checker, prefix string, env Env, keyUnread bool) {
 		c.report(obj, fmt.Sprintf("mode %q: known modes are %s", p.Mode, strings.Join(ProxyModes, ", ")), "proxy.mode", "proxy")
 	}
 	if !slices.Contains(ProxyPathManagers, p.PathManager) {
-		c.report(obj, fmt.Sprintf("path_manager %q: known path managers are %s", p.PathManager, strings.Join(ProxyPathManagers, ", ")), "proxy.path_manager", "proxy")
+		c.report(obj, fmt.Sprintf("path_manager %q: known path managers are %s (braid's policy is pm_policy)", p.PathManager, strings.Join(ProxyPathManagers, ", ")), "proxy.path_manager", "proxy")
+	}
+	if !slices.Contains(ProxyPMPolicies, p.PMPolicy) {
+		c.report(obj, fmt.Sprintf("pm_policy %q: known policies are %s", p.PMPolicy, strings.Join(ProxyPMPolicies, ", ")), "proxy.pm_policy", "proxy")
 	}
 	if !p.Plaintext && !p.HasKey && !keyUnread {
 		c.report(obj, "no private_key or private_key_file: proxies authenticate each other with keys ('braid proxy keygen'); plaintext = true only for links protected below", "proxy.private_key", "proxy")

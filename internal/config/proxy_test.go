@@ -143,3 +143,50 @@ socks = "127.0.0.1:1080"
 		t.Errorf("plaintext: %v", err)
 	}
 }
+
+// pm_policy picks the policy of the proxy's own path manager: fullmesh unless the file says
+// otherwise; an unknown one, or one given to a path manager that has no policies, is reported
+// at its line.
+func TestLoadProxyPMPolicy(t *testing.T) {
+	site := func(lines string) []byte {
+		return []byte("[proxy]\nplaintext = true\n" + lines + `
+[[proxy.uplink]]
+name = "fibre"
+interface = "wan0"
+address = "192.0.2.1"
+[[proxy.tenant]]
+name = "blue"
+networks = ["10.1.0.0/24"]
+port = 7001
+peer_port = 7101
+  [[proxy.tenant.peer]]
+  name = "b"
+  address = "198.51.100.1:7101"
+  networks = ["10.2.0.0/24"]
+`)
+	}
+	for _, c := range []struct{ lines, want string }{
+		{"", "fullmesh"},
+		{"pm_policy = \"rbpm\"\n", "rbpm"},
+		{"path_manager = \"braid\"\npm_policy = \"rbpm\"\n", "rbpm"},
+	} {
+		p, err := LoadProxy("site.toml", site(c.lines), newEnv())
+		if err != nil {
+			t.Errorf("%q: %v", c.lines, err)
+			continue
+		}
+		if p.PMPolicy != c.want {
+			t.Errorf("%q: pm_policy %q, want %q", c.lines, p.PMPolicy, c.want)
+		}
+	}
+	for _, c := range []struct{ lines, want string }{
+		{"pm_policy = \"amptcp\"\n", `site.toml:3: proxy: pm_policy "amptcp": known policies are fullmesh, rbpm`},
+		{"path_manager = \"kernel\"\npm_policy = \"rbpm\"\n", `site.toml:4: proxy: pm_policy "rbpm" is a policy of path_manager "braid", not of "kernel"`},
+		{"path_manager = \"rbpm\"\n", `site.toml:3: proxy: path_manager "rbpm": known path managers are braid, kernel, none (braid's policy is pm_policy)`},
+	} {
+		_, err := LoadProxy("site.toml", site(c.lines), newEnv())
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want %q", c.lines, err, c.want)
+		}
+	}
+}

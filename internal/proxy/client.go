@@ -413,7 +413,7 @@ func (pl *pool) dial(ctx context.Context, waitReady bool) (*peerConn, error) {
 	pr := pl.pr
 	var lastErr error
 	for _, a := range pr.Addrs {
-		d := net.Dialer{}
+		d := net.Dialer{Control: mptcpControl, KeepAliveConfig: mptcpKeepAlive}
 		d.SetMultipathTCP(true)
 		c, err := d.DialContext(ctx, "tcp", a.String())
 		if err != nil {

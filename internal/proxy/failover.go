@@ -13,17 +13,36 @@ import (
 // Send-side failover. MPTCP reacts to a dead path only after several retransmission timeouts,
 // and MP_PRIO from the far end never arrives over a dead path, so each proxy watches what it
 // sends itself: every failoverPoll it reads MPTCP_FULL_INFO of every relayed connection, and
-// a subflow with data in flight and no acknowledgement for deadAckAge (at least 150 ms, more
-// on long paths) is set to backup through the userspace path manager (SET_FLAGS), which moves
-// new data to the other subflows at once. When it is acknowledged again it is set back. A
-// subflow still dead after destroyAfter is closed (SUBFLOW_DESTROY): MPTCP then re-sends what
-// was in flight on it over the others at once instead of after its retransmission timers, and
-// the connection's client side (the fullmesh policy) joins again over that path, retrying until
-// the path is back.
+// a subflow with data in flight and no acknowledgement for deadAckAge (at least 150 ms, one
+// and a half base RTTs on long paths) is set to backup through the userspace path manager
+// (SET_FLAGS), which moves new data to the other subflows at once. When it is acknowledged again it is set
+// back. A subflow still dead after destroyAfter is closed (SUBFLOW_DESTROY): MPTCP then
+// re-sends what was in flight on it over the others at once instead of after its
+// retransmission timers, and the connection's client side (the fullmesh policy) joins again
+// over that path, retrying until the path is back.
+//
+// The backup flag moves only new data: what the dead subflow holds (in flight and queued in
+// it, a megabyte and more on the federation paper's wired path) stays there until the subflow
+// is closed, and the receiver can deliver nothing past it; meanwhile the kernel fills the
+// other subflows' send buffers with newer data, which the re-sent data then waits behind. So
+// the close follows at once (destroyAfter was 600 ms, and the detection took two smoothed
+// RTTs, 480 ms behind the wired path's full queue: a cut of it stalled the download for
+// 2-3 s; see docs/proxy.md). The silence is counted in base RTTs (tcpi_min_rtt), not
+// smoothed ones: the smoothed RTT of a subflow behind a full queue is twice the path's, and a
+// busy subflow is acknowledged continuously, so one that hears nothing for one and a half
+// path RTTs has lost its path or its whole window.
+//
+// The receiving end of a subflow has nothing unacknowledged to judge by, and the sender's
+// close does not reach it over the cut path: it kept the subflow, so its path manager (the
+// one that joins, when it is the client side) made no new one when the path came back. Every
+// MPTCP connection of the proxies sends keepalives on idle subflows every second
+// (mptcpKeepAlive), so a subflow that has heard nothing from its peer for peerSilentAfter
+// (or four RTTs on longer paths) has lost it, and is closed as well.
 const (
-	failoverPoll = 25 * time.Millisecond
-	deadAckAge   = 150 * time.Millisecond
-	destroyAfter = 600 * time.Millisecond
+	failoverPoll    = 25 * time.Millisecond
+	deadAckAge      = 150 * time.Millisecond
+	destroyAfter    = 50 * time.Millisecond
+	peerSilentAfter = 2500 * time.Millisecond
 )
 
 type subflowKey struct {
@@ -138,16 +157,18 @@ type failAction struct {
 // failoverDecide is the monitor's decision for one connection's subflows at now, given the
 // subflows set to backup (and since when), those closed, and since when each has had data in
 // flight (busy); it changes no map. A subflow is dead when it has data in flight and no
-// acknowledgement for deadAckAge (or two RTTs), counted from the later of its last
-// acknowledgement and the start of its data in flight: a subflow idle for a while (a pooled
+// acknowledgement for deadAckAge (or one and a half base RTTs), counted from the later of its
+// last acknowledgement and the start of its data in flight: a subflow idle for a while (a pooled
 // connection, a request after a pause) has an old last acknowledgement, and its first data
-// must not make it dead before the path had time to answer. Nothing is moved off a path
-// unless another subflow is alive.
+// must not make it dead before the path had time to answer. A subflow that has heard nothing
+// from its peer for peerSilentAfter, keepalives included, is closed at once. Nothing is moved
+// off a path unless another subflow is alive.
 func failoverDecide(now time.Time, conn uint64, subs []info.Subflow, marked map[subflowKey]time.Time, closed map[subflowKey]bool, busy map[subflowKey]time.Time) []failAction {
 	if len(subs) < 2 {
 		return nil
 	}
 	dead := make([]bool, len(subs))
+	silent := make([]bool, len(subs))
 	alive := 0
 	for i, s := range subs {
 		// A join still in its handshake is not a path in use (and SET_FLAGS cannot name it).
@@ -155,8 +176,13 @@ func failoverDecide(now time.Time, conn uint64, subs []info.Subflow, marked map[
 		if since, ok := busy[subflowKey{conn, s.Local, s.Remote}]; ok {
 			age = min(age, now.Sub(since))
 		}
-		dead[i] = s.TCP.State == tcpEstablished && s.TCP.Unacked > 0 && age > max(deadAckAge, 2*s.TCP.RTT)
-		if !dead[i] {
+		rtt := s.TCP.MinRTT
+		if rtt == 0 {
+			rtt = s.TCP.RTT
+		}
+		dead[i] = s.TCP.State == tcpEstablished && s.TCP.Unacked > 0 && age > max(deadAckAge, rtt+rtt/2)
+		silent[i] = s.TCP.State == tcpEstablished && s.TCP.LastAckRecv > max(peerSilentAfter, 4*s.TCP.RTT)
+		if !dead[i] && !silent[i] {
 			alive++ // a backup uplink's too: with the dead one set to backup, the kernel uses it
 		}
 	}
@@ -166,6 +192,8 @@ func failoverDecide(now time.Time, conn uint64, subs []info.Subflow, marked map[
 		since, isMarked := marked[k]
 		switch {
 		case closed[k]:
+		case silent[i] && alive > 0:
+			out = append(out, failAction{failClose, k, s})
 		case dead[i] && isMarked && now.Sub(since) > destroyAfter && alive > 0:
 			out = append(out, failAction{failClose, k, s})
 		case dead[i] && !isMarked && alive > 0:

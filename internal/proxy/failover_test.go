@@ -30,9 +30,15 @@ func TestFailoverDecide(t *testing.T) {
 	if got := failoverDecide(t0, 1, []info.Subflow{sub(fibre, 10, 20*time.Millisecond, 10*time.Millisecond), sub(lte, 0, time.Second, 50*time.Millisecond)}, marked, closed, nil); len(got) != 0 {
 		t.Fatalf("healthy: %v", got)
 	}
-	// A long path is not dead before two of its RTTs.
-	if got := failoverDecide(t0, 1, []info.Subflow{sub(fibre, 10, 200*time.Millisecond, 120*time.Millisecond), sub(lte, 0, 0, 50*time.Millisecond)}, marked, closed, nil); len(got) != 0 {
-		t.Fatalf("within two RTTs: %v", got)
+	// A long path is not dead before one and a half of its RTTs.
+	if got := failoverDecide(t0, 1, []info.Subflow{sub(fibre, 10, 170*time.Millisecond, 120*time.Millisecond), sub(lte, 0, 0, 50*time.Millisecond)}, marked, closed, nil); len(got) != 0 {
+		t.Fatalf("within 1.5 RTTs: %v", got)
+	}
+	// Base RTTs count, not smoothed ones: a full queue doubles the smoothed RTT.
+	queued := sub(fibre, 10, 250*time.Millisecond, 240*time.Millisecond)
+	queued.TCP.MinRTT = 120 * time.Millisecond
+	if got := kinds(failoverDecide(t0, 7, []info.Subflow{queued, sub(lte, 2, 5*time.Millisecond, 50*time.Millisecond)}, map[subflowKey]time.Time{}, map[subflowKey]bool{}, nil)); got[fibre] != failBackup {
+		t.Fatalf("silent for two base RTTs: %v", got)
 	}
 	// The fibre stops acknowledging: backup.
 	subs := []info.Subflow{sub(fibre, 10, 300*time.Millisecond, 10*time.Millisecond), sub(lte, 2, 5*time.Millisecond, 50*time.Millisecond)}
@@ -70,15 +76,27 @@ func TestFailoverDecide(t *testing.T) {
 	if got := failoverDecide(t0, 5, []info.Subflow{joining, subs[1]}, map[subflowKey]time.Time{}, map[subflowKey]bool{}, nil); len(got) != 0 {
 		t.Fatalf("joining: %v", got)
 	}
-	// An idle subflow's last acknowledgement is old; its first data, sent 10 ms ago, does not
-	// make it dead. The same data unacknowledged for 300 ms does.
-	idle := []info.Subflow{sub(fibre, 1, 5*time.Second, 10*time.Millisecond), sub(lte, 0, 5*time.Second, 50*time.Millisecond)}
+	// An idle subflow's last acknowledgement is old (an answer to a keepalive, up to a second
+	// and an RTT); its first data, sent 10 ms ago, does not make it dead. The same data
+	// unacknowledged for 300 ms does.
+	idle := []info.Subflow{sub(fibre, 1, time.Second, 10*time.Millisecond), sub(lte, 0, time.Second, 50*time.Millisecond)}
 	busy := map[subflowKey]time.Time{{6, idle[0].Local, idle[0].Remote}: t0.Add(-10 * time.Millisecond)}
 	if got := failoverDecide(t0, 6, idle, map[subflowKey]time.Time{}, map[subflowKey]bool{}, busy); len(got) != 0 {
 		t.Fatalf("first data after idle: %v", got)
 	}
 	if got := kinds(failoverDecide(t0.Add(300*time.Millisecond), 6, idle, map[subflowKey]time.Time{}, map[subflowKey]bool{}, busy)); got[fibre] != failBackup {
 		t.Fatalf("unacknowledged since the data left: %v", got)
+	}
+	// The receiving end: nothing in flight, but nothing heard from the peer for longer than
+	// its keepalives allow: closed (while another subflow is alive).
+	quiet := []info.Subflow{sub(fibre, 0, 3*time.Second, 120*time.Millisecond), sub(lte, 0, 20*time.Millisecond, 160*time.Millisecond)}
+	if got := kinds(failoverDecide(t0, 8, quiet, map[subflowKey]time.Time{}, map[subflowKey]bool{}, nil)); got[fibre] != failClose || len(got) != 1 {
+		t.Fatalf("peer silent: %v", got)
+	}
+	// An idle subflow whose keepalives are answered is left alone.
+	idleOK := []info.Subflow{sub(fibre, 0, 1100*time.Millisecond, 120*time.Millisecond), sub(lte, 0, 20*time.Millisecond, 160*time.Millisecond)}
+	if got := failoverDecide(t0, 9, idleOK, map[subflowKey]time.Time{}, map[subflowKey]bool{}, nil); len(got) != 0 {
+		t.Fatalf("idle, keepalives answered: %v", got)
 	}
 	// One subflow: nothing to fail over to.
 	if got := failoverDecide(t0, 4, subs[:1], map[subflowKey]time.Time{}, map[subflowKey]bool{}, nil); len(got) != 0 {

@@ -206,7 +206,7 @@ func (p *Proxy) listen(t *tenant) error {
 		if network == "tcp6" {
 			addr = "::"
 		}
-		lc := net.ListenConfig{}
+		lc := net.ListenConfig{Control: mptcpControl, KeepAliveConfig: mptcpKeepAlive}
 		lc.SetMultipathTCP(true)
 		ln, err := lc.Listen(context.Background(), network, net.JoinHostPort(addr, fmt.Sprint(t.PeerPort)))
 		if err != nil {

@@ -93,6 +93,7 @@ type FedSite struct {
 	Plaintext  bool
 	Mode       string // tproxy (default) or redirect
 	PM         string // braid (default), kernel, none
+	PMPolicy   string // braid's policy: the proxy's default, fullmesh, rbpm
 	Pool       int    // -1: 0 (no pool); 0: the default
 	NoMPTCP    bool   // plain TCP between the proxies: path_manager none and one uplink (the "proxied TCP" baseline uses this with Uplinks 1)
 	Drain      time.Duration
@@ -114,6 +115,9 @@ func (f FedSite) Bytes() []byte {
 		pmName = "braid"
 	}
 	fmt.Fprintf(&b, "[proxy]\nmode = %q\npath_manager = %q\n", mode, pmName)
+	if f.PMPolicy != "" {
+		fmt.Fprintf(&b, "pm_policy = %q\n", f.PMPolicy)
+	}
 	if f.Plaintext {
 		b.WriteString("plaintext = true\n")
 	} else {

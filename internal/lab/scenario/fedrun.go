@@ -19,6 +19,7 @@ type FedConfig struct {
 	Proxy   bool   // false: plain TCP routed over wan0, no proxy
 	MPTCP   bool   // false: MPTCP disabled in the proxies' namespaces (plain TCP between them)
 	PM      string // the proxies' path manager: braid or none
+	Policy  string // braid's policy (pm_policy): "" for the proxy's default, fullmesh, rbpm
 	Uplinks int    // uplinks in each site file
 	Pool    int    // 0: the default; -1: no pool
 }
@@ -95,8 +96,8 @@ func (f *FedLab) Use(ctx context.Context, cfg FedConfig) error {
 		return err
 	}
 	pool := cfg.Pool
-	s1 := FedSite{Side: 1, Links: f.Links, Uplinks: cfg.Uplinks, Key: k1, PeerKey: k2.Public(), PM: cfg.PM, Pool: pool}
-	s2 := FedSite{Side: 2, Links: f.Links, Uplinks: cfg.Uplinks, Key: k2, PeerKey: k1.Public(), PM: cfg.PM, Pool: pool}
+	s1 := FedSite{Side: 1, Links: f.Links, Uplinks: cfg.Uplinks, Key: k1, PeerKey: k2.Public(), PM: cfg.PM, PMPolicy: cfg.Policy, Pool: pool}
+	s2 := FedSite{Side: 2, Links: f.Links, Uplinks: cfg.Uplinks, Key: k2, PeerKey: k1.Public(), PM: cfg.PM, PMPolicy: cfg.Policy, Pool: pool}
 	if f.P1, err = StartProxy(f.L.Host("p1"), f.bin, f.dir, s1.Bytes(), f.env...); err != nil {
 		return err
 	}
@@ -134,10 +135,13 @@ type CutResult struct {
 	Samples     []traffic.Sample
 	Gap         time.Duration // longest stretch with less than 1/10 of the goodput before the cut
 	SubflowBack time.Duration // from the restore to a subflow over wan0 receiving data again; -1: never
-	Before      float64       // goodput before the cut, bit/s
+	Before      float64       // goodput before the cut (its mean over the last beforeWindow), bit/s
 	During      float64       // median goodput while cut
 	After       float64       // median goodput from 2 s after the restore
 }
+
+// beforeWindow is how much of the download before the cut its rate is taken over.
+const beforeWindow = 2 * time.Second
 
 // CutDuring runs a download of total length dur, sampled every interval, cutting wan0 (both
 // directions) at cutAt and restoring it at restoreAt, and follows p1's subflows.
@@ -209,7 +213,9 @@ func (f *FedLab) CutDuring(ctx context.Context, dur, interval, cutAt, restoreAt 
 		return res, err
 	}
 	res.Samples = r.Samples
-	var before, during, after []float64
+	var during, after []float64
+	var beforeSum float64
+	beforeN := 0
 	// The bulk test starts its window after its set-up; sample times are from the window's
 	// start, the cut's from ours: line them up.
 	setup := windowStart.Sub(start)
@@ -217,14 +223,24 @@ func (f *FedLab) CutDuring(ctx context.Context, dur, interval, cutAt, restoreAt 
 		end := s.At + setup
 		switch {
 		case end <= cutAt:
-			before = append(before, s.BitsPerSecond)
+			// The rate before the cut is the mean of its last seconds: the median of short
+			// samples from the start took in the slow start and, over unequal paths, the
+			// receiver's bursts (100 ms samples at 0 and then at 160 Mbit/s), and put the
+			// gap's threshold at a fraction of the real rate.
+			if end > cutAt-beforeWindow {
+				beforeSum += s.BitsPerSecond
+				beforeN++
+			}
 		case end-interval >= cutAt && end <= restoreAt:
 			during = append(during, s.BitsPerSecond)
 		case end-interval >= restoreAt+2*time.Second:
 			after = append(after, s.BitsPerSecond)
 		}
 	}
-	res.Before, res.During, res.After = Median(before), Median(during), Median(after)
+	res.During, res.After = Median(during), Median(after)
+	if beforeN > 0 {
+		res.Before = beforeSum / float64(beforeN)
+	}
 	var run time.Duration
 	for _, s := range r.Samples {
 		if s.BitsPerSecond < res.Before/10 {

@@ -1,6 +1,7 @@
 package pm
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -75,4 +76,24 @@ func writeRBPMMetrics(w *metrics.Writer, st *RBPMStatus) {
 		}
 		w.Sample("braid_pm_rbpm_demoted_subflows", metrics.Gauge, "Subflows the rbpm policy holds as backup, per connection.", float64(demoted), "token", fmt.Sprintf("%08x", c.Token))
 	}
+}
+
+// RBPMHoldDown is the rbpm policy's least time between two changes of a subflow, in braid pm
+// and in braid proxy alike.
+const RBPMHoldDown = time.Second
+
+// ErrUnknownPolicy is returned by NewPolicy for a policy it cannot build.
+var ErrUnknownPolicy = errors.New("pm: unknown policy")
+
+// NewPolicy returns the named policy among those that need nothing but the uplinks: fullmesh
+// and rbpm (amptcp needs a LISP mapping system). braid pm and braid proxy both build their
+// policy here, so that the proxy's rbpm is braid pm's.
+func NewPolicy(name string) (core.Policy, error) {
+	switch name {
+	case "fullmesh":
+		return core.Policies["fullmesh"], nil
+	case "rbpm":
+		return core.NewRBPM(RBPMHoldDown), nil
+	}
+	return nil, fmt.Errorf("%w %q (known without a mapping system: fullmesh, rbpm)", ErrUnknownPolicy, name)
 }
