@@ -8,6 +8,11 @@
 // receiving sockets' drops (Udp RcvbufErrors of b's namespace). The tunnels run as `braid tunnel`
 // processes, the traffic as `braid traffic` processes; this process only runs the emulator.
 //
+// A second table takes paths of unequal delay (docs/scheduling.md, "Unequal paths"): 50 Mbit/s
+// at 5 ms beside 25 at 50 ms, the same with 1 % loss on each, and 40, 20 and 10 Mbit/s at 5, 25
+// and 60 ms; capacities measured; cubic flows (and one bbr flow) through one tunnel in a row,
+// beside each path alone in the same lab.
+//
 // Usage: go run ./bench/tunnel -braid bin/braid -runs 5 -out bench/out/tunnel.md
 package main
 
@@ -21,6 +26,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -37,6 +43,7 @@ func main() {
 	braid := flag.String("braid", "bin/braid", "path of the braid binary")
 	runs := flag.Int("runs", 5, "runs per figure; the table shows medians")
 	quick := flag.Bool("quick", false, "short measurements: a smoke run")
+	uruns := flag.Int("unequal-runs", 3, "runs per figure of the unequal-paths table")
 	out := flag.String("out", "bench/out/tunnel.md", "where to write this section (Markdown)")
 	flag.Parse()
 	log.SetFlags(0)
@@ -89,6 +96,7 @@ func main() {
 	fmt.Fprintf(w, "\nGoodput is TCP payload at the receiver (steady state); rates count IP bytes, so one path alone\n"+
 		"reaches at most 0.965 of its rate, and the tunnel's 72 bytes of overhead per packet take another 5 %%.\n"+
 		"Links emulated by: %s.\n\n", lab.EmulatorName)
+	unequal(ctx, w, *braid, *uruns, *quick)
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err == nil {
 		os.WriteFile(*out, md.Bytes(), 0o644)
 	}
@@ -163,4 +171,85 @@ func countGE(a, b []float64) int {
 		}
 	}
 	return n
+}
+
+// unequalCase is a set of paths of unequal delay.
+type unequalCase struct {
+	name   string
+	shapes []topo.Shape
+}
+
+var unequalCases = []unequalCase{
+	{"50 Mbit/s at 5 ms + 25 Mbit/s at 50 ms", []topo.Shape{
+		{Rate: 50e6, Delay: 5 * time.Millisecond}, {Rate: 25e6, Delay: 50 * time.Millisecond}}},
+	{"the same, 1 % loss on each", []topo.Shape{
+		{Rate: 50e6, Delay: 5 * time.Millisecond, Loss: 1}, {Rate: 25e6, Delay: 50 * time.Millisecond, Loss: 1}}},
+	{"40, 20 and 10 Mbit/s at 5, 25 and 60 ms", []topo.Shape{
+		{Rate: 40e6, Delay: 5 * time.Millisecond}, {Rate: 20e6, Delay: 25 * time.Millisecond}, {Rate: 10e6, Delay: 60 * time.Millisecond}}},
+}
+
+// unequal writes the unequal-paths table: per case and run, in one lab, one cubic flow over each
+// path alone (no tunnel), then through one braid tunnel with capacities measured a first cubic
+// flow, the next cubic flow, and a bbr flow.
+func unequal(ctx context.Context, w io.Writer, braid string, runs int, quick bool) {
+	alone, flow := 10*time.Second, 20*time.Second
+	if quick {
+		alone, flow, runs = 3*time.Second, 4*time.Second, 1
+	}
+	fmt.Fprintf(w, "\n### Paths of unequal delay\n\n"+
+		"One TCP flow per figure, cubic unless said (set with `braid traffic bulk --cc`): each path alone for %v\n"+
+		"without a tunnel, then through one `braid tunnel` (default configuration: capacities measured, the\n"+
+		"queue planner) three flows of %v in a row, the first through the new tunnel. Steady goodput\n"+
+		"(the median of the 1 s samples after the first); medians of %d runs, each in its own lab.\n\n", alone, flow, runs)
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	fmt.Fprintln(tw, "| paths\t| each path alone\t| sum\t| first flow\t| next flow\t| bbr flow\t| next / sum\t| next / best path\t|")
+	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
+	for _, c := range unequalCases {
+		paths := make([][]float64, len(c.shapes))
+		var sums, bests, first, next, bbr, rsum, rbest []float64
+		for range runs {
+			l, err := lab.Up(ctx, scenario.ParallelLinks("tununeq", c.shapes...), lab.Options{})
+			if err != nil {
+				drive.Fatal(err)
+			}
+			srv := drive.Server(l, braid, "0.0.0.0:5201")
+			sum, best := 0.0, 0.0
+			for i := range c.shapes {
+				g := ccBulk(ctx, l, braid, fmt.Sprintf("10.9.%d.2:5201", i), alone, "cubic")
+				paths[i] = append(paths[i], g)
+				sum, best = sum+g, max(best, g)
+			}
+			pair, err := scenario.StartTunnelPair(ctx, l, braid, scenario.SiteSpec{Paths: len(c.shapes), Outer: 4}, 4)
+			if err != nil {
+				drive.Fatal(err)
+			}
+			f1 := ccBulk(ctx, l, braid, "10.255.0.2:5201", flow, "cubic")
+			f2 := ccBulk(ctx, l, braid, "10.255.0.2:5201", flow, "cubic")
+			fb := ccBulk(ctx, l, braid, "10.255.0.2:5201", flow, "bbr")
+			pair.Close()
+			srv.Stop()
+			l.Close()
+			sums, bests = append(sums, sum), append(bests, best)
+			first, next, bbr = append(first, f1), append(next, f2), append(bbr, fb)
+			rsum, rbest = append(rsum, f2/sum), append(rbest, f2/best)
+		}
+		var each []string
+		for i := range paths {
+			each = append(each, fmt.Sprintf("%.1f", scenario.Median(paths[i])/1e6))
+		}
+		fmt.Fprintf(tw, "| %s\t| %s Mbit/s\t| %.1f Mbit/s\t| %.1f Mbit/s\t| %.1f Mbit/s\t| %.1f Mbit/s\t| %.3f\t| %.3f\t|\n",
+			c.name, strings.Join(each, " + "), scenario.Median(sums)/1e6, scenario.Median(first)/1e6,
+			scenario.Median(next)/1e6, scenario.Median(bbr)/1e6, scenario.Median(rsum), scenario.Median(rbest))
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\nThe ratios are medians of each run's ratio. bbr cannot aggregate paths whose delays differ by more\n"+
+		"than its window (two minimum RTTs of its bandwidth estimate) can queue: it gets about the fast path.\n")
+}
+
+// ccBulk runs one bulk flow from a to addr with congestion control cc and returns its steady
+// goodput.
+func ccBulk(ctx context.Context, l *lab.Lab, braid, addr string, dur time.Duration, cc string) float64 {
+	var res traffic.BulkResult
+	drive.RunJSON(ctx, l, braid, &res, "traffic", "bulk", addr, "--duration", dur.String(), "--cc", cc, "--json")
+	return res.Steady
 }

@@ -155,7 +155,7 @@ func trafficServe(e env, args []string) int {
 	return exitOK
 }
 
-const trafficBulkDoc = `Usage: braid traffic bulk ADDR [--duration 10s] [--interval 1s] [--reverse] [--streams N] [--json]
+const trafficBulkDoc = `Usage: braid traffic bulk ADDR [--duration 10s] [--interval 1s] [--reverse] [--streams N] [--cc NAME] [--json]
 
 Measures TCP goodput to the server at ADDR: the client sends as fast as TCP allows for the
 duration (with --reverse the server sends and the client receives). Goodput is payload received
@@ -165,10 +165,16 @@ the summary gives the goodput over the whole run, the steady goodput (the median
 intervals after the first, which excludes slow start) and the sender's TCP retransmissions
 where the kernel reports them (Linux TCP_INFO).
 
+--cc sets the congestion control of the client's connections (TCP_CONGESTION: cubic, bbr, reno,
+whatever net.ipv4.tcp_available_congestion_control lists); without it the host's default
+applies. It governs the sender only, so it cannot be combined with --reverse, where the server
+sends with its own host's default.
+
 Flags may stand before or after ADDR.
 
 Example:
   braid traffic bulk 10.2.0.10 --duration 5s
+  braid traffic bulk 10.2.0.10 --cc cubic
   braid traffic bulk [fd00:2::10]:5201 --reverse --streams 4
   braid traffic bulk 127.0.0.1 --json > bulk.json
 `
@@ -179,6 +185,7 @@ func trafficBulk(e env, args []string) int {
 	interval := fs.Duration("interval", time.Second, "length of one sample interval")
 	reverse := fs.Bool("reverse", false, "download: the server sends, the client receives")
 	streams := fs.Int("streams", 1, fmt.Sprintf("parallel TCP connections (1 to %d)", traffic.MaxStreams))
+	cc := fs.String("cc", "", "congestion control of the client's connections (the host's default if empty)")
 	asJSON := fs.Bool("json", false, "print the result as JSON (durations in ns, rates in bit/s) instead of text")
 	addr, done, code := trafficArgs(e, fs, "bulk", args)
 	if done {
@@ -189,6 +196,13 @@ func trafficBulk(e env, args []string) int {
 	}
 	if *streams < 1 || *streams > traffic.MaxStreams {
 		return trafficUsage(e, "bulk", "--streams must be between 1 and %d", traffic.MaxStreams)
+	}
+	if *cc != "" && *reverse {
+		return trafficUsage(e, "bulk", "--cc sets the client's sender; with --reverse the server sends (set its host's net.ipv4.tcp_congestion_control)")
+	}
+	dial := traffic.NetDial
+	if *cc != "" {
+		dial = traffic.CCDial(traffic.NetDial, *cc)
 	}
 	ctx, cancel := signalContext()
 	defer cancel()
@@ -205,7 +219,7 @@ func trafficBulk(e env, args []string) int {
 			prev = s.At
 		}
 	}
-	res, err := traffic.Bulk(ctx, traffic.NetDial, addr, o)
+	res, err := traffic.Bulk(ctx, dial, addr, o)
 	if err != nil {
 		return trafficFail(e, "bulk", err)
 	}

@@ -2,9 +2,7 @@ package tunnel_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"sort"
 	"testing"
@@ -19,8 +17,6 @@ import (
 	"braid/internal/tun"
 	"braid/internal/tunnel"
 	"braid/internal/tunnel/session"
-
-	"golang.org/x/sys/unix"
 )
 
 // One TCP flow through the tunnel over a 300 and a 100 Mbit/s path (5 ms one way, the uplinks'
@@ -128,24 +124,7 @@ func TestTunnelUnequalDelayCC(t *testing.T) {
 }
 
 // ccDial dials from h with congestion control cc set on the socket.
-func ccDial(h *lab.Host, cc string) func(ctx context.Context, network, address string) (net.Conn, error) {
-	return func(ctx context.Context, network, address string) (net.Conn, error) {
-		c, err := h.Dial(ctx, network, address)
-		if err != nil {
-			return nil, err
-		}
-		raw, err := c.(*net.TCPConn).SyscallConn()
-		if err == nil {
-			cerr := raw.Control(func(fd uintptr) { err = unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, cc) })
-			err = errors.Join(err, cerr)
-		}
-		if err != nil {
-			c.Close()
-			return nil, fmt.Errorf("congestion control %s: %w", cc, err)
-		}
-		return c, nil
-	}
-}
+func ccDial(h *lab.Host, cc string) traffic.DialFunc { return traffic.CCDial(h.Dial, cc) }
 
 func median(v []float64) float64 {
 	if len(v) == 0 {
