@@ -30,7 +30,10 @@ import (
 // 2-3 s; see docs/proxy.md). The silence is counted in base RTTs (tcpi_min_rtt), not
 // smoothed ones: the smoothed RTT of a subflow behind a full queue is twice the path's, and a
 // busy subflow is acknowledged continuously, so one that hears nothing for one and a half
-// path RTTs has lost its path or its whole window.
+// path RTTs has lost its path or its whole window. Not before its retransmission timeout,
+// though (SRTT + 4 RTTVAR): two subflows share the LTE link's queue, and one of them went
+// 244 ms without an acknowledgement (base RTT 160 ms, smoothed 300 ms) while the other's data
+// filled the queue ahead of its own; closed, it stranded its data behind the other's.
 //
 // The receiving end of a subflow has nothing unacknowledged to judge by, and the sender's
 // close does not reach it over the cut path: it kept the subflow, so its path manager (the
@@ -157,7 +160,7 @@ type failAction struct {
 // failoverDecide is the monitor's decision for one connection's subflows at now, given the
 // subflows set to backup (and since when), those closed, and since when each has had data in
 // flight (busy); it changes no map. A subflow is dead when it has data in flight and no
-// acknowledgement for deadAckAge (or one and a half base RTTs), counted from the later of its
+// acknowledgement for deadAckAge (or 1.5 base RTTs, or its RTO), counted from the later of its
 // last acknowledgement and the start of its data in flight: a subflow idle for a while (a pooled
 // connection, a request after a pause) has an old last acknowledgement, and its first data
 // must not make it dead before the path had time to answer. A subflow that has heard nothing
@@ -180,7 +183,7 @@ func failoverDecide(now time.Time, conn uint64, subs []info.Subflow, marked map[
 		if rtt == 0 {
 			rtt = s.TCP.RTT
 		}
-		dead[i] = s.TCP.State == tcpEstablished && s.TCP.Unacked > 0 && age > max(deadAckAge, rtt+rtt/2)
+		dead[i] = s.TCP.State == tcpEstablished && s.TCP.Unacked > 0 && age > max(deadAckAge, rtt+rtt/2, s.TCP.RTT+4*s.TCP.RTTVar)
 		silent[i] = s.TCP.State == tcpEstablished && s.TCP.LastAckRecv > max(peerSilentAfter, 4*s.TCP.RTT)
 		if !dead[i] && !silent[i] {
 			alive++ // a backup uplink's too: with the dead one set to backup, the kernel uses it

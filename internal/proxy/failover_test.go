@@ -40,6 +40,13 @@ func TestFailoverDecide(t *testing.T) {
 	if got := kinds(failoverDecide(t0, 7, []info.Subflow{queued, sub(lte, 2, 5*time.Millisecond, 50*time.Millisecond)}, map[subflowKey]time.Time{}, map[subflowKey]bool{}, nil)); got[fibre] != failBackup {
 		t.Fatalf("silent for two base RTTs: %v", got)
 	}
+	// Nor before its retransmission timeout: an LTE subflow behind its sibling's data in the
+	// shared queue, 244 ms without an acknowledgement.
+	behind := sub(lte, 36, 244*time.Millisecond, 300*time.Millisecond)
+	behind.TCP.MinRTT, behind.TCP.RTTVar = 160*time.Millisecond, 10*time.Millisecond
+	if got := failoverDecide(t0, 10, []info.Subflow{behind, sub("10.9.1.1:45002", 30, 5*time.Millisecond, 300*time.Millisecond)}, map[subflowKey]time.Time{}, map[subflowKey]bool{}, nil); len(got) != 0 {
+		t.Fatalf("within its RTO: %v", got)
+	}
 	// The fibre stops acknowledging: backup.
 	subs := []info.Subflow{sub(fibre, 10, 300*time.Millisecond, 10*time.Millisecond), sub(lte, 2, 5*time.Millisecond, 50*time.Millisecond)}
 	got := kinds(failoverDecide(t0, 1, subs, marked, closed, nil))

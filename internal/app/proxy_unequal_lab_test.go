@@ -1,0 +1,108 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"braid/internal/lab"
+	"braid/internal/lab/labtest"
+	"braid/internal/lab/scenario"
+	"braid/internal/lab/topo"
+	"braid/internal/traffic"
+)
+
+// TestProxyRBPMUnequalPaths runs braid proxy with pm_policy = "rbpm" on the federation paper's
+// links (wired 40 Mbit/s at 60 ms one way, LTE 10 Mbit/s at 80 ms, queues of one
+// bandwidth-delay product) and checks what docs/proxy.md used to list as a known limit: one
+// download over both uplinks gets at least 1.05 times the wired path alone (plain TCP,
+// measured in the same lab; 1.10-1.29 in the runs made here), a cut of the wired uplink stalls it for
+// less than 2.5 s (the longest run of 100 ms samples below 1/10 of the rate before the cut:
+// 0.4-2.2 s here, the issue's goal of 1 s is not met in every run; see docs/proxy.md, "Unequal
+// paths"), and a wired subflow carries data within 2 s of the uplink's restore (0.1-0.8 s here).
+// Before the proxies chose their congestion control, left dead-path judgement to the failover
+// monitor, closed dead subflows at once and probed idle ones, the same download got 0.4-1.0 of
+// the wired path, stalled 2-3 s on the cut, and the wired path carried nothing 3-4 s after its
+// restore. It also checks that the rbpm policy is the one running.
+func TestProxyRBPMUnequalPaths(t *testing.T) {
+	labtest.Require(t)
+	self, _ := os.Executable()
+	t.Setenv("BRAID_TEST_MAIN", "1") // the proxies run this binary as braid
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	wired := topo.Shape{Rate: 40e6, Delay: 60 * time.Millisecond}
+	lte := topo.Shape{Rate: 10e6, Delay: 80 * time.Millisecond}
+	f, err := scenario.StartFed(ctx, scenario.Options{}, self, nil, false, wired, lte)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+
+	if err := f.Use(ctx, scenario.FedPlainTCP); err != nil {
+		t.Fatal(err)
+	}
+	alone, err := f.Bulk(ctx, traffic.BulkOptions{Duration: 8 * time.Second, Reverse: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := scenario.FedMPTCP4
+	cfg.Policy = "rbpm"
+	if err := f.Use(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	both, err := f.Bulk(ctx, traffic.BulkOptions{Duration: 8 * time.Second, Reverse: true})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, f.Logs())
+	}
+	f.WaitIdle(ctx)
+	cut, err := f.CutDuring(ctx, 9*time.Second, 100*time.Millisecond, 3*time.Second, 6*time.Second)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, f.Logs())
+	}
+	metrics := proxyMetrics(ctx, t, f.L.Host("p1"))
+	t.Logf("one download: wired alone %.1f Mbit/s, through the proxies (rbpm) %.1f Mbit/s; wired cut: gap %v, %.1f Mbit/s before, %.1f while cut, wired back after %v",
+		alone.Steady/1e6, both.Steady/1e6, cut.Gap, cut.Before/1e6, cut.During/1e6, cut.SubflowBack)
+	if both.Steady < 1.05*alone.Steady {
+		t.Errorf("one download through the proxies over both uplinks got %.1f Mbit/s, less than 1.05 times the wired path alone (%.1f Mbit/s)", both.Steady/1e6, alone.Steady/1e6)
+	}
+	if cut.Gap >= 2500*time.Millisecond {
+		t.Errorf("a cut of the wired uplink stalled the download for %v (bound: under 2.5 s)", cut.Gap)
+	}
+	if cut.SubflowBack < 0 || cut.SubflowBack > 2*time.Second {
+		t.Errorf("a wired subflow carried data again %v after the restore (-1: not within the run; bound: 2 s)", cut.SubflowBack)
+	}
+	if !strings.Contains(metrics, "braid_pm_rbpm_demotions_total") {
+		t.Errorf("pm_policy = \"rbpm\" but p1's metrics show no rbpm policy:\n%s", metrics)
+	}
+	if t.Failed() {
+		var b strings.Builder
+		for _, s := range cut.Samples {
+			fmt.Fprintf(&b, " %.1f", s.BitsPerSecond/1e6)
+		}
+		t.Logf("the download across the cut, Mbit/s per 100 ms:%s\n%s", b.String(), f.Logs())
+	}
+}
+
+// proxyMetrics returns the /metrics text of the proxy running in h.
+func proxyMetrics(ctx context.Context, t *testing.T, h *lab.Host) string {
+	t.Helper()
+	c := http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) { return h.Dial(ctx, network, addr) }}}
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+scenario.FedMetrics+"/metrics", nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("metrics of %s: %v", h.Name, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("metrics of %s: %v", h.Name, err)
+	}
+	return string(b)
+}
