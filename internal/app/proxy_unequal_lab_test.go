@@ -29,7 +29,9 @@ import (
 // Before the proxies chose their congestion control, left dead-path judgement to the failover
 // monitor, closed dead subflows at once and probed idle ones, the same download got 0.4-1.0 of
 // the wired path, stalled 2-3 s on the cut, and the wired path carried nothing 3-4 s after its
-// restore. It also checks that the rbpm policy is the one running.
+// restore. It also checks that the rbpm policy is the one running (on these links it demotes
+// nothing: their base RTTs differ by less than 2x). In about one run in ten here the download
+// got no more than the wired path (38.5 against 38.6 Mbit/s), for a reason not yet found.
 func TestProxyRBPMUnequalPaths(t *testing.T) {
 	labtest.Require(t)
 	self, _ := os.Executable()
@@ -65,7 +67,7 @@ func TestProxyRBPMUnequalPaths(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, f.Logs())
 	}
-	metrics := proxyMetrics(ctx, t, f.L.Host("p1"))
+	metrics := proxyMetrics(ctx, t, f.L.Host("p2")) // the downloads' sending proxy
 	t.Logf("one download: wired alone %.1f Mbit/s, through the proxies (rbpm) %.1f Mbit/s; wired cut: gap %v, %.1f Mbit/s before, %.1f while cut, wired back after %v",
 		alone.Steady/1e6, both.Steady/1e6, cut.Gap, cut.Before/1e6, cut.During/1e6, cut.SubflowBack)
 	if both.Steady < 1.05*alone.Steady {
@@ -77,8 +79,13 @@ func TestProxyRBPMUnequalPaths(t *testing.T) {
 	if cut.SubflowBack < 0 || cut.SubflowBack > 2*time.Second {
 		t.Errorf("a wired subflow carried data again %v after the restore (-1: not within the run; bound: 2 s)", cut.SubflowBack)
 	}
+	for _, l := range strings.Split(metrics, "\n") {
+		if strings.HasPrefix(l, "braid_pm_rbpm_demotions_total") || strings.HasPrefix(l, "braid_pm_rbpm_restores_total") {
+			t.Logf("p2: %s", l)
+		}
+	}
 	if !strings.Contains(metrics, "braid_pm_rbpm_demotions_total") {
-		t.Errorf("pm_policy = \"rbpm\" but p1's metrics show no rbpm policy:\n%s", metrics)
+		t.Errorf("pm_policy = \"rbpm\" but p2's metrics show no rbpm policy:\n%s", metrics)
 	}
 	if t.Failed() {
 		var b strings.Builder
