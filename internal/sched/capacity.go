@@ -204,12 +204,15 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 	before := c.est
 	// Lossy needs a volume worth judging: a few probes on an idle path say nothing.
 	lossy := sent >= 0.5*c.est && delivered < c.cfg.LossyShare*sent
-	// A standing queue also says the path is full: it delivered what it could while data
-	// waited for it. That is how a path is found full when the scheduler sends it only what
-	// arrives in time (it is seldom offered its whole pacing rate), or when the pacing rate
-	// is above what the path now carries but too little above it to lose much. A queue with
-	// hardly any data (probes on an idle path whose site is busy) says nothing.
-	queued := minRTT > 0 && rtt > minRTT+max(minQueue, minRTT/4) && sent >= delivered &&
+	// A queue that grows also says the path is full: it delivered less than it was sent while
+	// data waited for it. That is how a path is found full when the scheduler sends it only
+	// what arrives in time (it is seldom offered its whole pacing rate), or when the pacing
+	// rate is above what the path now carries but too little above it to lose much. A long
+	// RTT alone says nothing: the sites' own CPU lengthens it too, and a path that delivered
+	// all it was sent was limited by the sender (taking such samples as busy walked the
+	// estimate of a 300 Mbit/s path down to 244 in 20 s). Nor does a queue with hardly any
+	// data (probes on an idle path).
+	queued := minRTT > 0 && rtt > minRTT+max(minQueue, minRTT/4) && sent >= queuedGrowth*delivered &&
 		sent*float64(window)/1e9 >= queuedBits
 	busy := lossy || queued || sent >= c.cfg.BusyShare*pace
 	if lossy {
@@ -234,12 +237,19 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 		if !busy {
 			return
 		}
-		if c.lossy >= 2 || queued { // the path is full: growing the rate further only fills its queue
+		if c.lossy >= 2 { // the path is full: growing the rate further only fills its queue
 			c.phase = PhaseDrain
 			return
 		}
 		if c.est >= 1.25*c.full {
 			c.full, c.stalls = c.est, 0
+			return
+		}
+		if queued {
+			// The rate stopped growing and a queue stands: the path is full, no need to wait
+			// for two more samples. (A queue while the rate still grows is the sites' own
+			// CPU as often as the path.)
+			c.phase = PhaseDrain
 			return
 		}
 		if c.stalls++; c.stalls >= 3 {
@@ -248,12 +258,12 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 	case PhaseDrain:
 		c.phase, c.cycle = PhaseCruise, c.cfg.CycleLength-1
 	case PhaseCruise:
-		// A round trip well above the path's minimum may be a standing queue (the estimate a
-		// little above the path's rate: it is the maximum of noisy samples): drain in the
-		// next sample, and probe only a cycle later. The estimate itself is left alone: a
-		// round trip also grows when either site's CPU is busy, and lowering the rate on
-		// that signal would starve a path that is not full.
-		if minRTT > 0 && rtt > minRTT+max(minQueue, minRTT/4) {
+		// A queue that grows (the estimate a little above the path's rate: it is the maximum
+		// of noisy samples): drain in the next sample, and probe only a cycle later. A round
+		// trip well above the minimum alone is not enough: it also grows when either site's
+		// CPU is busy, and draining on it every sample, never probing, walked a 300 Mbit/s
+		// path's estimate down to 245 in 20 s.
+		if queued {
 			c.cycle, c.found, c.excess = 1, 0, max(c.excess, queueDrain)
 			return
 		}
@@ -281,9 +291,10 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 // A round trip minQueue (or a quarter) above the minimum is a standing queue; the sample
 // after drains it at least queueDrain below the estimate.
 const (
-	minQueue   = int64(2e6)
-	queuedBits = 64 << 13 // 64 KiB: the least sent over a window for a queue to count as busy
-	queueDrain = 0.05
+	minQueue     = int64(2e6)
+	queuedBits   = 64 << 13 // 64 KiB: the least sent over a window for a queue to count as busy
+	queuedGrowth = 1.03     // sent over delivered for a queue to count as growing
+	queueDrain   = 0.05
 )
 
 // probeExcess is how far above the estimate one sample window probes: what a queue of half a

@@ -182,7 +182,9 @@ func TestPacedUsesPaceRate(t *testing.T) {
 	}
 }
 
-// A standing queue (round trip well above the minimum) makes the next sample drain.
+// A queue that grows (round trip well above the minimum, more sent than delivered) makes the
+// next sample drain; a long round trip on a path that delivered all it was sent (the sites'
+// CPU) does not.
 func TestCapacityDrainsAStandingQueue(t *testing.T) {
 	c := newCap(t)
 	for c.Phase() != PhaseCruise {
@@ -194,7 +196,11 @@ func TestCapacityDrainsAStandingQueue(t *testing.T) {
 	if g := c.Gain(); g != 0.98 {
 		t.Fatalf("gain %v in cruise, want 0.98", g)
 	}
-	c.OnSample(100e6, 100e6, window, rtt+5*int64(1e6), rtt)
+	c.OnSample(98e6, 98e6, window, rtt+5*int64(1e6), rtt)
+	if g := c.Gain(); g != 0.98 {
+		t.Fatalf("gain %v after a long RTT with all sent delivered, want 0.98 (no drain)", g)
+	}
+	c.OnSample(100e6, 105e6, window, rtt+5*int64(1e6), rtt)
 	if g := c.Gain(); g > 1-queueDrain {
 		t.Fatalf("gain %v after a queued sample, want at most %v", g, 1-queueDrain)
 	}
