@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -23,7 +24,13 @@ func TestDownLeavesRunningLabs(t *testing.T) {
 	// someone else runs on the machine; which lab the default picks is TestDownPlan's.
 	rep, err := lab.Down(lab.DownOptions{Wait: 5 * time.Second, UID: -1})
 	if err != nil {
-		t.Errorf("lab down: %v", err)
+		// Down reaps every dead lab on the machine; what it could not remove of a lab other
+		// than this test's (a namespace still mounted elsewhere) is not this test's failure.
+		if strings.Contains(err.Error(), dead.id) || strings.Contains(err.Error(), live.id) {
+			t.Errorf("lab down: %v", err)
+		} else {
+			t.Logf("lab down, about other labs on this machine: %v", err)
+		}
 	}
 	has := func(sts []lab.State, id string) bool {
 		return slices.ContainsFunc(sts, func(st lab.State) bool { return st.ID == id })
