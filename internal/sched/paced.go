@@ -125,23 +125,7 @@ func (s *Paced) Next(now int64, paths []Path, size int) (index int, at int64, ok
 			st.deficit = 0
 			continue
 		}
-		capacity := paths[i].PaceRate
-		if !(capacity > 0) || math.IsInf(capacity, 0) {
-			capacity = paths[i].Capacity
-		}
-		if !(capacity > 0) || math.IsInf(capacity, 0) {
-			capacity = s.cfg.DefaultCapacity
-		}
-		st.rate = capacity / 8 / 1e9
-		st.burst = max(st.rate*float64(s.cfg.BurstTime), float64(s.cfg.MinBurst))
-		if now > st.last {
-			st.tokens += float64(now-st.last) * st.rate
-			st.last = now
-		}
-		st.tokens = min(st.tokens, st.burst)
-		if b := paths[i].Uplink; b != nil {
-			b.refill(now, s.cfg)
-		}
+		s.refill(now, &paths[i], st)
 		total += share(&paths[i], s.cfg.DefaultCapacity)
 	}
 	if total == 0 {
@@ -193,6 +177,28 @@ func (s *Paced) Next(now int64, paths []Path, size int) (index int, at int64, ok
 		st.deficit = min(max(st.deficit, -st.burst), st.burst)
 	}
 	return best, now, true
+}
+
+// refill sets an Up path's rate (PaceRate, else Capacity, else DefaultCapacity, in bytes per
+// ns) and burst, and adds the tokens it earned since its last refill, and its uplink's.
+func (s *Paced) refill(now int64, p *Path, st *pacedState) {
+	capacity := p.PaceRate
+	if !(capacity > 0) || math.IsInf(capacity, 0) {
+		capacity = p.Capacity
+	}
+	if !(capacity > 0) || math.IsInf(capacity, 0) {
+		capacity = s.cfg.DefaultCapacity
+	}
+	st.rate = capacity / 8 / 1e9
+	st.burst = max(st.rate*float64(s.cfg.BurstTime), float64(s.cfg.MinBurst))
+	if now > st.last {
+		st.tokens += float64(now-st.last) * st.rate
+		st.last = now
+	}
+	st.tokens = min(st.tokens, st.burst)
+	if b := p.Uplink; b != nil {
+		b.refill(now, s.cfg)
+	}
 }
 
 // sync lines the per-path state up with paths, matching by ID. A path seen for the first
@@ -311,23 +317,7 @@ func (s *Paced) Plan(now int64, paths []Path, sizes []int, out []int) (wake int6
 			continue
 		}
 		up++
-		capacity := paths[i].PaceRate
-		if !(capacity > 0) || math.IsInf(capacity, 0) {
-			capacity = paths[i].Capacity
-		}
-		if !(capacity > 0) || math.IsInf(capacity, 0) {
-			capacity = s.cfg.DefaultCapacity
-		}
-		st.rate = capacity / 8 / 1e9
-		st.burst = max(st.rate*float64(s.cfg.BurstTime), float64(s.cfg.MinBurst))
-		if now > st.last {
-			st.tokens += float64(now-st.last) * st.rate
-			st.last = now
-		}
-		st.tokens = min(st.tokens, st.burst)
-		if b := paths[i].Uplink; b != nil {
-			b.refill(now, s.cfg)
-		}
+		s.refill(now, &paths[i], st)
 		// The virtual state of the walk: tokens after the packets given so far, with what
 		// is given to a path beyond its bucket as debt.
 		st.vtokens = st.tokens
