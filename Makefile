@@ -28,9 +28,9 @@ test: deps
 # Macro benchmarks: every driver on one clean commit, -runs 5, written whole into bench/BENCH.md
 # (a header naming the commit, then each driver's section, each naming the commit it ran on),
 # then checked by scripts/check-bench.sh. A dirty tree is refused (BENCH_DIRTY=1 runs anyway and
-# marks it). Commit bench/BENCH.md alone, on top of the commit it names. About 90 minutes on
-# 2 cores, rbpm 50 of them (90 uploads of 30 s: 30 kernel, 60 through the tunnel).
-# cellular: about 46 minutes a run (42 flows of 60 s over LTE traces); scripts/bench.sh runs it once.
+# marks it). Commit bench/BENCH.md alone, on top of the commit it names. About two hours on
+# 2 cores: rbpm 50 minutes (90 uploads of 30 s: 30 kernel, 60 through the tunnel), cellular 46
+# (42 flows of 60 s over LTE traces; scripts/bench.sh runs it once, not five times).
 BENCHES := emulator tunnel dataplane lisp lb proxy rbpm cellular
 bench: build
 	GO=$(GO) ./scripts/bench.sh $(BENCHES)
