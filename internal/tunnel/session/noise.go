@@ -21,10 +21,22 @@ const (
 
 // Handshake message sizes.
 const (
-	// InitLen: ephemeral | sealed static | sealed (timestamp | sender index | ciphers offered)
-	InitLen = KeyLen + (KeyLen + tagLen) + (tsLen + 4 + 1 + tagLen)
-	// ResponseLen: receiver index (clear) | ephemeral | sealed (sender index | cipher chosen)
-	ResponseLen = 4 + KeyLen + (4 + 1 + tagLen)
+	// InitLen: ephemeral | sealed static | sealed (timestamp | sender index | ciphers offered |
+	// protocol versions spoken)
+	InitLen = KeyLen + (KeyLen + tagLen) + (initPayloadLen + tagLen)
+	// V1InitLen is the initiation of protocol version 1, which had no versions field.
+	V1InitLen = InitLen - 2
+	// ResponseLen: receiver index (clear) | ephemeral | sealed (sender index | cipher chosen |
+	// version chosen)
+	ResponseLen = 4 + KeyLen + (respPayloadLen + tagLen)
+	// MaxInitLen and MaxResponseLen: a later protocol version may append fields to the sealed
+	// payloads; a receiver reads the fields it knows and ignores the rest, up to these lengths.
+	MaxInitLen     = InitLen + maxExtension
+	MaxResponseLen = ResponseLen + maxExtension
+
+	initPayloadLen = tsLen + 4 + 1 + 2
+	respPayloadLen = 4 + 1 + 1
+	maxExtension   = 64
 )
 
 // Handshake errors.
@@ -34,11 +46,12 @@ var (
 	ErrNoCipher  = errors.New("session: no transport cipher both sides accept")
 )
 
-// Keys are the two transport keys of a session, as seen by one side, and the cipher the
-// handshake agreed on.
+// Keys are the two transport keys of a session, as seen by one side, and the cipher and
+// protocol version the handshake agreed on.
 type Keys struct {
 	Send, Recv [KeyLen]byte
 	Cipher     Cipher
+	Version    Version
 }
 
 // symmetric is Noise's SymmetricState with its CipherState.
@@ -147,24 +160,32 @@ type Initiator struct {
 	eph    PrivateKey
 	index  uint32
 	offer  Ciphers
+	speak  Versions
 }
 
 // Initiate starts a handshake from local to the peer whose static key is remote. index is the
 // initiator's receiver index for the new session, offer the transport ciphers it accepts (the
-// responder chooses). It returns the initiation message (InitLen bytes) to send.
+// responder chooses), and the protocol versions offered are Supported. It returns the
+// initiation message (InitLen bytes) to send.
 func Initiate(local PrivateKey, remote PublicKey, index uint32, offer Ciphers, now time.Time) (*Initiator, []byte, error) {
 	eph, err := GenerateKey()
 	if err != nil {
 		return nil, nil, err
 	}
-	return initiate(local, remote, eph, index, offer, now)
+	return initiate(local, remote, eph, index, offer, Supported, now, 0)
 }
 
-func initiate(local PrivateKey, remote PublicKey, eph PrivateKey, index uint32, offer Ciphers, now time.Time) (*Initiator, []byte, error) {
+// initiate builds an initiation offering the versions speak. extra is for the tests of other
+// versions' messages: that many zero bytes are appended to the payload (a later version's
+// fields), or with -2 the versions field is left out (a version 1 initiation).
+func initiate(local PrivateKey, remote PublicKey, eph PrivateKey, index uint32, offer Ciphers, speak Versions, now time.Time, extra int) (*Initiator, []byte, error) {
 	if offer&AllCiphers == 0 {
 		return nil, nil, ErrNoCipher
 	}
-	in := &Initiator{sym: newSymmetric(), local: local, remote: remote, eph: eph, index: index, offer: offer & AllCiphers}
+	if _, ok := speak.Best(); !ok {
+		return nil, nil, ErrVersion
+	}
+	in := &Initiator{sym: newSymmetric(), local: local, remote: remote, eph: eph, index: index, offer: offer & AllCiphers, speak: speak &^ 1}
 	s := in.sym
 	s.mixHash(remote[:]) // pre-message: <- s
 	msg := make([]byte, 0, InitLen)
@@ -183,19 +204,24 @@ func initiate(local PrivateKey, remote PublicKey, eph PrivateKey, index uint32, 
 		return nil, nil, err
 	}
 	s.mixKey(ss[:])
-	var payload [tsLen + 4 + 1]byte
+	payload := make([]byte, initPayloadLen+extra)
 	ts := NewTimestamp(now)
 	copy(payload[:], ts[:])
 	binary.BigEndian.PutUint32(payload[tsLen:], index)
 	payload[tsLen+4] = byte(in.offer)
-	msg = s.encryptAndHash(msg, payload[:])
+	if extra != -2 {
+		binary.BigEndian.PutUint16(payload[tsLen+5:], uint16(in.speak))
+	}
+	msg = s.encryptAndHash(msg, payload)
 	return in, msg, nil
 }
 
 // Finish consumes the responder's message and returns the session keys and the responder's
-// receiver index. A response that chose a cipher the initiator did not offer is refused.
+// receiver index. A response that chose a cipher or a protocol version the initiator did not
+// offer is refused (ErrNoCipher, ErrVersion). Sealed bytes after the fields this version knows
+// (a later version's) are ignored.
 func (in *Initiator) Finish(resp []byte) (Keys, uint32, error) {
-	if len(resp) != ResponseLen {
+	if len(resp) < ResponseLen || len(resp) > MaxResponseLen {
 		return Keys{}, 0, ErrLength
 	}
 	if binary.BigEndian.Uint32(resp[:4]) != in.index {
@@ -223,8 +249,12 @@ func (in *Initiator) Finish(resp []byte) (Keys, uint32, error) {
 	if !chosen.valid() || in.offer&chosen.bit() == 0 {
 		return Keys{}, 0, ErrNoCipher
 	}
+	version := Version(payload[5])
+	if !in.speak.Has(version) {
+		return Keys{}, 0, ErrVersion
+	}
 	k1, k2 := s.split()
-	return Keys{Send: k1, Recv: k2, Cipher: chosen}, binary.BigEndian.Uint32(payload), nil
+	return Keys{Send: k1, Recv: k2, Cipher: chosen, Version: version}, binary.BigEndian.Uint32(payload), nil
 }
 
 // Initiation is a verified initiation message, not yet answered.
@@ -233,14 +263,19 @@ type Initiation struct {
 	Timestamp   Timestamp // refuse it unless it is after the peer's last one
 	SenderIndex uint32    // the initiator's receiver index
 	Offer       Ciphers   // the transport ciphers the initiator accepts
-	sym         *symmetric
-	local       PrivateKey
-	re          PublicKey
+	// Versions are the protocol versions the initiator speaks: V1 alone for an initiation of
+	// V1InitLen bytes (a release before versions), which Respond refuses with ErrVersion.
+	Versions Versions
+	sym      *symmetric
+	local    PrivateKey
+	re       PublicKey
 }
 
-// Receive verifies an initiation message addressed to local.
+// Receive verifies an initiation message addressed to local: of InitLen bytes, or up to
+// MaxInitLen (a later version's, whose extra fields are ignored), or of V1InitLen (version 1,
+// which is verified so that the log can say who speaks it, and refused by Respond).
 func Receive(local PrivateKey, msg []byte) (*Initiation, error) {
-	if len(msg) != InitLen {
+	if len(msg) != V1InitLen && (len(msg) < InitLen || len(msg) > MaxInitLen) {
 		return nil, ErrLength
 	}
 	s := newSymmetric()
@@ -272,23 +307,33 @@ func Receive(local PrivateKey, msg []byte) (*Initiation, error) {
 		return nil, err
 	}
 	in := &Initiation{Peer: rs, sym: s, local: local, re: re, SenderIndex: binary.BigEndian.Uint32(payload[tsLen:]),
-		Offer: Ciphers(payload[tsLen+4]) & AllCiphers}
+		Offer: Ciphers(payload[tsLen+4]) & AllCiphers, Versions: V1.bit()}
+	if len(msg) != V1InitLen {
+		in.Versions = Versions(binary.BigEndian.Uint16(payload[tsLen+5:])) &^ 1
+	}
 	copy(in.Timestamp[:], payload[:tsLen])
 	return in, nil
 }
 
 // Respond answers a verified initiation; index is the responder's receiver index for the new
-// session, accept the transport ciphers the responder accepts: the best one both accept is
-// chosen (ErrNoCipher if there is none). It returns the response message and the session keys.
+// session, accept the transport ciphers the responder accepts: the highest protocol version
+// both speak (ErrVersion if there is none) and the best cipher both accept (ErrNoCipher if
+// there is none) are chosen. It returns the response message and the session keys.
 func (in *Initiation) Respond(index uint32, accept Ciphers) ([]byte, Keys, error) {
 	eph, err := GenerateKey()
 	if err != nil {
 		return nil, Keys{}, err
 	}
-	return in.respond(eph, index, accept)
+	return in.respond(eph, index, accept, Supported, 0)
 }
 
-func (in *Initiation) respond(eph PrivateKey, index uint32, accept Ciphers) ([]byte, Keys, error) {
+// respond answers with the versions speak; extra zero bytes are appended to the payload (a
+// later version's fields, for tests).
+func (in *Initiation) respond(eph PrivateKey, index uint32, accept Ciphers, speak Versions, extra int) ([]byte, Keys, error) {
+	version, ok := (in.Versions & speak).Best()
+	if !ok {
+		return nil, Keys{}, ErrVersion
+	}
 	chosen, ok := (in.Offer & accept).Best()
 	if !ok {
 		return nil, Keys{}, ErrNoCipher
@@ -309,12 +354,13 @@ func (in *Initiation) respond(eph PrivateKey, index uint32, accept Ciphers) ([]b
 		return nil, Keys{}, ErrHandshake
 	}
 	s.mixKey(se[:])
-	var payload [4 + 1]byte
-	binary.BigEndian.PutUint32(payload[:], index)
+	payload := make([]byte, respPayloadLen+extra)
+	binary.BigEndian.PutUint32(payload, index)
 	payload[4] = byte(chosen)
-	msg = s.encryptAndHash(msg, payload[:])
+	payload[5] = byte(version)
+	msg = s.encryptAndHash(msg, payload)
 	k1, k2 := s.split()
-	return msg, Keys{Send: k2, Recv: k1, Cipher: chosen}, nil
+	return msg, Keys{Send: k2, Recv: k1, Cipher: chosen, Version: version}, nil
 }
 
 // Equal reports whether two public keys are equal, in constant time.

@@ -29,6 +29,7 @@ const RejectAfterMessages = 1<<60 - 1
 type Session struct {
 	LocalIndex, RemoteIndex uint32 // receiver indices: ours (in packets to us), the peer's
 	Cipher                  Cipher
+	Version                 Version // the protocol version the handshake agreed on
 	send, recv              cipher.AEAD
 	counter                 atomic.Uint64 // next counter to send
 	mu                      sync.Mutex    // guards window
@@ -44,7 +45,7 @@ func New(k Keys, local, remote uint32) *Session {
 	}
 	send, _ := newAEAD(c, k.Send)
 	recv, _ := newAEAD(c, k.Recv)
-	return &Session{LocalIndex: local, RemoteIndex: remote, Cipher: c, send: send, recv: recv}
+	return &Session{LocalIndex: local, RemoteIndex: remote, Cipher: c, Version: k.Version, send: send, recv: recv}
 }
 
 // NextCounter reserves the counter of the next packet to send; it goes in the packet's header
