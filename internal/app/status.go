@@ -216,17 +216,29 @@ func printTunnelStatus(w io.Writer, st *tunnel.Status) {
 		if p.PeerBufferFree >= 0 {
 			buffer = strconv.Itoa(p.PeerBufferFree) + " B free"
 		}
+		if p.Session && p.Protocol != 0 {
+			session += ", protocol " + strconv.Itoa(p.Protocol)
+		}
 		fmt.Fprintf(w, "\npeer %s: %s, reorder hold %v, scheduler %s, peer's reorder buffer %s\n", p.Name, session, p.ReorderHold, p.Scheduler, buffer)
+		if p.LearnsPaths {
+			fmt.Fprintf(w, "paths learned from the peer's packets (at most %d), keepalive %v\n", p.MaxPaths, p.Keepalive)
+		} else {
+			fmt.Fprintf(w, "keepalive %v\n", p.Keepalive)
+		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		// TX and RX DATA count data only (probes, replies and MTU probes are in the JSON's
 		// TxBytes and RxBytes), so a path that carries no traffic shows 0 however often it is probed.
-		fmt.Fprintln(tw, "PATH\tUPLINK\tREMOTE\tSTATE\tRTT\tLOSS\tRATE\tCAPACITY\tMTU\tTX DATA\tRX DATA\tTX DROPS")
+		fmt.Fprintln(tw, "PATH\tUPLINK\tLOCAL\tREMOTE\tHOW\tSTATE\tRTT\tLOSS\tRATE\tCAPACITY\tMTU\tTX DATA\tRX DATA\tTX DROPS")
 		for _, pa := range p.Paths {
 			mtu := strconv.Itoa(pa.MTU)
 			if pa.MTUSearching {
 				mtu += " (probing)"
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.1f ms\t%.1f %%\t%s\t%s\t%s\t%d B\t%d B\t%d\n", pa.ID, pa.Uplink, pa.Remote, pa.State,
+			local := pa.Local
+			if local == "" {
+				local = "-"
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%.1f ms\t%.1f %%\t%s\t%s\t%s\t%d B\t%d B\t%d\n", pa.ID, pa.Uplink, local, pa.Remote, pathOrigin(pa), pa.State,
 				float64(pa.RTT)/1e6, 100*pa.Loss, pathRate(pa), pathCapacity(pa), mtu, pa.TxDataBytes, pa.RxDataBytes, pa.TxDrops)
 		}
 		tw.Flush()
@@ -248,6 +260,19 @@ func printTunnelStatus(w io.Writer, st *tunnel.Status) {
 		}
 	}
 	tw.Flush()
+}
+
+// pathOrigin says how a path's remote address was found: "configured" (the site file),
+// "learned" (from the peer's packets), or "moved at T" when the peer's packets last moved it.
+func pathOrigin(pa tunnel.PathStatus) string {
+	if pa.MovedAt != nil {
+		s := pa.Origin + ", moved at " + pa.MovedAt.UTC().Format("15:04:05.000")
+		if pa.Moves > 1 {
+			s += " (" + strconv.FormatUint(pa.Moves, 10) + " moves)"
+		}
+		return s
+	}
+	return pa.Origin
 }
 
 // pathRate is a path's delivery rate as measured by the peer: "-" while the path is not up

@@ -21,13 +21,15 @@ import (
 // The tunnel's table says what is not measured and what is down instead of showing the
 // estimator's start-up guess or a dead path's last rate, and names a cleartext session.
 func TestPrintTunnelStatus(t *testing.T) {
+	moved := time.Date(2026, 11, 24, 21, 50, 1, 250e6, time.UTC)
 	st := &tunnel.Status{PublicKey: "KEY", MTU: 1400, Peers: []tunnel.PeerStatus{{
 		Name: "b", Session: true, Cipher: "none (authenticated only, aes-256-gcm tag)", PeerBufferFree: -1,
 		Paths: []tunnel.PathStatus{
-			{ID: 1, State: "up", Capacity: 100e6, CapacityPhase: "startup", TxBytes: 777777, RxBytes: 888888},                     // idle since start, probed
-			{ID: 2, State: "down", Rate: 0, Capacity: 40e6, CapacityPhase: "cruise", CapacityMeasured: true},                      // cut
-			{ID: 3, State: "up", Rate: 30e6, RateMeasured: true, Capacity: 50e6, CapacityPhase: "cruise", CapacityMeasured: true}, // busy
-			{ID: 4, State: "up", Rate: 2e6, RateMeasured: true, Capacity: 10e6, CapacityMeasured: true},                           // configured
+			{ID: 1, State: "up", Capacity: 100e6, CapacityPhase: "startup", TxBytes: 777777, RxBytes: 888888}, // idle since start, probed
+			{ID: 2, State: "down", Rate: 0, Capacity: 40e6, CapacityPhase: "cruise", CapacityMeasured: true},  // cut
+			{ID: 3, State: "up", Rate: 30e6, RateMeasured: true, Capacity: 50e6, CapacityPhase: "cruise", CapacityMeasured: true, // busy, learned and moved
+				Local: "198.51.100.1:4754", Remote: "203.0.113.2:50999", Origin: "learned", MovedAt: &moved, Moves: 2},
+			{ID: 4, State: "up", Rate: 2e6, RateMeasured: true, Capacity: 10e6, CapacityMeasured: true}, // configured
 		},
 	}}}
 	var b bytes.Buffer
@@ -43,6 +45,7 @@ func TestPrintTunnelStatus(t *testing.T) {
 		{"1", "unmeasured  unmeasured", "100"},
 		{"2", "down", "Mbit"}, // the capacity is kept, but no rate
 		{"3", "30 Mbit/s", "unmeasured"},
+		{"3", "198.51.100.1:4754  203.0.113.2:50999  learned, moved at 21:50:01.250 (2 moves)", "unmeasured"},
 		{"4", "configured 10 Mbit/s", "unmeasured"},
 	} {
 		row := rows[c.path]
@@ -50,7 +53,8 @@ func TestPrintTunnelStatus(t *testing.T) {
 			t.Errorf("path %s: %q, want %q and not %q", c.path, row, c.want, c.not)
 		}
 	}
-	if f := strings.Fields(rows["2"]); len(f) < 7 || f[6] != "-" {
+	// Path 2 shows no local address ("-") nor origin: ID, -, state, RTT (2), loss (2), rate.
+	if f := strings.Fields(rows["2"]); len(f) < 8 || f[7] != "-" {
 		t.Errorf("a down path shows a rate: %q", rows["2"])
 	}
 	if !strings.Contains(out, "cipher none (authenticated only") {

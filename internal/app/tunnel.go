@@ -238,7 +238,7 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 			closeAll()
 			return fmt.Errorf("uplink %s: %w", u.Name, err)
 		}
-		uplinks = append(uplinks, tunnel.Uplink{Name: u.Name, Conn: c, MTU: linkMTU(u), Capacity: u.Capacity})
+		uplinks = append(uplinks, tunnel.Uplink{Name: u.Name, Conn: c, MTU: linkMTU(u), Capacity: u.Capacity, Local: u.Socket(cfg.Port)})
 		byName[u.Name] = u
 	}
 	for _, p := range cfg.Peers {
@@ -327,7 +327,7 @@ func braidOptions(cfg *config.Tunnel, dev tunnel.Device, mtu int, uplinks []tunn
 		Scheduler: string(cfg.Scheduler),
 	}
 	for _, p := range cfg.Peers {
-		pc := tunnel.PeerConfig{Name: p.Name, PublicKey: p.PublicKey, Routes: p.Routes}
+		pc := tunnel.PeerConfig{Name: p.Name, PublicKey: p.PublicKey, Routes: p.Routes, Keepalive: p.Keepalive, MaxPaths: p.MaxPaths}
 		for _, pp := range p.Paths {
 			u := byName[pp.Uplink]
 			w := pp.Weight

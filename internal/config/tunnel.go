@@ -69,11 +69,24 @@
 //	                          # on the peer); unique, and not our own
 //	routes = ["10.2.0.0/16", "fd02::/48"] # prefixes sent to this peer through the tunnel and
 //	                          # accepted from it as inner sources; no two peers may overlap
+//	keepalive = "10s"         # braid mode: the longest a path stays without sending to the
+//	                          # peer, so that NATs on the way keep its mapping (probes, every
+//	                          # probe_interval, usually send more often); 10ms..2m, default 10s
+//	max_paths = 16            # braid mode, peers whose paths are learned (no remote): at most
+//	                          # this many paths, 1..254 (default 16); a packet on one more is
+//	                          # dropped (drop_path_limit) and the log says so once
 //	  [[tunnel.peer.path]]    # one per (local uplink, remote address) pair, at least one;
 //	                          # at most 255 (braid) or 20 (mpt, MPT's limit) per peer
 //	  uplink = "fibre"        # name of a tunnel.uplink
 //	  remote = "198.51.100.1:4754" # the peer's address:port for this path ("[2001:db8::1]:4754"
-//	                          # for IPv6), of the uplink's address family; port required
+//	                          # for IPv6), of the uplink's address family; port required. In
+//	                          # braid mode it is where the path starts: the path follows the
+//	                          # peer's authenticated packets to a new address (NAT rebinding).
+//	                          # Braid mode may leave it out on every path of a peer (a hub's
+//	                          # view of sites behind NAT): the peer's paths are then learned
+//	                          # from its authenticated packets on the uplinks named, one path
+//	                          # per uplink entry at most once, and its handshakes are answered
+//	                          # from any address (docs/tunnel.md, "Behind NAT")
 //	  weight = 0              # optional, 0..65535; 0 (default) = the uplink's weight
 //
 // In mode "mpt" the keys marked "braid mode" above are errors, and each peer may have these
@@ -105,8 +118,9 @@
 //	  uplink = "fibre"
 //	  remote = "198.51.100.1:23456"
 //
-// Peer settings of the other mode ("public_key" in mpt mode, "keepalive" in braid mode, ...)
-// are errors that say which mode they belong to. See testdata/site-a.toml and site-b.toml for a
+// Peer settings of the other mode ("public_key" or "max_paths" in mpt mode, "dead_time" in
+// braid mode, ...) are errors that say which mode they belong to; "keepalive" is a key of
+// both, with each mode's meaning. See testdata/site-a.toml and site-b.toml for a
 // matching pair of sites.
 package config
 
@@ -161,6 +175,14 @@ const (
 	maxWeight         = 65535
 	maxPathsBraid     = 255 // path IDs 0..254 (docs/tunnel-wire.md)
 	maxPathsMPT       = 20  // MPT's limit per connection
+	maxLearnedPaths   = 254 // path IDs 0..253 of learned paths
+	// DefaultMaxPaths bounds a peer's learned paths (tunnel.DefaultMaxPaths).
+	DefaultMaxPaths = 16
+	// DefaultKeepalive is braid mode's keepalive (tunnel.DefaultKeepalive): well under the
+	// 30 s after which many NATs forget a UDP mapping.
+	DefaultKeepalive = 10 * time.Second
+	minKeepalive     = 10 * time.Millisecond
+	maxKeepalive     = 2 * time.Minute // RFC 4787: a NAT keeps an idle UDP mapping at least this long
 	// DefaultMPTCmdPort is MPT's default cmdport_local and remote_cmd_port.
 	DefaultMPTCmdPort = 65050
 	maxReorderPackets = 1 << 20
@@ -241,12 +263,31 @@ type Peer struct {
 	Routes    []netip.Prefix    // inner prefixes sent to and accepted from the peer
 	Paths     []PeerPath
 	MPT       *MPTSettings // mpt mode only; nil in braid mode
+	// Braid mode: Keepalive is the longest a path stays without sending to the peer (0:
+	// DefaultKeepalive); MaxPaths bounds the paths learned for a peer whose paths have no
+	// Remote (0: DefaultMaxPaths).
+	Keepalive time.Duration
+	MaxPaths  int
+}
+
+// Learned reports whether the peer's paths are learned from its packets: braid mode, and no
+// path has a remote address.
+func (p *Peer) Learned() bool {
+	if p.MPT != nil || len(p.Paths) == 0 {
+		return false
+	}
+	for _, pp := range p.Paths {
+		if pp.Remote.IsValid() {
+			return false
+		}
+	}
+	return true
 }
 
 // PeerPath is one path to a peer: from a local uplink to one of the peer's addresses.
 type PeerPath struct {
 	Uplink string         // Uplink.Name
-	Remote netip.AddrPort // the peer's end
+	Remote netip.AddrPort // the peer's end; braid mode: none on every path of a learned peer
 	Weight int            // 0: the uplink's weight
 }
 
@@ -448,7 +489,8 @@ type filePeer struct {
 	PublicKey *string    `toml:"public_key"`
 	Routes    any        `toml:"routes"`
 	Path      []filePath `toml:"path"`
-	// mpt mode
+	MaxPaths  *int64     `toml:"max_paths"` // braid mode
+	// mpt mode (keepalive: both)
 	ReorderWindow  *int64  `toml:"reorder_window"`
 	MaxBuffDelay   any     `toml:"max_buffdelay"`
 	Keepalive      any     `toml:"keepalive"`
@@ -666,7 +708,6 @@ func (l *loader) peer(t *Tunnel, i int, f *filePeer) Peer {
 	}{
 		{"reorder_window", f.ReorderWindow != nil},
 		{"max_buffdelay", f.MaxBuffDelay != nil},
-		{"keepalive", f.Keepalive != nil},
 		{"dead_time", f.DeadTime != nil},
 		{"local_tunnel_ip", f.LocalTunnelIP != nil},
 		{"remote_tunnel_ip", f.RemoteTunnelIP != nil},
@@ -689,9 +730,25 @@ func (l *loader) peer(t *Tunnel, i int, f *filePeer) Peer {
 			}
 			pr.PublicKey = k
 		}
+		// Absent, they stay 0: the defaults (DefaultKeepalive, DefaultMaxPaths).
+		if l.duration(obj, p+"keepalive", "keepalive", f.Keepalive, &pr.Keepalive) && pr.Keepalive == 0 {
+			l.fail(obj, p+"keepalive", "keepalive 0: braid mode always keeps paths alive; leave it out for the default (%v)", DefaultKeepalive)
+		}
+		if f.MaxPaths != nil {
+			pr.MaxPaths = l.int(obj, p+"max_paths", "max_paths", *f.MaxPaths)
+			switch {
+			case pr.MaxPaths < 1 || pr.MaxPaths > maxLearnedPaths:
+				l.fail(obj, p+"max_paths", "max_paths %d outside 1..%d", pr.MaxPaths, maxLearnedPaths)
+			case !pr.Learned():
+				l.fail(obj, p+"max_paths", "max_paths bounds learned paths, and this peer's paths have remote addresses (leave remote out on every path to learn them)")
+			}
+		}
 	case ModeMPT:
 		if f.PublicKey != nil {
 			l.fail(obj, p+"public_key", "public_key is a braid-mode key; mode is \"mpt\" (MPT has no keys)")
+		}
+		if f.MaxPaths != nil {
+			l.fail(obj, p+"max_paths", "max_paths is a braid-mode key; mode is \"mpt\" (MPT's paths are all in the site file)")
 		}
 		m := MPTDefaults()
 		if f.ReorderWindow != nil {
@@ -1039,6 +1096,12 @@ func (c *checker) peers(t *Tunnel, own session.PublicKey, uplinks map[string]*Up
 			if pr.MPT != nil {
 				c.report(obj, "mpt settings in braid mode (MPT must be nil)", p)
 			}
+			if pr.Keepalive != 0 && (pr.Keepalive < minKeepalive || pr.Keepalive > maxKeepalive) {
+				c.report(obj, fmt.Sprintf("keepalive %v outside %v..%v (NATs keep an idle UDP mapping 30 s to 2 min)", pr.Keepalive, minKeepalive, maxKeepalive), p+".keepalive", p)
+			}
+			if pr.Learned() && (pr.MaxPaths < 0 || pr.MaxPaths > maxLearnedPaths) || pr.MaxPaths < 0 {
+				c.report(obj, fmt.Sprintf("max_paths %d outside 1..%d", pr.MaxPaths, maxLearnedPaths), p+".max_paths", p)
+			}
 		case ModeMPT:
 			if !pr.PublicKey.IsZero() {
 				c.report(obj, "public_key is a braid-mode key; mode is \"mpt\" (MPT has no keys)", p+".public_key", p)
@@ -1094,6 +1157,15 @@ func (c *checker) paths(t *Tunnel, obj, p string, pr *Peer, uplinks map[string]*
 		remote netip.AddrPort
 	}
 	seen := map[pathKey]int{}
+	// In braid mode a peer's paths either all have a remote or none has (learned paths).
+	learned := t.Mode == ModeBraid && pr.Learned()
+	withRemote := 0
+	for _, pp := range pr.Paths {
+		if pp.Remote.IsValid() {
+			withRemote++
+		}
+	}
+	mixed := t.Mode == ModeBraid && withRemote > 0 && withRemote < len(pr.Paths)
 	for j, pp := range pr.Paths {
 		pobj := fmt.Sprintf("%s path %d", obj, j+1)
 		pk := fmt.Sprintf("%s.path[%d]", p, j)
@@ -1105,6 +1177,23 @@ func (c *checker) paths(t *Tunnel, obj, p string, pr *Peer, uplinks map[string]*
 			c.report(pobj, fmt.Sprintf("uplink %q: no tunnel.uplink has this name", pp.Uplink), pk+".uplink", pk)
 		}
 		a := pp.Remote.Addr()
+		if learned {
+			// One entry per uplink on which the peer's paths are learned.
+			k := pathKey{uplink: pp.Uplink}
+			if first, dup := seen[k]; dup {
+				c.report(pobj, fmt.Sprintf("uplink %s: same as path %d (a peer without remote addresses needs each uplink once)", pp.Uplink, first+1), pk+".uplink", pk)
+			} else {
+				seen[k] = j
+			}
+			if pp.Weight < 0 || pp.Weight > maxWeight {
+				c.report(pobj, fmt.Sprintf("weight %d outside 0..%d", pp.Weight, maxWeight), pk+".weight", pk)
+			}
+			continue
+		}
+		if mixed && !pp.Remote.IsValid() {
+			c.report(pobj, fmt.Sprintf("missing remote, and %d other paths of the peer have one: give every path a remote, or none (paths learned from the peer's packets)", withRemote), pk+".remote", pk)
+			continue
+		}
 		switch reason := checkHostAddr(a); {
 		case reason != "":
 			c.report(pobj, "remote "+reason, pk+".remote", pk)

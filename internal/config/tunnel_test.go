@@ -489,8 +489,24 @@ path = [{ uplink = "fibre", remote = "198.51.100.1:4754" }]` + mark + `
 		`tunnel: probe_interval is a braid-mode key; mode is "mpt"`},
 	{"public key in mpt mode", edit(minimalMPT, `name = "server"`, `name = "server"`+"\npublic_key = \""+pubB+"\""+mark),
 		`peer server: public_key is a braid-mode key; mode is "mpt"`},
-	{"mpt key in braid mode", edit(minimal, `name = "site-b"`, `name = "site-b"`+"\nkeepalive = \"1s\""+mark),
-		`peer site-b: keepalive is an mpt-mode key; mode is "braid"`},
+	{"mpt key in braid mode", edit(minimal, `name = "site-b"`, `name = "site-b"`+"\ndead_time = \"1s\""+mark),
+		`peer site-b: dead_time is an mpt-mode key; mode is "braid"`},
+	{"keepalive too long", edit(minimal, `name = "site-b"`, `name = "site-b"`+"\nkeepalive = \"5m\""+mark),
+		`peer site-b: keepalive 5m0s outside 10ms..2m0s`},
+	{"keepalive 0 in braid mode", edit(minimal, `name = "site-b"`, `name = "site-b"`+"\nkeepalive = 0"+mark),
+		`peer site-b: keepalive 0: braid mode always keeps paths alive`},
+	{"max_paths with remotes", edit(minimal, `name = "site-b"`, `name = "site-b"`+"\nmax_paths = 4"+mark),
+		`peer site-b: max_paths bounds learned paths`},
+	{"max_paths 0", edit(minimal, `name = "site-b"`, `name = "site-b"`+"\nmax_paths = 0"+mark, "  remote = \"198.51.100.1:4754\"\n", ""),
+		`peer site-b: max_paths 0 outside 1..254`},
+	{"max_paths in mpt mode", edit(minimalMPT, `name = "server"`, `name = "server"`+"\nmax_paths = 4"+mark),
+		`peer server: max_paths is a braid-mode key; mode is "mpt"`},
+	{"some paths without remote", minimal + "  [[tunnel.peer.path]]" + mark + "\n  uplink = \"fibre\"\n",
+		`peer site-b path 2: missing remote, and 1 other paths of the peer have one`},
+	{"learned uplink twice", edit(minimal, "  remote = \"198.51.100.1:4754\"\n", "") + "  [[tunnel.peer.path]]\n  uplink = \"fibre\"" + mark + "\n",
+		`peer site-b path 2: uplink fibre: same as path 1`},
+	{"mpt path without remote", edit(minimalMPT, "  [[tunnel.peer.path]]", "  [[tunnel.peer.path]]"+mark, `  remote = "198.51.100.1:23456"`, "  # no remote"),
+		`peer server path 1: remote`},
 	{"minrtt in mpt mode", edit(minimalMPT, "[tunnel]\n", "[tunnel]\nscheduler = \"minrtt\""+mark+"\n"),
 		`tunnel: scheduler minrtt needs RTT measurements`},
 	{"rbpm in mpt mode", edit(minimalMPT, "[tunnel]\n", "[tunnel]\nscheduler = \"rbpm\""+mark+"\n"),
@@ -680,6 +696,24 @@ func TestValidateGo(t *testing.T) {
 	}
 }
 
+// The "Behind NAT" walk-through of docs/tunnel.md: a hub that learns a branch's paths, and
+// the branch behind two NATs.
+func TestLoadBehindNAT(t *testing.T) {
+	hub := loadFile(t, "testdata/hub.toml")
+	p := hub.Peers[0]
+	if !p.Learned() || p.MaxPaths != 8 || p.Keepalive != 0 || len(p.Paths) != 1 || p.Paths[0].Uplink != "public" || p.Paths[0].Remote.IsValid() {
+		t.Errorf("hub's branch: learned %v, %+v", p.Learned(), p)
+	}
+	branch := loadFile(t, "testdata/branch.toml")
+	p = branch.Peers[0]
+	if p.Learned() || p.Keepalive != 15*time.Second || len(p.Paths) != 2 || p.Paths[1].Remote != ap("198.51.100.1:4754") {
+		t.Errorf("branch's hub: learned %v, %+v", p.Learned(), p)
+	}
+	if p.PublicKey != mustPub(t, pubA) || hub.Peers[0].PublicKey != mustPub(t, pubB) {
+		t.Error("the two files do not name each other's keys")
+	}
+}
+
 func TestValidateDoesNotModify(t *testing.T) {
 	tun := loadFile(t, "testdata/site-a.toml")
 	tun.Braid.PrivateKey = session.PrivateKey{}
@@ -691,7 +725,7 @@ func TestValidateDoesNotModify(t *testing.T) {
 }
 
 func FuzzLoadTunnel(f *testing.F) {
-	for _, p := range []string{"testdata/site-a.toml", "testdata/site-b.toml"} {
+	for _, p := range []string{"testdata/site-a.toml", "testdata/site-b.toml", "testdata/hub.toml", "testdata/branch.toml"} {
 		data, err := os.ReadFile(p)
 		if err != nil {
 			f.Fatal(err)

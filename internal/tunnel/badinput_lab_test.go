@@ -113,9 +113,13 @@ func TestTunnelBadInput(t *testing.T) {
 		{"unknown message type", append(braidGRE(1), append([]byte{99, 0, 0, 0}, make([]byte, 40)...)...), "drop_bad_header"},
 		{"unknown session", append(braidGRE(12345), append([]byte{mpath.TypeData, 0, 0, 0}, make([]byte, 60)...)...), "drop_unknown_session"},
 		{"garbage handshake", append(braidGRE(0), append([]byte{mpath.TypeHandshakeInit, 0, 0, 0}, make([]byte, 8+112)...)...), "drop_handshake"},
-		{"tampered", tampered, "drop_auth"},
-		{"replayed", real, "drop_replay"},
-		{"authentic, from an address that is no path", fresh, "drop_unknown_path"},
+		// From an address that is no path of a: counted apart, and they move no path.
+		{"tampered", tampered, "drop_auth_new_source"},
+		{"replayed", real, "drop_replay_new_source"},
+		// A's own packet, never delivered, from elsewhere: it authenticates and is fresh, so
+		// it is delivered and moves its path there (paths follow their peer's address, as
+		// through a NAT that rebinds) until a's next packet moves it back.
+		{"authentic, held back, from an address that is no path", fresh, "path_moves"},
 		{"oversized", append(braidGRE(12345), make([]byte, 60000)...), "drop_bad_header"},
 	}
 	for _, c := range cases {
@@ -143,8 +147,20 @@ func TestTunnelBadInput(t *testing.T) {
 			t.Errorf("%s: counter %s did not move (%d)", c.name, c.counter, after[c.counter])
 		}
 	}
-	// Probes and their replies keep flowing, so compare deliveries, which only data makes.
-	if d := after["delivered"] - before["delivered"]; d != 0 {
-		t.Errorf("%d inner packets were delivered from the attacker's datagrams", d)
+	// Probes and their replies keep flowing, so compare deliveries, which only data makes:
+	// a's held-back packet only.
+	if d := after["delivered"] - before["delivered"]; d != 1 {
+		t.Errorf("%d inner packets were delivered from the attacker's datagrams, want 1 (a's own, held back)", d)
+	}
+	if m := after["path_moves"] - before["path_moves"]; m > 2 {
+		t.Errorf("path_moves grew by %d: only the held-back packet and a's next one move the path", m)
+	}
+	back := false
+	for deadline := time.Now().Add(time.Second); !back && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		ps := eps[1].tunnel.Status().Peers[0].Paths
+		back = len(ps) == 1 && ps[0].Remote == "10.9.0.1:4754"
+	}
+	if !back {
+		t.Errorf("the path did not move back to a's address: %+v", eps[1].tunnel.Status().Peers[0].Paths)
 	}
 }

@@ -95,7 +95,8 @@ func startTogether(t *testing.T, l *lab.Lab, mutate func(side int, o *tunnel.Opt
 }
 
 // attackCounters are the counters of packets refused as forged, replayed or from strangers.
-var attackCounters = []string{"drop_replay", "drop_auth", "drop_unknown_session", "drop_handshake", "drop_unknown_path"}
+var attackCounters = []string{"drop_replay", "drop_auth", "drop_unknown_session", "drop_handshake", "drop_unknown_path",
+	"drop_replay_new_source", "drop_auth_new_source", "drop_version", "path_moves"}
 
 // Two sites started at the same moment, over two paths of unequal delay, meet each other's
 // initiations on both paths (each initiation goes out on every path) and send on sessions whose

@@ -18,7 +18,8 @@ const initCopyWindow = 2 * time.Second
 // carry the same timestamp, for replays. A copy is expected at most once per path and within
 // initCopyWindow; anything else that repeats an old initiation is a replay.
 type initCopies struct {
-	msg  [session.InitLen]byte
+	msg  [session.MaxInitLen]byte
+	n    int
 	at   int64
 	seen [4]uint64 // paths (ids 0..253) that delivered it
 	set  bool
@@ -26,7 +27,7 @@ type initCopies struct {
 
 // record remembers msg, accepted at now from path id.
 func (c *initCopies) record(msg []byte, now int64, id uint8) {
-	copy(c.msg[:], msg)
+	c.n = copy(c.msg[:], msg)
 	c.at, c.seen, c.set = now, [4]uint64{}, true
 	c.mark(id)
 }
@@ -35,7 +36,7 @@ func (c *initCopies) record(msg []byte, now int64, id uint8) {
 // of that one arriving on a path that has not delivered it yet, within initCopyWindow; it
 // marks the path as having delivered it.
 func (c *initCopies) copyOf(msg []byte, now int64, id uint8) bool {
-	if !c.set || time.Duration(now-c.at) > initCopyWindow || !bytes.Equal(msg, c.msg[:]) {
+	if !c.set || time.Duration(now-c.at) > initCopyWindow || !bytes.Equal(msg, c.msg[:c.n]) {
 		return false
 	}
 	if c.seen[id/64]&(1<<(id%64)) != 0 {

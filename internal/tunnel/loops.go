@@ -321,10 +321,10 @@ func (t *Tunnel) flushPath(p *peer, pp *peerPath) {
 	b := q.buf[:q.n]
 	var err error
 	if bc, ok := pp.up.conn.(BatchConn); ok && q.cnt > 1 {
-		err = bc.SendSegments(b, q.seg, pp.remote)
+		err = bc.SendSegments(b, q.seg, pp.remote())
 	} else {
 		for off := 0; off < len(b); off += q.seg {
-			if e := pp.up.conn.Send(b[off:min(off+q.seg, len(b))], pp.remote); e != nil && err == nil {
+			if e := pp.up.conn.Send(b[off:min(off+q.seg, len(b))], pp.remote()); e != nil && err == nil {
 				err = e
 			}
 		}
@@ -348,7 +348,7 @@ func (t *Tunnel) flushPath(p *peer, pp *peerPath) {
 
 // send writes one datagram on a path and counts it.
 func (t *Tunnel) send(p *peer, pp *peerPath, pkt []byte) {
-	if err := pp.up.conn.Send(pkt, pp.remote); err != nil {
+	if err := pp.up.conn.Send(pkt, pp.remote()); err != nil {
 		pp.txDrops.Add(1)
 		t.stats.DropSend.Add(1)
 		return
@@ -389,14 +389,19 @@ func (t *Tunnel) sendSealed(p *peer, pp *peerPath, typ uint8, encode func(b []by
 
 // sendClear sends a handshake message, which authenticates itself.
 func (t *Tunnel) sendClear(pp *peerPath, key uint32, typ uint8, msg []byte) {
+	t.sendClearTo(pp.up, pp.remote(), pp.id, key, typ, msg)
+}
+
+// sendClearTo sends a handshake message from uplink u to dst, as our path id.
+func (t *Tunnel) sendClearTo(u *uplink, dst netip.AddrPort, id uint8, key uint32, typ uint8, msg []byte) {
 	b := make([]byte, greLen+mpath.HeaderLen+len(msg))
 	g := greBraid
 	g.Key = key
 	g.Encode(b)
-	h := mpath.Header{Type: typ, Path: pp.id}
+	h := mpath.Header{Type: typ, Path: id}
 	h.Encode(b[greLen:])
 	copy(b[greLen+mpath.HeaderLen:], msg)
-	if err := pp.up.conn.Send(b, pp.remote); err != nil {
+	if err := u.conn.Send(b, dst); err != nil {
 		t.stats.DropSend.Add(1)
 	}
 }
@@ -450,7 +455,7 @@ func (t *Tunnel) receive(u *uplink, src netip.AddrPort, b []byte, ob *outbox) {
 	body := b[aadLen:]
 	switch h.Type {
 	case mpath.TypeHandshakeInit:
-		t.onInit(u, src, body)
+		t.onInit(u, src, h.Path, body)
 		return
 	case mpath.TypeHandshakeResp:
 		t.onResponse(g.Key, body)
@@ -492,18 +497,14 @@ func (t *Tunnel) receive(u *uplink, src netip.AddrPort, b []byte, ob *outbox) {
 	}
 	if err != nil {
 		t.putBuf(pb)
-		if errors.Is(err, session.ErrReplay) {
-			t.stats.DropReplay.Add(1)
-		} else {
-			t.stats.DropAuth.Add(1)
-		}
+		t.countOpenFailure(ref.peer, u, src, err)
 		return
 	}
+	// Authenticated and not replayed: the packet may move its path, or make one (roam.go).
 	p := ref.peer
-	pp := p.pathFrom(u, src)
+	pp := p.pathOf(u, src, h.Path)
 	if pp == nil {
-		t.putBuf(pb)
-		t.stats.DropUnknownPath.Add(1)
+		t.putBuf(pb) // counted by pathOf
 		return
 	}
 	now := t.now()
@@ -658,8 +659,9 @@ func (t *Tunnel) reply(p *peer, pp *peerPath, pr mpath.Probe) {
 	t.sendSealed(p, pp, mpath.TypeProbeReply, r.Encode)
 }
 
-// onInit answers a handshake initiation from a configured peer.
-func (t *Tunnel) onInit(u *uplink, src netip.AddrPort, msg []byte) {
+// onInit answers a handshake initiation from a configured peer, sent on its path id: from the
+// address of one of the peer's paths, or from any address for a peer whose paths are learned.
+func (t *Tunnel) onInit(u *uplink, src netip.AddrPort, id uint8, msg []byte) {
 	in, err := session.Receive(t.priv, msg)
 	if err != nil {
 		t.stats.DropHandshake.Add(1)
@@ -675,14 +677,23 @@ func (t *Tunnel) onInit(u *uplink, src netip.AddrPort, msg []byte) {
 		t.stats.DropHandshake.Add(1)
 		return
 	}
+	src = unmapPort(src)
 	pp := p.pathFrom(u, src)
-	if pp == nil {
+	if pp == nil && (!p.learn || !p.learnOn[u]) {
 		t.stats.DropUnknownPath.Add(1)
 		return
 	}
+	// The response goes back where the initiation came from, as our path's id when there is
+	// one (the initiator does not read it).
+	ourID := uint8(0)
+	if pp != nil {
+		ourID = pp.id
+	}
 	p.mu.Lock()
+	// Copies are told apart by the initiator's path (the header's, not authenticated: a
+	// forged one can make a replay count as a copy, which is not answered either).
 	if !in.Timestamp.After(p.lastInit) {
-		benign := p.initSeen.copyOf(msg, t.now(), pp.id)
+		benign := p.initSeen.copyOf(msg, t.now(), id)
 		p.mu.Unlock()
 		if benign {
 			t.stats.HandshakeCopies.Add(1) // the one answered, arriving over another path
@@ -692,15 +703,25 @@ func (t *Tunnel) onInit(u *uplink, src netip.AddrPort, msg []byte) {
 		return
 	}
 	p.lastInit = in.Timestamp
-	p.initSeen.record(msg, t.now(), pp.id)
+	p.initSeen.record(msg, t.now(), id)
 	idx := t.reserveIndex(p)
 	resp, keys, err := in.Respond(idx, t.o.Ciphers)
 	if err != nil {
 		t.dropIndex(idx)
 		p.mu.Unlock()
-		t.stats.DropHandshake.Add(1)
-		if errors.Is(err, session.ErrNoCipher) && !p.cipherWarned.Swap(true) {
-			t.log.Warn("handshake refused: no cipher both sites accept", "peer", p.name, "offered", in.Offer, "accepted", t.o.Ciphers)
+		switch {
+		case errors.Is(err, session.ErrVersion):
+			t.stats.DropVersion.Add(1)
+			if !p.versionWarned.Swap(true) {
+				t.log.Warn("handshake refused: no protocol version both sites speak (upgrade the older one)", "peer", p.name, "peer_speaks", in.Versions, "we_speak", session.Supported)
+			}
+		case errors.Is(err, session.ErrNoCipher):
+			t.stats.DropHandshake.Add(1)
+			if !p.cipherWarned.Swap(true) {
+				t.log.Warn("handshake refused: no cipher both sites accept", "peer", p.name, "offered", in.Offer, "accepted", t.o.Ciphers)
+			}
+		default:
+			t.stats.DropHandshake.Add(1)
 		}
 		return
 	}
@@ -717,7 +738,7 @@ func (t *Tunnel) onInit(u *uplink, src netip.AddrPort, msg []byte) {
 	}
 	p.mu.Unlock()
 	t.stats.HandshakesDone.Add(1)
-	t.sendClear(pp, in.SenderIndex, mpath.TypeHandshakeResp, resp)
+	t.sendClearTo(u, src, ourID, in.SenderIndex, mpath.TypeHandshakeResp, resp)
 }
 
 // onResponse completes a handshake this side initiated.
@@ -737,6 +758,10 @@ func (t *Tunnel) onResponse(key uint32, msg []byte) {
 		return
 	}
 	keys, remote, err := hs.Finish(msg)
+	if errors.Is(err, session.ErrVersion) {
+		t.stats.DropVersion.Add(1)
+		return
+	}
 	if err != nil {
 		t.stats.DropHandshake.Add(1)
 		return
@@ -763,7 +788,7 @@ func (t *Tunnel) timers(ctx context.Context) {
 		for _, p := range t.peers {
 			p.handshake(now)
 			p.expire(now)
-			for _, pp := range p.paths {
+			for _, pp := range p.pathList() {
 				p.mu.Lock()
 				before := pp.est.Snapshot().State
 				changed := pp.est.Tick(now)
@@ -771,12 +796,13 @@ func (t *Tunnel) timers(ctx context.Context) {
 				after := pp.est.Snapshot()
 				p.mu.Unlock()
 				if changed && before != after.State {
-					t.log.Info("path state", "peer", p.name, "path", pp.id+1, "uplink", pp.up.name, "remote", pp.remote, "from", before, "to", after.State)
+					t.log.Info("path state", "peer", p.name, "path", pp.id+1, "uplink", pp.up.name, "remote", pp.remote(), "from", before, "to", after.State)
 				}
 				if due {
 					pr := mpath.Probe{Seq: seq, Timestamp: ts}
 					t.sendSealed(p, pp, mpath.TypeProbe, pr.Encode)
 				}
+				t.keepalive(p, pp, now)
 				t.probeMTU(now, p, pp, before, after)
 			}
 			if p.rb == nil {

@@ -40,6 +40,16 @@ type peer struct {
 	cur   atomic.Pointer[liveSession] // the session packets are sent with
 	txSeq atomic.Uint32               // data sequence for the peer's reorder buffer
 
+	// learn: the peer was declared without addresses; its paths are learned from its packets
+	// (roam.go), on the uplinks in learnOn, at most maxPaths of them.
+	learn       bool
+	learnOn     map[*uplink]bool
+	maxPaths    int
+	limitWarned atomic.Bool
+	keepalive   int64 // longest a path stays without sending, ns
+	// ro is paths for the readers that do not hold mu (publishPathsLocked).
+	ro atomic.Pointer[[]*peerPath]
+
 	mu    sync.Mutex // guards what follows
 	paths []*peerPath
 	snap  []sched.Path // scratch for the scheduler
@@ -64,10 +74,12 @@ type peer struct {
 	initSeen initCopies        // and its copies over the other paths
 	// cipherWarned: the log has said that the peer offers no cipher this side accepts.
 	cipherWarned atomic.Bool
-	rb           *reorder.Buffer[*packetBuf]
-	released     []*packetBuf
-	outer        int     // outer IP and UDP header bytes: 28, or 48 when a path is IPv6
-	q            txQueue // packets waiting to be sent (the device reader's only)
+	// versionWarned: the log has said that the peer speaks no protocol version this side does.
+	versionWarned atomic.Bool
+	rb            *reorder.Buffer[*packetBuf]
+	released      []*packetBuf
+	outer         int     // outer IP and UDP header bytes: 28, or 48 when a path is IPv6
+	q             txQueue // packets waiting to be sent (the device reader's only)
 }
 
 // liveSession is a session with its birth time.
@@ -78,16 +90,28 @@ type liveSession struct {
 
 // peerPath is one path to the peer.
 type peerPath struct {
-	id       uint8
-	up       *uplink
-	remote   netip.AddrPort
-	weight   float64
-	capacity uint64
-	est      *path.Estimator
-	admin    bool // operator set it down
-	outer    int  // outer IP and UDP header bytes: 28 on IPv4, 48 on IPv6
-	pmtu     *path.PMTU
-	tx       pathTx // datagrams queued by the device reader (its goroutine only)
+	id uint8
+	up *uplink
+	// dst is the peer's address on the path now: configured, or learned, and moved by the
+	// peer's authenticated packets (roam.go). Read it with remote().
+	dst atomic.Pointer[netip.AddrPort]
+	// peerID is the peer's ID for this path, as its packets carry it; -1 until one is heard.
+	peerID atomic.Int32
+	// learned: made from the peer's packets, at learnedAt; movedAt is the last move (zero if
+	// none), moves how many, movedLog when a move was last logged. p.mu guards them.
+	learned           bool
+	learnedAt         time.Time
+	movedAt, movedLog time.Time
+	moves             uint64
+	kaPackets         uint64 // txPackets when the keepalive last looked (timers goroutine)
+	kaAt              int64  // and when
+	weight            float64
+	capacity          uint64
+	est               *path.Estimator
+	admin             bool // operator set it down
+	outer             int  // outer IP and UDP header bytes: 28 on IPv4, 48 on IPv6
+	pmtu              *path.PMTU
+	tx                pathTx // datagrams queued by the device reader (its goroutine only)
 
 	// measured capacity, when none is configured: fed one sample per delivery-rate window
 	capEst  *sched.Capacity
@@ -163,41 +187,89 @@ func newPeer(t *Tunnel, pc PeerConfig, now int64) (*peer, error) {
 	if len(pc.Paths) == 0 || len(pc.Paths) > 254 {
 		return nil, fmt.Errorf("tunnel: peer %s has %d paths (1 to 254)", pc.Name, len(pc.Paths))
 	}
+	p.keepalive = int64(pc.Keepalive)
+	if p.keepalive == 0 {
+		p.keepalive = int64(DefaultKeepalive)
+	}
+	if p.keepalive < 0 {
+		return nil, fmt.Errorf("tunnel: peer %s: keepalive %v is negative", pc.Name, pc.Keepalive)
+	}
+	p.maxPaths = pc.MaxPaths
+	if p.maxPaths == 0 {
+		p.maxPaths = DefaultMaxPaths
+	}
+	if p.maxPaths < 1 || p.maxPaths > 254 {
+		return nil, fmt.Errorf("tunnel: peer %s: max paths %d outside 1..254", pc.Name, pc.MaxPaths)
+	}
+	fixed := 0
+	for _, cfg := range pc.Paths {
+		if cfg.Remote.IsValid() {
+			fixed++
+		}
+	}
+	p.learn = fixed == 0
+	if p.learn {
+		p.learnOn = map[*uplink]bool{}
+	} else if fixed != len(pc.Paths) {
+		return nil, fmt.Errorf("tunnel: peer %s: %d of %d paths have no remote address: give every path one, or none (paths learned from the peer's packets)", pc.Name, len(pc.Paths)-fixed, len(pc.Paths))
+	}
+	p.outer = 20 + 8
 	for i, cfg := range pc.Paths {
 		u := t.uplinks[cfg.Uplink]
 		if u == nil {
 			return nil, fmt.Errorf("tunnel: peer %s path %d: no uplink %q", pc.Name, i+1, cfg.Uplink)
 		}
-		pp := &peerPath{
-			id: uint8(i), up: u, remote: cfg.Remote, weight: cfg.Weight, capacity: cfg.Capacity,
-			est: path.New(t.o.Path, now), capAt: now, outer: 20 + 8,
+		if p.learn {
+			// The outer headers of paths not known yet: those of the uplink's family, and
+			// IPv6's when it is unknown (a little less for the paced rate, never too much).
+			p.learnOn[u] = true
+			if !u.local.IsValid() || !u.local.Addr().Unmap().Is4() {
+				p.outer = 40 + 8
+			}
+			continue
 		}
-		if !cfg.Remote.Addr().Unmap().Is4() {
-			pp.outer = 40 + 8
-		}
-		mc := t.o.PMTU
-		if mc.Max = u.mtu; mc.Max == 0 {
-			mc.Max = t.o.MTU + Overhead + pp.outer
-		}
-		if err := mc.WithDefaults().Validate(); err != nil {
+		pp, err := p.newPath(uint8(i), u, cfg.Remote, cfg.Weight, cfg.Capacity, now)
+		if err != nil {
 			return nil, fmt.Errorf("tunnel: peer %s path %d: %w", pc.Name, i+1, err)
 		}
-		pp.pmtu = path.NewPMTU(mc, now)
-		if cfg.Capacity == 0 {
-			if pp.capEst, err = sched.NewCapacity(t.o.CapacityCfg); err != nil {
-				return nil, fmt.Errorf("tunnel: peer %s: %w", pc.Name, err)
-			}
-		}
 		p.paths = append(p.paths, pp)
+		if pp.outer > p.outer {
+			p.outer = pp.outer
+		}
 	}
 	p.snap = make([]sched.Path, len(p.paths))
-	p.outer = 20 + 8
-	for _, pp := range p.paths {
-		if !pp.remote.Addr().Unmap().Is4() {
-			p.outer = 40 + 8
+	p.publishPathsLocked()
+	return p, nil
+}
+
+// newPath makes path id on uplink u to remote.
+func (p *peer) newPath(id uint8, u *uplink, remote netip.AddrPort, weight float64, capacity uint64, now int64) (*peerPath, error) {
+	t := p.t
+	remote = unmapPort(remote)
+	pp := &peerPath{
+		id: id, up: u, weight: weight, capacity: capacity,
+		est: path.New(t.o.Path, now), capAt: now, outer: 20 + 8,
+	}
+	pp.dst.Store(&remote)
+	pp.peerID.Store(-1)
+	if !remote.Addr().Is4() {
+		pp.outer = 40 + 8
+	}
+	mc := t.o.PMTU
+	if mc.Max = u.mtu; mc.Max == 0 {
+		mc.Max = t.o.MTU + Overhead + pp.outer
+	}
+	if err := mc.WithDefaults().Validate(); err != nil {
+		return nil, err
+	}
+	pp.pmtu = path.NewPMTU(mc, now)
+	if capacity == 0 {
+		var err error
+		if pp.capEst, err = sched.NewCapacity(t.o.CapacityCfg); err != nil {
+			return nil, err
 		}
 	}
-	return p, nil
+	return pp, nil
 }
 
 // sampleCapacityLocked gives the path's capacity estimator one sample per capacityWindow:
@@ -234,17 +306,6 @@ func (pp *peerPath) sampleCapacityLocked(now int64, outer int) {
 // 100 ms window is off by a few per cent, and the estimate, a maximum, would take the high
 // ones. In startup a few per cent do not matter, and each window counts.
 const capacityWindow = 300 * time.Millisecond
-
-// pathFrom returns the path that arrives on uplink u from src.
-func (p *peer) pathFrom(u *uplink, src netip.AddrPort) *peerPath {
-	src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
-	for _, pp := range p.paths {
-		if pp.up == u && pp.remote == src {
-			return pp
-		}
-	}
-	return nil
-}
 
 // pacer is a scheduler that can say when a path will have room.
 type pacer interface {
@@ -363,7 +424,8 @@ func (p *peer) handshake(now int64) {
 	p.mu.Lock()
 	cur := p.cur.Load()
 	need := cur == nil || time.Duration(now-cur.created) > rekeyAfter || cur.s.Sent() > rekeyAfterMessages
-	if !need || (p.hs != nil && time.Duration(now-p.hsSent) < handshakeRetry) {
+	if !need || (p.hs != nil && time.Duration(now-p.hsSent) < handshakeRetry) || len(p.paths) == 0 {
+		// A peer whose paths are learned and not known yet is reached when it initiates.
 		p.mu.Unlock()
 		return
 	}
@@ -379,7 +441,7 @@ func (p *peer) handshake(now int64) {
 		return
 	}
 	p.hs, p.hsIndex, p.hsSent = hs, idx, now
-	paths := append([]*peerPath(nil), p.paths...)
+	paths := p.paths
 	p.mu.Unlock()
 	p.t.stats.HandshakesSent.Add(1)
 	for _, pp := range paths {

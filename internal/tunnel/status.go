@@ -32,6 +32,16 @@ type Counters struct {
 	DropDevice         atomic.Uint64 // the device refused a write
 	DropTooBig         atomic.Uint64 // a packet from the device larger than the tunnel MTU
 
+	DropVersion atomic.Uint64 // handshake refused: no protocol version both sides speak
+	// A packet from an address that is none of the peer's paths that did not open: replayed
+	// (DropReplayNewSource) or forged (DropAuthNewSource). Such packets move no path.
+	DropReplayNewSource, DropAuthNewSource atomic.Uint64
+	DropPathLimit                          atomic.Uint64 // authenticated, on a new path of a peer at its max_paths
+
+	// PathMoves counts paths moved to a new address by their peer's packets, PathsLearned the
+	// paths made from them, KeepalivesSent the keepalives of paths that had sent nothing.
+	PathMoves, PathsLearned, KeepalivesSent atomic.Uint64
+
 	HandshakesSent, HandshakesDone atomic.Uint64
 	// HandshakeCopies counts the copies of an answered initiation that came over the other
 	// paths (each initiation is sent on every path): expected, not a replay.
@@ -49,10 +59,16 @@ type Status struct {
 
 // PeerStatus describes one peer.
 type PeerStatus struct {
-	Name        string
-	Session     bool
-	SessionAge  time.Duration
-	Cipher      string `json:",omitempty"` // of the current session
+	Name       string
+	Session    bool
+	SessionAge time.Duration
+	Cipher     string `json:",omitempty"` // of the current session
+	Protocol   int    `json:",omitempty"` // the protocol version of the current session
+	// LearnsPaths: the peer was declared without addresses and its paths are learned from
+	// its packets (up to MaxPaths); Keepalive is the longest a path stays without sending.
+	LearnsPaths bool
+	MaxPaths    int `json:",omitempty"`
+	Keepalive   time.Duration
 	ReorderHold time.Duration
 	Scheduler   string
 	// PeerBufferFree is the free room of the peer's reorder buffer, bytes, as its latest
@@ -64,9 +80,19 @@ type PeerStatus struct {
 
 // PathStatus describes one path to a peer.
 type PathStatus struct {
-	ID          int
-	Uplink      string
-	Remote      string
+	ID     int
+	Uplink string
+	// Local is the uplink's address and port ("" when unknown), Remote the peer's address
+	// the path sends to now.
+	Local  string `json:",omitempty"`
+	Remote string
+	// Origin is "configured" (from the site file) or "learned" (from the peer's packets, at
+	// LearnedAt); MovedAt is when the peer's packets last moved it to a new address (Moves
+	// times in all), nil if never.
+	Origin      string
+	LearnedAt   *time.Time `json:",omitempty"`
+	MovedAt     *time.Time `json:",omitempty"`
+	Moves       uint64     `json:",omitempty"`
 	State       string
 	AdminDown   bool
 	RTT, RTTVar time.Duration
@@ -114,6 +140,11 @@ func (t *Tunnel) Status() Status {
 		}
 		if cur := p.cur.Load(); cur != nil {
 			ps.Session, ps.SessionAge, ps.Cipher = true, time.Duration(now-cur.created), t.cipherName(cur.s)
+			ps.Protocol = int(cur.s.Version)
+		}
+		ps.LearnsPaths, ps.Keepalive = p.learn, time.Duration(p.keepalive)
+		if p.learn {
+			ps.MaxPaths = p.maxPaths
 		}
 		p.mu.Lock()
 		if p.rb != nil {
@@ -135,7 +166,7 @@ func (t *Tunnel) Status() Status {
 			ps.Paths = append(ps.Paths, PathStatus{
 				Capacity: capacity, CapacityPhase: phase, CapacityMeasured: measured,
 				MTU: pp.pmtu.Value(), MTUSearching: pp.pmtu.Searching(),
-				ID: int(pp.id) + 1, Uplink: pp.up.name, Remote: pp.remote.String(),
+				ID: int(pp.id) + 1, Uplink: pp.up.name, Remote: pp.remote().String(), Origin: pp.origin(), Moves: pp.moves,
 				State: stateName(s.State, pp.admin), AdminDown: pp.admin,
 				RTT: s.SRTT, RTTVar: s.RTTVar, Loss: s.Loss, Rate: rate, RateMeasured: rateKnown,
 				TxPackets: pp.txPackets.Load(), TxBytes: pp.txBytes.Load(), TxDrops: pp.txDrops.Load(),
@@ -144,6 +175,18 @@ func (t *Tunnel) Status() Status {
 				RxDataPackets: pp.rxDataPackets, RxDataBytes: pp.rxDataBytes,
 				ProbesSent: s.ProbesSent, ProbesLost: s.ProbesLost,
 			})
+			last := &ps.Paths[len(ps.Paths)-1]
+			if pp.up.local.IsValid() {
+				last.Local = pp.up.local.String()
+			}
+			if pp.learned {
+				at := pp.learnedAt
+				last.LearnedAt = &at
+			}
+			if !pp.movedAt.IsZero() {
+				at := pp.movedAt
+				last.MovedAt = &at
+			}
 			if ss, ok := p.schedStateLocked(int(pp.id)); ok {
 				st := &ps.Paths[len(ps.Paths)-1]
 				st.Sched, st.SchedReason, st.SchedRequired, st.SchedAvailable = "active", ss.Reason.String(), ss.Required, ss.Avail
@@ -178,6 +221,9 @@ func (c *Counters) snapshot() map[string]uint64 {
 		"drop_handshake": c.DropHandshake.Load(), "drop_device": c.DropDevice.Load(), "drop_too_big": c.DropTooBig.Load(),
 		"handshakes_sent": c.HandshakesSent.Load(), "handshakes_done": c.HandshakesDone.Load(),
 		"handshake_copies": c.HandshakeCopies.Load(), "drop_early": c.DropEarly.Load(),
+		"drop_version": c.DropVersion.Load(), "drop_replay_new_source": c.DropReplayNewSource.Load(),
+		"drop_auth_new_source": c.DropAuthNewSource.Load(), "drop_path_limit": c.DropPathLimit.Load(),
+		"path_moves": c.PathMoves.Load(), "paths_learned": c.PathsLearned.Load(), "keepalives_sent": c.KeepalivesSent.Load(),
 	}
 }
 
@@ -185,12 +231,15 @@ func (c *Counters) snapshot() map[string]uint64 {
 // packet. peerName and id (1-based) name the path.
 func (t *Tunnel) SetAdminDown(peerName string, id int, down bool) bool {
 	for _, p := range t.peers {
-		if p.name != peerName || id < 1 || id > len(p.paths) {
+		if p.name != peerName {
 			continue
 		}
 		p.mu.Lock()
+		defer p.mu.Unlock()
+		if id < 1 || id > len(p.paths) {
+			return false
+		}
 		p.paths[id-1].admin = down
-		p.mu.Unlock()
 		return true
 	}
 	return false
@@ -199,12 +248,15 @@ func (t *Tunnel) SetAdminDown(peerName string, id int, down bool) bool {
 // SetWeight sets a path's weight (0: from measured capacity); effective for the next packet.
 func (t *Tunnel) SetWeight(peerName string, id int, w float64) bool {
 	for _, p := range t.peers {
-		if p.name != peerName || id < 1 || id > len(p.paths) {
+		if p.name != peerName {
 			continue
 		}
 		p.mu.Lock()
+		defer p.mu.Unlock()
+		if id < 1 || id > len(p.paths) {
+			return false
+		}
 		p.paths[id-1].weight = w
-		p.mu.Unlock()
 		return true
 	}
 	return false

@@ -74,6 +74,9 @@ type Uplink struct {
 	// every path that leaves by the uplink, of every peer, through one token bucket at this
 	// rate, besides each path's own: paths that share the uplink share its capacity.
 	Capacity uint64
+	// Local is the address and port the uplink's socket is bound to, for the status (and the
+	// outer header size of paths not learned yet); the zero value: unknown.
+	Local netip.AddrPort
 }
 
 // PeerConfig is one remote site.
@@ -81,10 +84,18 @@ type PeerConfig struct {
 	Name      string
 	PublicKey session.PublicKey
 	Routes    []netip.Prefix // inner destinations sent to this peer (and inner sources accepted from it)
-	Paths     []PathConfig
+	// Paths with a Remote each are the peer's initial addresses (they follow the peer when
+	// its address changes); paths without one (all of them then) name the uplinks on which
+	// the peer's paths are learned from its authenticated packets (roam.go).
+	Paths []PathConfig
+	// Keepalive is the longest a path stays without sending to the peer; 0: DefaultKeepalive.
+	Keepalive time.Duration
+	// MaxPaths bounds the learned paths; 0: DefaultMaxPaths.
+	MaxPaths int
 }
 
-// PathConfig is one path to a peer: a local uplink and the peer's address on it.
+// PathConfig is one path to a peer: a local uplink and the peer's address on it (none: the
+// peer's paths on this uplink are learned).
 type PathConfig struct {
 	Uplink   string
 	Remote   netip.AddrPort
@@ -159,9 +170,10 @@ type Tunnel struct {
 }
 
 type uplink struct {
-	name string
-	conn Conn
-	mtu  int
+	name  string
+	conn  Conn
+	mtu   int
+	local netip.AddrPort
 	// pace is the uplink's shared token bucket (nil when its capacity is unknown); only the
 	// device reader, through the peers' schedulers, touches it.
 	pace *sched.Bucket
@@ -234,7 +246,7 @@ func New(o Options) (*Tunnel, error) {
 		if _, dup := t.uplinks[u.Name]; dup {
 			return nil, fmt.Errorf("tunnel: uplink %q twice", u.Name)
 		}
-		t.uplinks[u.Name] = &uplink{name: u.Name, conn: u.Conn, mtu: u.MTU}
+		t.uplinks[u.Name] = &uplink{name: u.Name, conn: u.Conn, mtu: u.MTU, local: u.Local}
 		if u.Capacity > 0 {
 			t.uplinks[u.Name].pace = sched.NewBucket(float64(u.Capacity))
 		}

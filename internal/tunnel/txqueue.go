@@ -93,13 +93,14 @@ func (t *Tunnel) dispatch(tx *txState, p *peer, now int64, free *[][]byte) (wake
 			p.paths[i].sent.add(now, q.sizes[k])
 		}
 	}
+	paths := p.paths // the paths the plan indexes (a learned path may be added meanwhile)
 	p.mu.Unlock()
 	keep := q.pkts[:0]
 	q.bytes = 0
 	for k, e := range q.pkts {
 		switch i := q.out[k]; {
 		case i >= 0:
-			t.emit(tx, p, p.paths[i], e.b, e.n, e.seq, now)
+			t.emit(tx, p, paths[i], e.b, e.n, e.seq, now)
 			*free = append(*free, e.b)
 		case !ok || now-e.at > maxSchedWait:
 			t.stats.DropNoPath.Add(1)
