@@ -15,8 +15,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -65,6 +67,14 @@ type Host struct {
 	Name string
 	NS   *netns.NS
 	lab  *Lab
+	nat  *topo.NAT
+
+	// What the host should have, for Up to restore after a down interface or a new address made
+	// the kernel drop some of it: the addresses of each interface and the routes, as the
+	// topology declared them and later changed by ReplaceAddr and ReplaceRoute.
+	mu     sync.Mutex
+	addrs  map[string][]netip.Prefix
+	routes []topo.Route
 }
 
 // Link is one running emulated link.
@@ -125,10 +135,10 @@ func Up(ctx context.Context, t *topo.Topology, o Options) (l *Lab, err error) {
 		if err != nil {
 			return nil, err
 		}
-		host := &Host{Name: h.Name, NS: ns, lab: l}
+		host := &Host{Name: h.Name, NS: ns, lab: l, nat: h.NAT, addrs: map[string][]netip.Prefix{}, routes: slices.Clone(h.Routes)}
 		l.hosts[h.Name] = host
 		l.order = append(l.order, host)
-		if h.Forward {
+		if h.Forward || h.NAT != nil {
 			for _, k := range []string{"ipv4/ip_forward", "ipv6/conf/all/forwarding"} {
 				if err := ns.Sysctl(k, "1"); err != nil {
 					return nil, err
@@ -146,9 +156,20 @@ func Up(ctx context.Context, t *topo.Topology, o Options) (l *Lab, err error) {
 		}
 		l.links = append(l.links, lk)
 		l.byName[spec.Name] = lk
+		for _, ep := range []topo.Endpoint{spec.A, spec.B} {
+			l.hosts[ep.Host].addrs[ep.Ifname] = slices.Clone(ep.Addrs)
+		}
 	}
 	for _, h := range t.Hosts {
 		if err := l.addRoutes(l.hosts[h.Name], h.Routes); err != nil {
+			return nil, fmt.Errorf("lab: host %s: %w", h.Name, err)
+		}
+	}
+	for _, h := range t.Hosts {
+		if h.NAT == nil {
+			continue
+		}
+		if err := l.hosts[h.Name].setupNAT(h.NAT); err != nil {
 			return nil, fmt.Errorf("lab: host %s: %w", h.Name, err)
 		}
 	}
