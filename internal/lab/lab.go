@@ -83,6 +83,7 @@ type Link struct {
 	Offload bool        // TSO super-packets pass through (else MTU-sized packets)
 	emu     *emu.Link   // an emulated link
 	kernel  *kernelLink // or a kernel one (Spec.Kernel)
+	hosts   [2]*Host    // of ends A and B
 	mu      sync.Mutex
 	shape   [2]topo.Shape
 }
@@ -156,6 +157,7 @@ func Up(ctx context.Context, t *topo.Topology, o Options) (l *Lab, err error) {
 		}
 		l.links = append(l.links, lk)
 		l.byName[spec.Name] = lk
+		lk.hosts = [2]*Host{l.hosts[spec.A.Host], l.hosts[spec.B.Host]}
 		for _, ep := range []topo.Endpoint{spec.A, spec.B} {
 			l.hosts[ep.Host].addrs[ep.Ifname] = slices.Clone(ep.Addrs)
 		}

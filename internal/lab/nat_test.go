@@ -362,3 +362,57 @@ func TestNATLinkDownUp(t *testing.T) {
 		t.Errorf("an unknown link: %v", err)
 	}
 }
+
+// The control socket of `braid lab up` carries the events for `braid lab nat`, `braid lab iface`
+// and `braid lab link --if-down`.
+func TestNATControlSocket(t *testing.T) {
+	l := upNAT(t)
+	sock := t.TempDir() + "/ctl.sock"
+	stop, err := l.ServeControl(t.Context(), sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	st := lab.State{ID: l.ID, Control: sock}
+
+	site := listenUDP(t, l.Host("site"), "192.168.2.2:40002")
+	pub2 := listenUDP(t, l.Host("public"), public2.String())
+	src := exchange(t, site, pub2, public2)
+	nats, err := lab.RequestNAT(st, lab.NATRequest{})
+	if err != nil || len(nats) != 2 || nats[1].Host != "cpe2" || !nats[1].NAT.RandomPorts || len(nats[1].Mappings) != 1 || nats[1].Mappings[0].Outside != src {
+		t.Fatalf("NAT status %+v (%v), want cpe1 and cpe2 with the mapping to %s", nats, err, src)
+	}
+	nats, err = lab.RequestNAT(st, lab.NATRequest{Host: "cpe2", Flush: true})
+	if err != nil || len(nats) != 1 || nats[0].Flushed < 1 || len(nats[0].Mappings) != 0 {
+		t.Errorf("flush cpe2: %+v (%v)", nats, err)
+	}
+	if _, err := lab.RequestNAT(st, lab.NATRequest{Host: "site", Flush: true}); err == nil || !strings.Contains(err.Error(), "not a NAT host: host site") {
+		t.Errorf("flush of a host without NAT: %v", err)
+	}
+
+	is, err := lab.RequestIface(st, lab.IfaceRequest{Host: "cpe2", Ifname: "wan", Del: netip.MustParsePrefix("203.0.113.2/24"), Add: netip.MustParsePrefix("203.0.113.9/24")})
+	if err != nil || !is.Up || !slices.Equal(is.Addrs, []netip.Prefix{netip.MustParsePrefix("203.0.113.9/24")}) {
+		t.Errorf("address change: %+v (%v)", is, err)
+	}
+	if src := exchange(t, site, pub2, public2); src.Addr() != netip.MustParseAddr("203.0.113.9") {
+		t.Errorf("after the change the public host saw %s, want 203.0.113.9", src)
+	}
+	if is, err := lab.RequestIface(st, lab.IfaceRequest{Host: "cpe2", Ifname: "wan", Down: true}); err != nil || is.Up {
+		t.Errorf("down: %+v (%v)", is, err)
+	}
+	if is, err := lab.RequestIface(st, lab.IfaceRequest{Host: "cpe2", Ifname: "wan", Up: true}); err != nil || !is.Up || len(is.Addrs) != 1 {
+		t.Errorf("up: %+v (%v)", is, err)
+	}
+	if _, err := lab.RequestIface(st, lab.IfaceRequest{Host: "cpe9", Ifname: "wan"}); err == nil || !strings.Contains(err.Error(), `no host "cpe9"`) {
+		t.Errorf("an unknown host: %v", err)
+	}
+
+	links, err := lab.RequestLinks(st, lab.LinkRequest{Name: "wan1", IfDown: true})
+	if err != nil || len(links) != 2 || !links[0].IfDown || links[0].Cut {
+		t.Errorf("link wan1 --if-down: %+v (%v)", links, err)
+	}
+	links, err = lab.RequestLinks(st, lab.LinkRequest{Name: "wan1", IfUp: true})
+	if err != nil || len(links) != 2 || links[0].IfDown {
+		t.Errorf("link wan1 --if-up: %+v (%v)", links, err)
+	}
+}
