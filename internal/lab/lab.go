@@ -1,7 +1,9 @@
 // Package lab builds emulated multi-site networks on one machine: every host is a network
 // namespace, every link a pair of TUN devices joined by the user-space link emulator (package emu)
-// with per-direction rate, delay, jitter, loss and a drop-tail queue. Roles run for real inside
-// the hosts, and the built-in traffic tools (package traffic) measure them.
+// with per-direction rate, delay, jitter, loss and a drop-tail queue. A host can be a NAT router
+// (nat.go). Roles run for real inside the hosts, and the built-in traffic tools (package traffic)
+// measure them; while they run, events change the network (events.go: interfaces down and up,
+// addresses replaced; nat.go: NAT mappings flushed).
 //
 // Everything a lab creates carries its run ID ("braid-<id>-<host>") and is removed by Close, on
 // SIGINT/SIGTERM, and, after a crash, by the next Up or by Down (`braid lab down`).
