@@ -16,14 +16,15 @@ import (
 )
 
 // natTopology: a site with two uplinks, each behind its own NAT router, to one public host. cpe1
-// keeps ports, as a home router; cpe2 randomises them and forgets a UDP mapping after 2 s idle,
-// as a carrier-grade NAT. wan1 is an emulated link, the others are kernel links.
+// keeps ports, as a home router; cpe2 randomises them, forgets a UDP mapping after 2 s idle, as
+// a carrier-grade NAT, and translates IPv6 too. wan1 is an emulated link, the others are kernel links.
 const natTopology = `
 name = "nat"
 [[host]]
 name = "site"
 route = [ { dst = "198.51.100.0/24", via = "192.168.1.1" },
-          { dst = "203.0.113.0/24", via = "192.168.2.1" } ]
+          { dst = "203.0.113.0/24", via = "192.168.2.1" },
+          { dst = "2001:db8:2::/64", via = "fd00:2::1" } ]
 [[host]]
 name = "cpe1"
 nat = { outside = "wan" }
@@ -32,6 +33,7 @@ name = "cpe2"
 [host.nat]
 outside = "wan"
 random_ports = true
+ipv6 = true
 udp_timeout = "2s"
 [[host]]
 name = "public"
@@ -58,16 +60,16 @@ kernel = true
 a = "site"
 b = "cpe2"
 a_ifname = "up2"
-a_addr = "192.168.2.2/24"
-b_addr = "192.168.2.1/24"
+a_addr = ["192.168.2.2/24", "fd00:2::2/64"]
+b_addr = ["192.168.2.1/24", "fd00:2::1/64"]
 [[link]]
 name = "wan2"
 kernel = true
 a = "cpe2"
 b = "public"
 a_ifname = "wan"
-a_addr = "203.0.113.2/24"
-b_addr = "203.0.113.1/24"
+a_addr = ["203.0.113.2/24", "2001:db8:2::2/64"]
+b_addr = ["203.0.113.1/24", "2001:db8:2::1/64"]
 `
 
 // udpPeer is a UDP socket in a lab host that records the source of what it receives.
@@ -167,10 +169,17 @@ func TestNATMappings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ms = slices.DeleteFunc(ms, func(m lab.Mapping) bool { return m.Inside.Addr().Is6() }) // checked above
 	want := lab.Mapping{Proto: "udp", Inside: netip.MustParseAddrPort("192.168.2.2:40002"), Outside: src2, Remote: public2}
 	if len(ms) != 1 || ms[0].Proto != want.Proto || ms[0].Inside != want.Inside || ms[0].Outside != want.Outside || ms[0].Remote != want.Remote ||
 		ms[0].Expires <= 0 || ms[0].Expires > 2*time.Second {
 		t.Errorf("cpe2 mappings %v, want one like %v expiring within 2s", ms, want)
+	}
+	site6 := listenUDP(t, l.Host("site"), "[fd00:2::2]:40006")
+	pub6 := netip.MustParseAddrPort("[2001:db8:2::1]:7000")
+	src6 := exchange(t, site6, listenUDP(t, l.Host("public"), pub6.String()), pub6)
+	if src6.Addr() != netip.MustParseAddr("2001:db8:2::2") || src6.Port() == 40006 {
+		t.Errorf("IPv6 behind cpe2 (ipv6, random ports): the public host saw %s, want 2001:db8:2::2 and another port than 40006", src6)
 	}
 	if _, err := l.Host("site").NATMappings(); !errors.Is(err, lab.ErrNoNAT) {
 		t.Errorf("mappings of a host without NAT: %v, want ErrNoNAT", err)
@@ -391,16 +400,18 @@ func TestNATControlSocket(t *testing.T) {
 	}
 
 	is, err := lab.RequestIface(st, lab.IfaceRequest{Host: "cpe2", Ifname: "wan", Del: netip.MustParsePrefix("203.0.113.2/24"), Add: netip.MustParsePrefix("203.0.113.9/24")})
-	if err != nil || !is.Up || !slices.Equal(is.Addrs, []netip.Prefix{netip.MustParsePrefix("203.0.113.9/24")}) {
+	if err != nil || !is.Up || !slices.Equal(is.Addrs, []netip.Prefix{netip.MustParsePrefix("203.0.113.9/24"), netip.MustParsePrefix("2001:db8:2::2/64")}) {
 		t.Errorf("address change: %+v (%v)", is, err)
 	}
 	if src := exchange(t, site, pub2, public2); src.Addr() != netip.MustParseAddr("203.0.113.9") {
 		t.Errorf("after the change the public host saw %s, want 203.0.113.9", src)
 	}
-	if is, err := lab.RequestIface(st, lab.IfaceRequest{Host: "cpe2", Ifname: "wan", Down: true}); err != nil || is.Up {
+	// Down, the kernel keeps the IPv4 address and removes the IPv6 one.
+	if is, err := lab.RequestIface(st, lab.IfaceRequest{Host: "cpe2", Ifname: "wan", Down: true}); err != nil || is.Up || len(is.Addrs) != 1 {
 		t.Errorf("down: %+v (%v)", is, err)
 	}
-	if is, err := lab.RequestIface(st, lab.IfaceRequest{Host: "cpe2", Ifname: "wan", Up: true}); err != nil || !is.Up || len(is.Addrs) != 1 {
+	// The IPv6 address the kernel removed with the interface down comes back.
+	if is, err := lab.RequestIface(st, lab.IfaceRequest{Host: "cpe2", Ifname: "wan", Up: true}); err != nil || !is.Up || len(is.Addrs) != 2 {
 		t.Errorf("up: %+v (%v)", is, err)
 	}
 	if _, err := lab.RequestIface(st, lab.IfaceRequest{Host: "cpe9", Ifname: "wan"}); err == nil || !strings.Contains(err.Error(), `no host "cpe9"`) {
