@@ -95,8 +95,8 @@ if ! command -v clang >/dev/null 2>&1 || ! command -v llvm-strip >/dev/null 2>&1
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq && apt-get install -y -qq clang llvm libbpf-dev >/dev/null
 fi
-# nftables and curl: braid proxy installs its interception with nft, and its tests use curl as
-# an ordinary SOCKS5 client.
+# nftables and curl: braid proxy installs its interception with nft, the lab's NAT routers
+# their masquerade, and the proxy's tests use curl as an ordinary SOCKS5 client.
 if ! command -v nft >/dev/null 2>&1 || ! command -v curl >/dev/null 2>&1; then
   echo "deps: installing nftables, curl (Debian packages)" >&2
   export DEBIAN_FRONTEND=noninteractive

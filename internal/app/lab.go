@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -43,6 +44,10 @@ Commands:
                  run a command inside a host of the running lab
   link HOST1 HOST2 [--rate R] [--delay D] [--jitter J] [--loss L] [--down|--up]
                  change a link of the running lab while traffic flows
+  iface HOST IFNAME [--down|--up] [--del ADDR] [--add ADDR]
+                 take an interface down or up, change its address
+  nat [HOST] [--flush]
+                 list the mappings of the lab's NATs, or flush them
   run SCENARIO   run a built-in experiment and print its table
   repro PAPER    reproduce a paper's experiment (mptgre, amptcp, federation, mplb, rbpm): its
                  figures beside braid's, its claims checked (exit 3 when one fails)
@@ -62,7 +67,7 @@ Run 'braid lab <command> --help' for the manual of each command.
 func runLab(e env, args []string) int {
 	return dispatch(e, "lab", labDoc, map[string]func(env, []string) int{
 		"up": labUp, "down": labDown, "status": labStatus, "exec": labExec,
-		"link": labLink, "run": labRun, "repro": labRun, "demo": labDemo,
+		"link": labLink, "iface": labIface, "nat": labNAT, "run": labRun, "repro": labRun, "demo": labDemo,
 	}, args)
 }
 
@@ -122,6 +127,17 @@ File format (every key is optional unless marked):
   queue_packets = 100                           # drop-tail bound; default one BDP of the RTT
   queue_bytes = "150KB"
   offload = "auto"                              # auto | on | off: TSO super-packets through
+  kernel = false                                # a veth pair instead of an emulated link
+
+A host becomes a NAT router (nftables masquerade; forwarding on) with a nat table:
+
+  [[host]]
+  name = "cpe"
+  nat = { outside = "wan" }                     # required: the interface(s) on the public side
+  # random_ports = true                         # random source ports (default: kept if free)
+  # udp_timeout = "30s"                         # a UDP mapping's idle lifetime, whole seconds
+  # udp_stream_timeout = "120s"                 #   of a flow with replies, if not udp_timeout
+  # ipv6 = true                                 # masquerade IPv6 too (default: routed as is)
 
 Example:
   braid lab up lab.toml --detach
@@ -250,8 +266,42 @@ func printLab(w io.Writer, l *lab.Lab) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", h.Name, h.NS.Name, strings.Join(ifs, "; "))
 	}
 	tw.Flush()
+	for _, h := range l.Hosts() {
+		if n := h.NAT(); n != nil {
+			fmt.Fprintf(w, "host %s is a NAT: %s\n", h.Name, natString(*n))
+		}
+	}
 	fmt.Fprintln(w)
 	printLinks(w, statuses(l))
+}
+
+// natString describes a NAT's configuration in one line.
+func natString(n topo.NAT) string {
+	s := "outside " + strings.Join(n.Outside, ",")
+	if n.RandomPorts {
+		s += ", random ports"
+	} else {
+		s += ", ports kept"
+	}
+	if n.IPv6 {
+		s += ", IPv6 too"
+	}
+	switch u, st := n.UDPTimeouts(); {
+	case u == 0 && st == 0:
+		s += ", kernel's UDP timeouts"
+	case u == st:
+		s += fmt.Sprintf(", UDP mappings expire after %v idle", u)
+	default:
+		s += fmt.Sprintf(", UDP mappings expire after %v idle (%v with replies)", orDefault(u, "30s"), orDefault(st, "120s"))
+	}
+	return s
+}
+
+func orDefault(d time.Duration, def string) string {
+	if d == 0 {
+		return def
+	}
+	return d.String()
 }
 
 func statuses(l *lab.Lab) []lab.LinkStatus {
@@ -267,8 +317,13 @@ func printLinks(w io.Writer, links []lab.LinkStatus) {
 	fmt.Fprintln(tw, "LINK\tDIRECTION\tRATE\tDELAY\tJITTER\tLOSS\tQUEUE\tSTATE\tDELIVERED\tDROPPED (loss/queue/cut)")
 	for _, s := range links {
 		state := "up"
-		if s.Cut {
+		switch {
+		case s.Cut && s.IfDown:
+			state = "CUT,DOWN"
+		case s.Cut:
 			state = "CUT"
+		case s.IfDown:
+			state = "DOWN"
 		}
 		fmt.Fprintf(tw, "%s\t%s -> %s\t%s\t%v\t%v\t%g %%\t%s\t%s\t%d pkts\t%d/%d/%d\n", s.Link, s.From, s.To,
 			s.Shape.RateText(), s.Shape.Delay, s.Shape.Jitter, s.Shape.Loss, queueString(s.Shape), state,
@@ -492,17 +547,22 @@ func labExec(e env, args []string) int {
 const labLinkDoc = `Usage: braid lab link HOST1 HOST2 [--lab ID] [--name LINK] [--dir both|ab|ba]
                       [--rate R] [--delay D] [--jitter J] [--loss L]
                       [--queue-packets N] [--queue-bytes B] [--down | --up]
+                      [--if-down | --if-up]
 
 Changes the links between HOST1 and HOST2 of the running lab while traffic flows, and prints
 their state. Without a change it only prints the state. --dir ab changes only the direction
 HOST1 -> HOST2, --dir ba only HOST2 -> HOST1. --down cuts the link (packets in flight are lost
-too); --up restores it. Values use the topology file's units: rates like 50mbit or 1gbit,
-delays like 10ms, loss like 1%, sizes like 64KB.
+too) without the hosts noticing: their interfaces stay up, as when a fault is beyond the
+modem; --up restores it. --if-down takes the interfaces at both ends down, as a cable pulled
+out: the hosts see the link go down and lose the routes through it; --if-up brings them up
+with their addresses and routes (one end alone: 'braid lab iface'). Values use the topology
+file's units: rates like 50mbit or 1gbit, delays like 10ms, loss like 1%, sizes like 64KB.
 
 Example:
   braid lab link r1 r2 --rate 20mbit --delay 40ms
   braid lab link r1 r2 --down
   braid lab link r1 r2 --up
+  braid lab link r1 r2 --if-down
 `
 
 func labLink(e env, args []string) int {
@@ -518,6 +578,8 @@ func labLink(e env, args []string) int {
 	qb := fs.String("queue-bytes", "", "new queue bound in `BYTES`, e.g. 150KB; 0 for the default")
 	down := fs.Bool("down", false, "cut the link")
 	up := fs.Bool("up", false, "restore a cut link")
+	ifDown := fs.Bool("if-down", false, "take the interfaces at both ends down")
+	ifUp := fs.Bool("if-up", false, "bring the interfaces at both ends up, with their addresses and routes")
 	pos, _, done, code := parseInterspersed(e, fs, args)
 	if done {
 		return code
@@ -526,7 +588,7 @@ func labLink(e env, args []string) int {
 		fmt.Fprintln(e.stderr, "braid lab link: expected HOST1 HOST2 (or --name LINK); see 'braid lab link --help'")
 		return exitUsage
 	}
-	req := lab.LinkRequest{Name: *name, Dir: *dir, Down: *down, Up: *up}
+	req := lab.LinkRequest{Name: *name, Dir: *dir, Down: *down, Up: *up, IfDown: *ifDown, IfUp: *ifUp}
 	if len(pos) == 2 {
 		req.A, req.B = pos[0], pos[1]
 	}
@@ -570,6 +632,131 @@ func labLink(e env, args []string) int {
 		return labFail(e, "link", err)
 	}
 	printLinks(e.stdout, links)
+	return exitOK
+}
+
+const labIfaceDoc = `Usage: braid lab iface HOST IFNAME [--lab ID] [--down | --up] [--del ADDR] [--add ADDR]
+
+Changes an interface of a host of the running lab while traffic flows, and prints its state
+(without a change, only prints it). In this order: --down takes it down, as 'ip link set down'
+(the host sees the link go down and the kernel removes the routes through it); --del removes an
+address and --add adds one (address/length), as a DHCP renumbering does; --up brings the
+interface up again with its addresses and the host's routes through it. A NAT whose outside
+address changes forgets the mappings made with the old one.
+
+Example:
+  braid lab iface cpe1 wan --del 198.51.100.2/24 --add 198.51.100.3/24
+  braid lab iface site up1 --down
+  braid lab iface site up1 --up
+`
+
+func labIface(e env, args []string) int {
+	fs := newFlags(e, "braid lab iface", labIfaceDoc)
+	id := fs.String("lab", "", "the running lab's `ID` (needed when several run)")
+	down := fs.Bool("down", false, "take the interface down")
+	up := fs.Bool("up", false, "bring the interface up, with its addresses and routes")
+	del := fs.String("del", "", "remove this `ADDR`ess (address/length)")
+	add := fs.String("add", "", "add this `ADDR`ess (address/length)")
+	pos, _, done, code := parseInterspersed(e, fs, args)
+	if done {
+		return code
+	}
+	if len(pos) != 2 {
+		fmt.Fprintln(e.stderr, "braid lab iface: expected HOST IFNAME (see 'braid lab iface --help')")
+		return exitUsage
+	}
+	req := lab.IfaceRequest{Host: pos[0], Ifname: pos[1], Down: *down, Up: *up}
+	for _, a := range []struct {
+		flag, v string
+		p       *netip.Prefix
+	}{{"--del", *del, &req.Del}, {"--add", *add, &req.Add}} {
+		if a.v == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(a.v)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "braid lab iface: %s %q: want address/length such as 10.0.0.1/24\n", a.flag, a.v)
+			return exitUsage
+		}
+		*a.p = p
+	}
+	if *down && *up {
+		fmt.Fprintln(e.stderr, "braid lab iface: --down and --up exclude each other")
+		return exitUsage
+	}
+	st, err := pickLab(*id)
+	if err != nil {
+		return labFail(e, "iface", err)
+	}
+	is, err := lab.RequestIface(st, req)
+	if err != nil {
+		return labFail(e, "iface", err)
+	}
+	state := "up"
+	if !is.Up {
+		state = "DOWN"
+	}
+	var addrs []string
+	for _, a := range is.Addrs {
+		addrs = append(addrs, a.String())
+	}
+	fmt.Fprintf(e.stdout, "%s %s: %s, addresses %s\n", is.Host, is.Ifname, state, strings.Join(addrs, " "))
+	return exitOK
+}
+
+const labNATDoc = `Usage: braid lab nat [HOST] [--lab ID] [--flush]
+
+Lists the NATs of the running lab (hosts with a nat table in the topology; HOST: only that
+one) with their mappings: protocol, the inside source, the remote end, the source after
+translation and the time left before the mapping expires without traffic. --flush first
+removes every mapping (the NAT host's connection-tracking table), as a NAT that reboots does:
+the next packet of each flow gets a new mapping, with random_ports a new port.
+
+Example:
+  braid lab nat
+  braid lab nat cpe1 --flush
+`
+
+func labNAT(e env, args []string) int {
+	fs := newFlags(e, "braid lab nat", labNATDoc)
+	id := fs.String("lab", "", "the running lab's `ID` (needed when several run)")
+	flush := fs.Bool("flush", false, "remove every mapping first")
+	pos, _, done, code := parseInterspersed(e, fs, args)
+	if done {
+		return code
+	}
+	if len(pos) > 1 {
+		fmt.Fprintln(e.stderr, "braid lab nat: expected at most one HOST (see 'braid lab nat --help')")
+		return exitUsage
+	}
+	req := lab.NATRequest{Flush: *flush}
+	if len(pos) == 1 {
+		req.Host = pos[0]
+	}
+	st, err := pickLab(*id)
+	if err != nil {
+		return labFail(e, "nat", err)
+	}
+	nats, err := lab.RequestNAT(st, req)
+	if err != nil {
+		return labFail(e, "nat", err)
+	}
+	for _, n := range nats {
+		fmt.Fprintf(e.stdout, "NAT %s: %s\n", n.Host, natString(n.NAT))
+		if *flush {
+			fmt.Fprintf(e.stdout, "  flushed %d entries\n", n.Flushed)
+		}
+		if len(n.Mappings) == 0 {
+			fmt.Fprintln(e.stdout, "  no mappings")
+			continue
+		}
+		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  PROTO\tINSIDE\tREMOTE\tOUTSIDE\tEXPIRES")
+		for _, m := range n.Mappings {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%v\n", m.Proto, m.Inside, m.Remote, m.Outside, m.Expires)
+		}
+		tw.Flush()
+	}
 	return exitOK
 }
 

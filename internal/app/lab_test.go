@@ -22,7 +22,7 @@ import (
 )
 
 func TestLabHelp(t *testing.T) {
-	for _, sub := range []string{"up", "down", "status", "exec", "link", "run", "demo"} {
+	for _, sub := range []string{"up", "down", "status", "exec", "link", "iface", "nat", "run", "demo"} {
 		code, out, _ := run("lab", sub, "--help")
 		if code != 0 || !strings.Contains(out, "Usage: braid lab "+sub) || !strings.Contains(out, "Example") {
 			t.Errorf("braid lab %s --help: code %d, output:\n%s", sub, code, out)

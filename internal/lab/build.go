@@ -11,7 +11,6 @@ import (
 	"braid/internal/lab/topo"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // offloadMinRate is the slowest link on which auto mode passes TSO super-packets through. Below
@@ -87,11 +86,7 @@ func configureInterface(h *Host, ep topo.Endpoint, mtu int) error {
 		return fmt.Errorf("txqueuelen of %s: %w", ep.Ifname, err)
 	}
 	for _, p := range ep.Addrs {
-		a := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
-		if p.Addr().Is6() {
-			a.Flags = unix.IFA_F_NODAD // the link is ours alone: no duplicate to detect, no wait
-		}
-		if err := nl.AddrAdd(link, a); err != nil {
+		if err := nl.AddrAdd(link, netlinkAddr(p)); err != nil {
 			return fmt.Errorf("address %s on %s: %w", p, ep.Ifname, err)
 		}
 	}
@@ -162,5 +157,14 @@ func (h *Host) ReplaceRoute(r topo.Route) error {
 	if err := h.NS.Netlink().RouteReplace(nr); err != nil {
 		return fmt.Errorf("lab: host %s: route %s: %w", h.Name, r.Dst, err)
 	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, o := range h.routes {
+		if o.Dst == r.Dst && o.Metric == r.Metric {
+			h.routes[i] = r
+			return nil
+		}
+	}
+	h.routes = append(h.routes, r)
 	return nil
 }

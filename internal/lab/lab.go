@@ -1,7 +1,9 @@
 // Package lab builds emulated multi-site networks on one machine: every host is a network
 // namespace, every link a pair of TUN devices joined by the user-space link emulator (package emu)
-// with per-direction rate, delay, jitter, loss and a drop-tail queue. Roles run for real inside
-// the hosts, and the built-in traffic tools (package traffic) measure them.
+// with per-direction rate, delay, jitter, loss and a drop-tail queue. A host can be a NAT router
+// (nat.go). Roles run for real inside the hosts, and the built-in traffic tools (package traffic)
+// measure them; while they run, events change the network (events.go: interfaces down and up,
+// addresses replaced; nat.go: NAT mappings flushed).
 //
 // Everything a lab creates carries its run ID ("braid-<id>-<host>") and is removed by Close, on
 // SIGINT/SIGTERM, and, after a crash, by the next Up or by Down (`braid lab down`).
@@ -15,8 +17,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -65,6 +69,14 @@ type Host struct {
 	Name string
 	NS   *netns.NS
 	lab  *Lab
+	nat  *topo.NAT
+
+	// What the host should have, for Up to restore after a down interface or a new address made
+	// the kernel drop some of it: the addresses of each interface and the routes, as the
+	// topology declared them and later changed by ReplaceAddr and ReplaceRoute.
+	mu     sync.Mutex
+	addrs  map[string][]netip.Prefix
+	routes []topo.Route
 }
 
 // Link is one running emulated link.
@@ -73,6 +85,7 @@ type Link struct {
 	Offload bool        // TSO super-packets pass through (else MTU-sized packets)
 	emu     *emu.Link   // an emulated link
 	kernel  *kernelLink // or a kernel one (Spec.Kernel)
+	hosts   [2]*Host    // of ends A and B
 	mu      sync.Mutex
 	shape   [2]topo.Shape
 }
@@ -125,10 +138,10 @@ func Up(ctx context.Context, t *topo.Topology, o Options) (l *Lab, err error) {
 		if err != nil {
 			return nil, err
 		}
-		host := &Host{Name: h.Name, NS: ns, lab: l}
+		host := &Host{Name: h.Name, NS: ns, lab: l, nat: h.NAT, addrs: map[string][]netip.Prefix{}, routes: slices.Clone(h.Routes)}
 		l.hosts[h.Name] = host
 		l.order = append(l.order, host)
-		if h.Forward {
+		if h.Forward || h.NAT != nil {
 			for _, k := range []string{"ipv4/ip_forward", "ipv6/conf/all/forwarding"} {
 				if err := ns.Sysctl(k, "1"); err != nil {
 					return nil, err
@@ -146,9 +159,21 @@ func Up(ctx context.Context, t *topo.Topology, o Options) (l *Lab, err error) {
 		}
 		l.links = append(l.links, lk)
 		l.byName[spec.Name] = lk
+		lk.hosts = [2]*Host{l.hosts[spec.A.Host], l.hosts[spec.B.Host]}
+		for _, ep := range []topo.Endpoint{spec.A, spec.B} {
+			l.hosts[ep.Host].addrs[ep.Ifname] = slices.Clone(ep.Addrs)
+		}
 	}
 	for _, h := range t.Hosts {
 		if err := l.addRoutes(l.hosts[h.Name], h.Routes); err != nil {
+			return nil, fmt.Errorf("lab: host %s: %w", h.Name, err)
+		}
+	}
+	for _, h := range t.Hosts {
+		if h.NAT == nil {
+			continue
+		}
+		if err := l.hosts[h.Name].setupNAT(h.NAT); err != nil {
 			return nil, fmt.Errorf("lab: host %s: %w", h.Name, err)
 		}
 	}

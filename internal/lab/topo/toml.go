@@ -15,6 +15,7 @@
 //	  { dst = "default", via = "fd00:12::2" },          # ::/0, the family of via
 //	  { dst = "10.9.0.0/24", dev = "wan1", metric = 10 }, # on-link
 //	]
+//	nat = { outside = "wan0" }   # optional: a NAT router, below
 //
 //	[[link]]             # one table per point-to-point link
 //	name = "r1-core"     # optional; defaults to "a-b", then "a-b-2", ... for parallel links
@@ -57,6 +58,17 @@
 // Each link's replay starts when the lab creates the link, and repeats after the trace's last
 // timestamp. A kernel link (kernel = true) cannot replay a trace.
 //
+// A host with a nat table is a NAT router (see NAT; forwarding is then on): what leaves by an
+// outside interface is masqueraded to that interface's address, what arrives there is forwarded
+// only if it belongs to a mapping.
+//
+//	[host.nat]                   # or inline: nat = { outside = "wan0", random_ports = true }
+//	outside = "wan0"             # required: an interface name or a list of them
+//	random_ports = true          # optional, default false (the kernel keeps the inside port)
+//	ipv6 = false                 # optional, default false: IPv6 is routed untranslated
+//	udp_timeout = "30s"          # optional: idle lifetime of a UDP mapping, whole seconds
+//	udp_stream_timeout = "120s"  # optional: of a flow with replies, if not udp_timeout
+//
 // Units are those of braid/internal/units (ParseRate, ParseDelay, ParseLoss, ParseSize). A route's dst is a
 // prefix, a bare address (a host route), or "default", which means 0.0.0.0/0 or ::/0
 // depending on the family of via and therefore requires via. A route without via needs dev.
@@ -75,6 +87,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"braid/internal/config/tomlfile"
 	"braid/internal/units"
@@ -127,6 +140,15 @@ type fileHost struct {
 	Name    string      `toml:"name"`
 	Forward bool        `toml:"forward"`
 	Route   []fileRoute `toml:"route"`
+	NAT     *fileNAT    `toml:"nat"`
+}
+
+type fileNAT struct {
+	Outside          any  `toml:"outside"`
+	RandomPorts      bool `toml:"random_ports"`
+	IPv6             bool `toml:"ipv6"`
+	UDPTimeout       any  `toml:"udp_timeout"`
+	UDPStreamTimeout any  `toml:"udp_stream_timeout"`
 }
 
 type fileRoute struct {
@@ -216,8 +238,51 @@ func (f *fileTopology) topology(filename string) (*Topology, []issue) {
 			t.Hosts[i].Routes = append(t.Hosts[i].Routes, c.route(fr))
 			issues = append(issues, c.issues...)
 		}
+		if fh.NAT != nil {
+			c := converter{obj: "host " + fh.Name + " nat", path: fmt.Sprintf("host[%d].nat", i)}
+			t.Hosts[i].NAT = c.nat(fh.NAT)
+			issues = append(issues, c.issues...)
+		}
 	}
 	return t, issues
+}
+
+func (c *converter) nat(f *fileNAT) *NAT {
+	n := &NAT{RandomPorts: f.RandomPorts, IPv6: f.IPv6}
+	switch v := f.Outside.(type) {
+	case nil: // reported by Validate
+	case string:
+		n.Outside = []string{v}
+	case []any:
+		for i, e := range v {
+			s, ok := e.(string)
+			if !ok {
+				k := fmt.Sprintf("outside[%d]", i)
+				c.fail(fmt.Sprintf("%s must be a string (an interface name), not %s", k, tomlfile.TypeName(e)), k)
+				continue
+			}
+			n.Outside = append(n.Outside, s)
+		}
+	default:
+		c.fail(fmt.Sprintf("outside must be an interface name or a list of them, not %s", tomlfile.TypeName(v)), "outside")
+	}
+	timeout := func(key string, v any, d *time.Duration) {
+		if v == nil {
+			return
+		}
+		str, ok := tomlfile.NumberText(v)
+		if !ok {
+			c.fail(fmt.Sprintf("%s must be a string or a number, not %s", key, tomlfile.TypeName(v)), key)
+			return
+		}
+		var err error
+		if *d, err = units.ParseDuration(key, str); err != nil {
+			c.fail(err.Error(), key)
+		}
+	}
+	timeout("udp_timeout", f.UDPTimeout, &n.UDPTimeout)
+	timeout("udp_stream_timeout", f.UDPStreamTimeout, &n.UDPStreamTimeout)
+	return n
 }
 
 // converter turns the values of one link or route into their Go types, collecting issues.

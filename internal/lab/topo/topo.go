@@ -24,6 +24,51 @@ type Host struct {
 	Name    string // [a-z0-9-], at most 12 characters, unique in the topology
 	Forward bool   // enable IPv4 and IPv6 forwarding (the host is a router)
 	Routes  []Route
+	// NAT, when set, makes the host a NAT router (and a router: forwarding is enabled
+	// whatever Forward says).
+	NAT *NAT
+}
+
+// NAT is a source NAT in a router host, as a home router or a carrier-grade NAT does it: every
+// packet that leaves by one of the Outside interfaces gets that interface's address as its
+// source (nftables masquerade), and a packet that arrives on an Outside interface is forwarded
+// only when it belongs to a mapping (conntrack state established or related), so the hosts
+// behind the NAT cannot be reached from outside first. The mappings are the host's conntrack
+// entries: they expire after the kernel's timeouts, which UDPTimeout and UDPStreamTimeout set for
+// this host's namespace alone.
+type NAT struct {
+	// Outside names the host's interfaces on the public side; the others are inside. Each needs
+	// an IPv4 address (and an IPv6 one with IPv6).
+	Outside []string
+	// RandomPorts gives every mapping a random source port (masquerade fully-random), as many
+	// carrier-grade NATs do. Without it the kernel keeps the inside port when it is free on the
+	// outside address, as most home routers do.
+	RandomPorts bool
+	// IPv6 masquerades IPv6 too (NAT66). Without it IPv6 is routed untranslated (the inbound
+	// filter applies to both families).
+	IPv6 bool
+	// UDPTimeout is how long a UDP mapping lives without traffic: the namespace's
+	// net.netfilter.nf_conntrack_udp_timeout and, unless UDPStreamTimeout is set,
+	// nf_conntrack_udp_timeout_stream, so that every mapping expires after it whether or not
+	// replies were seen. Whole seconds, at most MaxNATTimeout; 0 keeps the kernel's (30 s for a
+	// flow without replies, 120 s for one with replies for more than 2 s).
+	UDPTimeout time.Duration
+	// UDPStreamTimeout, when set, is the lifetime of a flow that has seen replies for more than
+	// 2 s (nf_conntrack_udp_timeout_stream). Same unit and bounds as UDPTimeout.
+	UDPStreamTimeout time.Duration
+}
+
+// MaxNATTimeout bounds the NAT timeouts (the kernel keeps them as an int of jiffies).
+const MaxNATTimeout = 24 * time.Hour
+
+// UDPTimeouts returns the values of nf_conntrack_udp_timeout and _stream that n sets, 0 for one
+// left at the kernel's default.
+func (n *NAT) UDPTimeouts() (unreplied, stream time.Duration) {
+	stream = n.UDPStreamTimeout
+	if stream == 0 {
+		stream = n.UDPTimeout
+	}
+	return n.UDPTimeout, stream
 }
 
 // Route is a static route installed in a host. Dst is 0.0.0.0/0 or ::/0 for a default route.

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"braid/internal/config/tomlfile"
 	"braid/internal/units"
@@ -105,7 +106,10 @@ func (t *Topology) Normalize() {
 //   - routes: the destination is valid, has no host bits set and is unique in the host; the
 //     metric fits in 32 bits; there is a via or a dev; dev is an interface of the host; via
 //     is of the destination's family, has no zone, is not the host's own address and is in
-//     the subnet of one of the host's addresses (on dev, if given).
+//     the subnet of one of the host's addresses (on dev, if given);
+//   - NATs: at least one outside interface, each an interface of the host, named once, with an
+//     IPv4 address (and an IPv6 one when IPv6 is masqueraded); some interface of the host is
+//     not outside; timeouts are whole seconds within 1 s..MaxNATTimeout (or 0).
 func (t *Topology) Validate() error {
 	n := *t
 	n.Links = slices.Clone(t.Links) // Normalize writes only to links
@@ -145,6 +149,9 @@ func (t *Topology) check() []issue {
 	for i := range t.Hosts {
 		if c.hosts[t.Hosts[i].Name] == i { // a duplicate host was reported, and its links are the first one's
 			c.routes(i, &t.Hosts[i])
+			if t.Hosts[i].NAT != nil {
+				c.nat(i, &t.Hosts[i])
+			}
 		}
 	}
 	return c.issues
@@ -388,6 +395,70 @@ func (c *checker) routes(i int, h *Host) {
 			case !onLink:
 				c.report(obj, fmt.Sprintf("via %s is not in a subnet of any address of host %s", r.Via, h.Name), p+".via", p)
 			}
+		}
+	}
+}
+
+// nat checks the NAT of host i against the interfaces and addresses of its links.
+func (c *checker) nat(i int, h *Host) {
+	n := h.NAT
+	p := fmt.Sprintf("host[%d].nat", i)
+	obj := "host " + h.Name + " nat"
+	var ifnames []string
+	for k := range c.ifaces {
+		if k.host == h.Name {
+			ifnames = append(ifnames, k.ifname)
+		}
+	}
+	slices.Sort(ifnames)
+	has := func(ifname string) bool { return slices.Contains(ifnames, ifname) }
+	theirs := "it has none"
+	if len(ifnames) > 0 {
+		theirs = "its interfaces: " + strings.Join(ifnames, ", ")
+	}
+	if len(n.Outside) == 0 {
+		c.report(obj, "needs outside: the interfaces on the public side ("+theirs+")", p+".outside", p, fmt.Sprintf("host[%d]", i))
+	}
+	seen := map[string]bool{}
+	for j, o := range n.Outside {
+		op := []string{fmt.Sprintf("%s.outside[%d]", p, j), p + ".outside", p}
+		switch {
+		case seen[o]:
+			c.report(obj, fmt.Sprintf("outside %q is named twice", o), op...)
+			continue
+		case !has(o):
+			c.report(obj, fmt.Sprintf("outside %q is not an interface of host %s (%s)", o, h.Name, theirs), op...)
+			continue
+		}
+		seen[o] = true
+		var v4, v6 bool
+		for _, a := range c.hostAddrs[h.Name] {
+			if a.ifname == o && a.prefix.IsValid() {
+				v4, v6 = v4 || a.prefix.Addr().Is4(), v6 || a.prefix.Addr().Is6()
+			}
+		}
+		if !v4 {
+			c.report(obj, fmt.Sprintf("outside %s has no IPv4 address to masquerade with", o), op...)
+		}
+		if n.IPv6 && !v6 {
+			c.report(obj, fmt.Sprintf("outside %s has no IPv6 address to masquerade with (ipv6 = true)", o), append(op[:1:1], p+".ipv6", p)...)
+		}
+	}
+	if len(seen) > 0 && len(seen) == len(ifnames) {
+		c.report(obj, fmt.Sprintf("every interface of host %s is outside: nothing is behind the NAT", h.Name), p+".outside", p)
+	}
+	for _, tm := range []struct {
+		key string
+		d   time.Duration
+	}{{"udp_timeout", n.UDPTimeout}, {"udp_stream_timeout", n.UDPStreamTimeout}} {
+		switch d := tm.d; {
+		case d == 0:
+		case d < 0:
+			c.report(obj, fmt.Sprintf("negative %s %v", tm.key, d), p+"."+tm.key, p)
+		case d%time.Second != 0:
+			c.report(obj, fmt.Sprintf("%s %v is not a whole number of seconds (the kernel counts seconds)", tm.key, d), p+"."+tm.key, p)
+		case d > MaxNATTimeout:
+			c.report(obj, fmt.Sprintf("%s %v is over %v", tm.key, d, MaxNATTimeout), p+"."+tm.key, p)
 		}
 	}
 }
