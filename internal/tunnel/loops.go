@@ -679,7 +679,7 @@ func (t *Tunnel) onInit(u *uplink, src netip.AddrPort, id uint8, msg []byte) {
 	}
 	src = unmapPort(src)
 	pp := p.pathFrom(u, src)
-	if pp == nil && (!p.learn || !p.learnOn[u]) {
+	if _, learnable := p.learnOn[u]; pp == nil && !learnable {
 		t.stats.DropUnknownPath.Add(1)
 		return
 	}

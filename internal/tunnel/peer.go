@@ -43,7 +43,7 @@ type peer struct {
 	// learn: the peer was declared without addresses; its paths are learned from its packets
 	// (roam.go), on the uplinks in learnOn, at most maxPaths of them.
 	learn       bool
-	learnOn     map[*uplink]bool
+	learnOn     map[*uplink]PathConfig // the weight and capacity of paths learned on the uplink
 	maxPaths    int
 	limitWarned atomic.Bool
 	keepalive   int64 // longest a path stays without sending, ns
@@ -209,7 +209,7 @@ func newPeer(t *Tunnel, pc PeerConfig, now int64) (*peer, error) {
 	}
 	p.learn = fixed == 0
 	if p.learn {
-		p.learnOn = map[*uplink]bool{}
+		p.learnOn = map[*uplink]PathConfig{}
 	} else if fixed != len(pc.Paths) {
 		return nil, fmt.Errorf("tunnel: peer %s: %d of %d paths have no remote address: give every path one, or none (paths learned from the peer's packets)", pc.Name, len(pc.Paths)-fixed, len(pc.Paths))
 	}
@@ -222,7 +222,7 @@ func newPeer(t *Tunnel, pc PeerConfig, now int64) (*peer, error) {
 		if p.learn {
 			// The outer headers of paths not known yet: those of the uplink's family, and
 			// IPv6's when it is unknown (a little less for the paced rate, never too much).
-			p.learnOn[u] = true
+			p.learnOn[u] = cfg
 			if !u.local.IsValid() || !u.local.Addr().Unmap().Is4() {
 				p.outer = 40 + 8
 			}

@@ -123,7 +123,10 @@ func (p *peer) roam(u *uplink, src netip.AddrPort, id uint8) *peerPath {
 		byAddr.peerID.Store(int32(id))
 		p.mu.Unlock()
 		return byAddr
-	case !p.learn || !p.learnOn[u]:
+	}
+	tmpl, learnable := p.learnOn[u]
+	switch {
+	case !p.learn || !learnable:
 		p.mu.Unlock()
 		t.stats.DropUnknownPath.Add(1)
 		return nil
@@ -137,7 +140,7 @@ func (p *peer) roam(u *uplink, src netip.AddrPort, id uint8) *peerPath {
 		return nil
 	}
 	now := t.now()
-	pp, err := p.newPath(uint8(len(p.paths)), u, src, 0, 0, now)
+	pp, err := p.newPath(uint8(len(p.paths)), u, src, tmpl.Weight, tmpl.Capacity, now)
 	if err != nil {
 		p.mu.Unlock()
 		t.stats.DropUnknownPath.Add(1)
