@@ -110,6 +110,11 @@ func (h *Host) ReplaceAddr(ifname string, old, new netip.Prefix) error {
 			return fmt.Errorf("lab: host %s: remove %s from %s: %w", h.Name, old, ifname, err)
 		}
 		have = slices.DeleteFunc(slices.Clone(have), func(p netip.Prefix) bool { return p == old })
+		if h.nat != nil {
+			// The kernel drops the mappings made with a masquerade address that goes, but later,
+			// from a work queue: a packet sent meanwhile would still leave with the old address.
+			h.forgetMappings(old.Addr())
+		}
 	}
 	if new.IsValid() {
 		if slices.Contains(have, new) {

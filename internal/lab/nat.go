@@ -183,3 +183,23 @@ func (h *Host) FlushNAT() (int, error) {
 	}
 	return n, nil
 }
+
+// mappingsTo matches the connection-tracking entries whose replies go to an address: the
+// mappings made with that address as the translated source.
+type mappingsTo netip.Addr
+
+func (a mappingsTo) MatchConntrackFlow(f *netlink.ConntrackFlow) bool {
+	ip, ok := netip.AddrFromSlice(f.Reverse.DstIP)
+	return ok && ip.Unmap() == netip.Addr(a)
+}
+
+// forgetMappings removes the mappings made with the outside address a, at once.
+func (h *Host) forgetMappings(a netip.Addr) {
+	fam := netlink.InetFamily(unix.AF_INET)
+	if a.Is6() {
+		fam = unix.AF_INET6
+	}
+	if _, err := h.NS.Netlink().ConntrackDeleteFilters(netlink.ConntrackTable, fam, mappingsTo(a)); err != nil {
+		h.lab.log.Warn("NAT mappings of a removed address", "host", h.Name, "addr", a, "err", err)
+	}
+}
