@@ -320,7 +320,7 @@ func braidOptions(cfg *config.Tunnel, dev tunnel.Device, mtu int, uplinks []tunn
 	o := tunnel.Options{
 		PrivateKey: cfg.Braid.PrivateKey, Device: dev, MTU: mtu, Logger: log, Uplinks: uplinks,
 		Path:    path.Config{ProbeInterval: cfg.Braid.ProbeInterval, DownAfter: cfg.Braid.DownAfter},
-		Reorder: cfg.Braid.Reorder.Enabled, Cleartext: !cfg.Braid.Encryption,
+		Reorder: cfg.Braid.Reorder.Enabled, Recovery: cfg.Braid.LossRecovery, Cleartext: !cfg.Braid.Encryption,
 		Ciphers: cipherSet(cfg.Braid.Cipher),
 		ReorderCfg: reorder.Config{MaxPackets: cfg.Braid.Reorder.MaxPackets, MaxBytes: cfg.Braid.Reorder.MaxBytes,
 			MaxHold: cfg.Braid.Reorder.MaxHold},

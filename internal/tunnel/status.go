@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"braid/internal/tunnel/path"
+	"braid/internal/tunnel/reorder"
 )
 
 // Counters are the tunnel's packet counters; drops are counted by reason, never logged one by
@@ -32,6 +33,10 @@ type Counters struct {
 	DropDevice         atomic.Uint64 // the device refused a write
 	DropTooBig         atomic.Uint64 // a packet from the device larger than the tunnel MTU
 
+	// Loss recovery (recovery.go): nacks sent and received, packets resent, and nacked
+	// packets not resent because they were no longer kept or the resend budget was spent.
+	NacksSent, NacksReceived, Resent, ResendMissed, ResendBudget atomic.Uint64
+
 	HandshakesSent, HandshakesDone atomic.Uint64
 	// HandshakeCopies counts the copies of an answered initiation that came over the other
 	// paths (each initiation is sent on every path): expected, not a replay.
@@ -54,7 +59,10 @@ type PeerStatus struct {
 	SessionAge  time.Duration
 	Cipher      string `json:",omitempty"` // of the current session
 	ReorderHold time.Duration
-	Scheduler   string
+	// Reorder counts what the reorder buffer did with the peer's packets (nil when it is
+	// off): Lost are gaps given up on, which the flows inside see as losses.
+	Reorder   *reorder.Stats `json:",omitempty"`
+	Scheduler string
 	// PeerBufferFree is the free room of the peer's reorder buffer, bytes, as its latest
 	// feedback reported it (the buffer-aware schedulers' available buffer); -1 while unknown
 	// or when the peer does not reorder.
@@ -118,6 +126,8 @@ func (t *Tunnel) Status() Status {
 		p.mu.Lock()
 		if p.rb != nil {
 			ps.ReorderHold = p.rb.Hold()
+			st := p.rb.Stats()
+			ps.Reorder = &st
 		}
 		if c := p.connLocked(); c.AvailKnown {
 			ps.PeerBufferFree = c.Avail
@@ -178,6 +188,8 @@ func (c *Counters) snapshot() map[string]uint64 {
 		"drop_handshake": c.DropHandshake.Load(), "drop_device": c.DropDevice.Load(), "drop_too_big": c.DropTooBig.Load(),
 		"handshakes_sent": c.HandshakesSent.Load(), "handshakes_done": c.HandshakesDone.Load(),
 		"handshake_copies": c.HandshakeCopies.Load(), "drop_early": c.DropEarly.Load(),
+		"nacks_sent": c.NacksSent.Load(), "nacks_received": c.NacksReceived.Load(), "resent": c.Resent.Load(),
+		"resend_missed": c.ResendMissed.Load(), "resend_budget": c.ResendBudget.Load(),
 	}
 }
 
