@@ -216,7 +216,12 @@ func printTunnelStatus(w io.Writer, st *tunnel.Status) {
 		if p.PeerBufferFree >= 0 {
 			buffer = strconv.Itoa(p.PeerBufferFree) + " B free"
 		}
-		fmt.Fprintf(w, "\npeer %s: %s, reorder hold %v, scheduler %s, peer's reorder buffer %s\n", p.Name, session, p.ReorderHold, p.Scheduler, buffer)
+		fmt.Fprintf(w, "\npeer %s: %s, scheduler %s, send queue %d packets (%d B), peer's reorder buffer %s\n",
+			p.Name, session, p.Scheduler, p.SendQueuePackets, p.SendQueueBytes, buffer)
+		if r := p.Reorder; r != nil {
+			fmt.Fprintf(w, "reorder buffer: hold %v, holding %d packets, %d late, %d gaps given up (lost), %d duplicates\n",
+				p.ReorderHold.Round(10*time.Microsecond), r.Packets, r.Late, r.Lost, r.Duplicates)
+		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		// TX and RX DATA count data only (probes, replies and MTU probes are in the JSON's
 		// TxBytes and RxBytes), so a path that carries no traffic shows 0 however often it is probed.

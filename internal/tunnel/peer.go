@@ -68,7 +68,9 @@ type peer struct {
 	released     []*packetBuf
 	outer        int     // outer IP and UDP header bytes: 28, or 48 when a path is IPv6
 	q            txQueue // packets waiting to be sent (the device reader's only)
-	rtx          *recovery
+	// the send queue's depth as of the device reader's last change, for the status
+	queuedBytes, queuedPackets atomic.Int64
+	rtx                        *recovery
 	// rxPath follows the numbering of each of the peer's paths (by the peer's path ID), to
 	// see losses (recovery.go); guarded by mu.
 	rxPath [256]rxPathSeq

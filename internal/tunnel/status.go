@@ -61,8 +61,11 @@ type PeerStatus struct {
 	ReorderHold time.Duration
 	// Reorder counts what the reorder buffer did with the peer's packets (nil when it is
 	// off): Lost are gaps given up on, which the flows inside see as losses.
-	Reorder   *reorder.Stats `json:",omitempty"`
-	Scheduler string
+	Reorder *reorder.Stats `json:",omitempty"`
+	// SendQueuePackets and SendQueueBytes (on the wire) wait in the peer's send queue for a
+	// path (the default scheduler's queue; txqueue.go).
+	SendQueuePackets, SendQueueBytes int
+	Scheduler                        string
 	// PeerBufferFree is the free room of the peer's reorder buffer, bytes, as its latest
 	// feedback reported it (the buffer-aware schedulers' available buffer); -1 while unknown
 	// or when the peer does not reorder.
@@ -116,7 +119,8 @@ func (t *Tunnel) Status() Status {
 	now := t.now()
 	st := Status{PublicKey: t.pub.String(), Uptime: time.Since(t.start), Counters: t.stats.snapshot(), MTU: int(t.mtu.Load())}
 	for _, p := range t.peers {
-		ps := PeerStatus{Name: p.name, Scheduler: t.o.Scheduler, PeerBufferFree: -1}
+		ps := PeerStatus{Name: p.name, Scheduler: t.o.Scheduler, PeerBufferFree: -1,
+			SendQueuePackets: int(p.queuedPackets.Load()), SendQueueBytes: int(p.queuedBytes.Load())}
 		if ps.Scheduler == "" {
 			ps.Scheduler = "paced"
 		}
