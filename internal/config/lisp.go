@@ -28,6 +28,8 @@ import (
 //	  key_id = 0
 //	  eid_prefixes = ["192.168.1.0/24", "fd00:1::/64"]
 //	  proxy_reply = false       # answer for the site even when its registrations do not ask
+//	  replay = "timestamp"      # nonces carry the time of sending (braid xtr); "window" for
+//	                            # xTRs with random nonces: replays refused for ten minutes only
 //
 //	[xtr]
 //	interface = "lisp0"         # TUN device (default lisp0)
@@ -79,6 +81,9 @@ type LispSite struct {
 	KeyID      uint8
 	Prefixes   []netip.Prefix
 	ProxyReply bool
+	// Replay is "timestamp" (default: registration nonces must be the time of sending, within
+	// ten minutes of the map server's clock) or "window" (any nonce, remembered ten minutes).
+	Replay string
 }
 
 // MapserverDefaults returns both roles on 0.0.0.0:4342, without sites.
@@ -154,11 +159,12 @@ type fileMapserver struct {
 }
 
 type fileLispSite struct {
-	Name        string `toml:"name"`
-	Key         string `toml:"key"`
-	KeyID       *int64 `toml:"key_id"`
-	EIDPrefixes any    `toml:"eid_prefixes"`
-	ProxyReply  bool   `toml:"proxy_reply"`
+	Name        string  `toml:"name"`
+	Key         string  `toml:"key"`
+	KeyID       *int64  `toml:"key_id"`
+	EIDPrefixes any     `toml:"eid_prefixes"`
+	ProxyReply  bool    `toml:"proxy_reply"`
+	Replay      *string `toml:"replay"`
 }
 
 type fileXTR struct {
@@ -307,7 +313,13 @@ func LoadMapserver(filename string, data []byte) (*Mapserver, error) {
 	for i, fs := range fm.Site {
 		p := fmt.Sprintf("mapserver.site[%d]", i)
 		so := objName("site", fs.Name, i)
-		s := LispSite{Name: fs.Name, Key: fs.Key, ProxyReply: fs.ProxyReply}
+		s := LispSite{Name: fs.Name, Key: fs.Key, ProxyReply: fs.ProxyReply, Replay: "timestamp"}
+		if fs.Replay != nil {
+			s.Replay = *fs.Replay
+			if s.Replay != "timestamp" && s.Replay != "window" {
+				l.fail(so, p+".replay", "replay %q: want \"timestamp\" (registration nonces carry the time, as braid xtr sends) or \"window\" (random nonces, replays refused for ten minutes only)", s.Replay)
+			}
+		}
 		if !nameRE.MatchString(fs.Name) || len(fs.Name) > maxName {
 			l.fail(so, p+".name", "name %q: letters, digits, '.', '_', '-', at most %d", fs.Name, maxName)
 		}

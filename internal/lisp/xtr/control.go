@@ -410,7 +410,7 @@ func (x *XTR) tick(now time.Time) {
 		if r.sent.IsZero() || now.Sub(r.sent) >= x.o.RegisterInterval || (unanswered && now.Sub(r.sent) >= x.o.RequestTimeout) {
 			x.regTurn++
 			r.uplink = x.regTurn % len(x.o.Uplinks)
-			r.nonce, r.sent = rand.Uint64(), now
+			r.nonce, r.sent = x.registerNonceLocked(now), now
 			regs = append(regs, regJob{k, r.uplink, r.nonce})
 		}
 	}
@@ -426,6 +426,18 @@ func (x *XTR) tick(now time.Time) {
 	for _, r := range regs {
 		x.register(r.k, r.ui, r.nonce)
 	}
+}
+
+// registerNonceLocked returns the nonce of a Map-Register sent at now: the time of sending in
+// Unix nanoseconds, strictly increasing, so that a map server with timestamp nonces (braid
+// mapserver's default) refuses a captured registration replayed later. Called with mu held.
+func (x *XTR) registerNonceLocked(now time.Time) uint64 {
+	n := uint64(now.UnixNano())
+	if n <= x.regNonce {
+		n = x.regNonce + 1
+	}
+	x.regNonce = n
+	return n
 }
 
 func (x *XTR) timerLoop(ctx context.Context) {

@@ -142,12 +142,13 @@ type XTR struct {
 	locals  []Loc // own locators (priority, weight), index = uplink
 	usableL []Loc // Usable(locals)
 
-	mu      sync.RWMutex
-	cache   lpm.Table[*entry]   // guarded by mu
-	pairs   map[pairKey]*pair   // guarded by mu
-	probes  map[uint64]probe    // outstanding RLOC-probes by nonce; guarded by mu
-	regs    []registrationState // per map-server; guarded by mu
-	regTurn int
+	mu       sync.RWMutex
+	cache    lpm.Table[*entry]   // guarded by mu
+	pairs    map[pairKey]*pair   // guarded by mu
+	probes   map[uint64]probe    // outstanding RLOC-probes by nonce; guarded by mu
+	regs     []registrationState // per map-server; guarded by mu
+	regTurn  int
+	regNonce uint64 // last Map-Register nonce; guarded by mu
 
 	counts  map[string]*atomic.Uint64
 	closing atomic.Bool
