@@ -313,7 +313,7 @@ func (x *XTR) miss(now time.Time, f *flow, pkt []byte) {
 	start := false
 	if !found || !e.pending {
 		e = &entry{prefix: netip.PrefixFrom(f.dst, f.dst.BitLen()), pending: true, query: f.dst, srcEID: f.src,
-			nonce: rand.Uint64(), sent: now}
+			nonce: randomNonce(), sent: now}
 		x.cache.Insert(e.prefix, e)
 		start = true
 	}

@@ -14,6 +14,8 @@
 package xtr
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"log/slog"
 	"net/netip"
@@ -171,6 +173,14 @@ type registrationState struct {
 	uplink     int
 }
 
+// randomNonce draws a Map-Request or RLOC-probe nonce from crypto/rand: the nonce is all that
+// ties a Map-Reply to its request, so an off-path attacker must not be able to predict it.
+func randomNonce() uint64 {
+	var b [8]byte
+	rand.Read(b[:])
+	return binary.BigEndian.Uint64(b[:])
+}
+
 // Counter names.
 const (
 	CountTxPackets     = "tx_packets"
@@ -197,6 +207,7 @@ const (
 	DropControl        = "drop_bad_control_message"
 	DropUnexpected     = "drop_unexpected_control_message"
 	DropNotifyAuth     = "drop_map_notify_auth"
+	DropReplyRecord    = "drop_map_reply_record"
 	DropTooBig         = "drop_too_big"
 	CountCacheExpired  = "map_cache_expired"
 	CountResolveFailed = "resolutions_failed"
@@ -205,7 +216,7 @@ const (
 var counterNames = []string{CountTxPackets, CountRxPackets, CountRequests, CountReplies, CountNegative,
 	CountRegisters, CountNotifies, CountProbesSent, CountProbeReplies, CountRequestsIn, DropNoMapping,
 	DropNegative, DropNoPath, DropQueueFull, DropNotIP, DropNotUnicast, DropOwnEID, DropDecap, DropNotOurEID, DropForeignEID, DropSend,
-	DropControl, DropUnexpected, DropNotifyAuth, DropTooBig, CountCacheExpired, CountResolveFailed}
+	DropControl, DropUnexpected, DropNotifyAuth, DropReplyRecord, DropTooBig, CountCacheExpired, CountResolveFailed}
 
 // New checks o and returns an xTR; Run starts it.
 func New(o Options) (*XTR, error) {
