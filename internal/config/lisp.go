@@ -44,6 +44,8 @@ import (
 //	request_timeout = "1s"      # Map-Request retry timeout
 //	request_retries = 3
 //	placement = false           # A-MPTCP placement of TCP flows on RLOC pairs
+//	any_outer_source = false    # true: the ETR takes packets from any outer source (not only
+//	                            # from a locator of the mapping of the inner source)
 //	metrics = "127.0.0.1:9477"
 //	  [[xtr.rloc]]
 //	  address = "10.0.1.1"
@@ -107,6 +109,7 @@ type XTR struct {
 	RequestTimeout   time.Duration
 	RequestRetries   int
 	Placement        bool
+	AnyOuterSource   bool
 	Metrics          string
 	RLOCs            []RLOC
 	MapServers       []LispMapServer
@@ -180,6 +183,7 @@ type fileXTR struct {
 	RequestTimeout   any             `toml:"request_timeout"`
 	RequestRetries   *int64          `toml:"request_retries"`
 	Placement        *bool           `toml:"placement"`
+	AnyOuterSource   bool            `toml:"any_outer_source"`
 	Metrics          *string         `toml:"metrics"`
 	RLOC             []fileRLOC      `toml:"rloc"`
 	MapServer        []fileMapServer `toml:"map_server"`
@@ -429,6 +433,7 @@ func LoadXTR(filename string, data []byte, env Env) (*XTR, error) {
 	if fx.Placement != nil {
 		x.Placement = *fx.Placement
 	}
+	x.AnyOuterSource = fx.AnyOuterSource
 	if fx.Metrics != nil {
 		x.Metrics = *fx.Metrics
 		if x.Metrics != "" {

@@ -222,7 +222,7 @@ func (x *XTR) mapReply(now time.Time, from netip.AddrPort, m *lisp.MapReply) {
 		x.count(DropUnexpected)
 		return
 	}
-	var queued [][]byte
+	var queued, verified [][]byte
 	installed := 0
 	for i := range m.Records {
 		r := &m.Records[i]
@@ -236,7 +236,9 @@ func (x *XTR) mapReply(now time.Time, from netip.AddrPort, m *lisp.MapReply) {
 		}
 		rr := *r
 		rr.EID, rr.MaskLen = lisp.AddrFrom(p.Addr()), uint8(p.Bits())
-		queued = append(queued, x.installLocked(now, &rr)...)
+		q, v := x.installLocked(now, &rr)
+		queued = append(queued, q...)
+		verified = append(verified, v...)
 		installed++
 	}
 	if installed == 0 {
@@ -248,8 +250,13 @@ func (x *XTR) mapReply(now time.Time, from netip.AddrPort, m *lisp.MapReply) {
 	x.count(CountReplies)
 	if e.pending {
 		if _, cur, ok := x.cache.Lookup(e.query); ok && cur == e {
-			x.cache.Delete(e.prefix)
+			x.cacheDeleteLocked(e.prefix)
 			queued = append(queued, e.queue...)
+			if _, ne, ok := x.cache.Lookup(e.query); ok {
+				verified = append(verified, x.verifyHeld(ne, e.held)...)
+			} else {
+				x.counts[DropOuterSource].Add(uint64(len(e.held)))
+			}
 		}
 	}
 	x.mu.Unlock()
@@ -257,6 +264,9 @@ func (x *XTR) mapReply(now time.Time, from netip.AddrPort, m *lisp.MapReply) {
 		buf := make([]byte, headroom+len(pkt))
 		copy(buf[headroom:], pkt)
 		x.encap(buf, len(pkt))
+	}
+	for _, pkt := range verified {
+		x.deliver(pkt, nil)
 	}
 }
 
@@ -418,6 +428,7 @@ func (x *XTR) tick(now time.Time) {
 				gone = append(gone, p)
 				x.count(CountResolveFailed)
 				x.counts[DropNoMapping].Add(uint64(len(e.queue)))
+				x.counts[DropOuterSource].Add(uint64(len(e.held)))
 				break
 			}
 			e.tries++
@@ -444,7 +455,7 @@ func (x *XTR) tick(now time.Time) {
 		return true
 	})
 	for _, p := range gone {
-		x.cache.Delete(p)
+		x.cacheDeleteLocked(p)
 	}
 	for k, pr := range x.pairs {
 		p, used := inUse[pr]

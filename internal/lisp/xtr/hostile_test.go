@@ -96,3 +96,104 @@ func TestXtrNoncesUnpredictable(t *testing.T) {
 		t.Fatalf("nonce bits stuck: or %#x and %#x", or, and)
 	}
 }
+
+// recDevice counts the packets written to the device.
+type recDevice struct {
+	nullDevice
+	writes [][]byte
+}
+
+func (d *recDevice) Write(b []byte) (int, error) {
+	d.writes = append(d.writes, append([]byte(nil), b...))
+	return len(b), nil
+}
+
+// TestXtrETRSourceChecks (issue 18, item 6): the ETR does not deliver packets whose inner
+// source is one of its own EIDs, nor, by default, packets whose outer source is not a locator
+// of the mapping of their inner source; an unknown inner source is resolved first and its
+// packets wait for the answer.
+func TestXtrETRSourceChecks(t *testing.T) {
+	x, rs := testXTR(t)
+	dev := &recDevice{}
+	x.o.Device = dev
+	now := time.Now()
+	mapped := netip.MustParseAddr("10.0.3.1")
+	rec := record("192.168.2.0/24", 10, mapped.String())
+	x.mu.Lock()
+	x.installLocked(now, &rec)
+	x.mu.Unlock()
+
+	// The site's own EID as inner source, from the mapped RLOC or anywhere: dropped.
+	x.decap(now, 0, mapped, ipUDP(t, "192.168.1.7:53", "192.168.1.1:53"))
+	// Another site's EID from an address that is not its locator: dropped.
+	x.decap(now, 0, attacker.Addr(), ipUDP(t, "192.168.2.5:53", "192.168.1.1:53"))
+	if len(dev.writes) != 0 {
+		t.Fatalf("spoofed packets delivered: %d", len(dev.writes))
+	}
+	if c := x.Counters(); c[DropSpoofedSource] != 1 || c[DropOuterSource] != 1 {
+		t.Fatalf("counters %v", c)
+	}
+	// From its locator: delivered.
+	x.decap(now, 0, mapped, ipUDP(t, "192.168.2.5:53", "192.168.1.1:53"))
+	if len(dev.writes) != 1 {
+		t.Fatal("legitimate packet not delivered")
+	}
+
+	// An inner source without a mapping: held while it is resolved, delivered when the
+	// mapping lists the outer source, dropped when it does not.
+	for _, tc := range []struct {
+		eid, from, loc string
+		delivered      bool
+	}{{"192.168.5.5", "10.0.5.1", "10.0.5.1", true}, {"192.168.6.6", "10.66.0.66", "10.0.6.1", false}} {
+		before := len(dev.writes)
+		x.decap(now, 0, netip.MustParseAddr(tc.from), ipUDP(t, tc.eid+":53", "192.168.1.1:53"))
+		if len(dev.writes) != before {
+			t.Fatal("delivered before the mapping was known")
+		}
+		e, req := rs.request()
+		if req.Records[0].EID.IP != netip.MustParseAddr(tc.eid) || e.Inner.Src.Addr() != netip.MustParseAddr("192.168.1.1") {
+			t.Fatalf("resolution of the inner source: %+v %+v", e, req)
+		}
+		p := netip.PrefixFrom(netip.MustParseAddr(tc.eid), 24).Masked()
+		x.control(now, 0, rs.addr(), replyBytes(&lisp.MapReply{Nonce: req.Nonce, Records: []lisp.Record{record(p.String(), 10, tc.loc)}}))
+		if got := len(dev.writes) - before; (got == 1) != tc.delivered || got > 1 {
+			t.Fatalf("%s from %s with locator %s: %d delivered", tc.eid, tc.from, tc.loc, got)
+		}
+	}
+	if c := x.Counters(); c[DropOuterSource] != 2 {
+		t.Fatalf("counters %v", c)
+	}
+
+	// With the check off, any outer source is taken; own EIDs still are not.
+	x.o.AnyOuterSource = true
+	before := len(dev.writes)
+	x.decap(now, 0, attacker.Addr(), ipUDP(t, "192.168.2.5:53", "192.168.1.1:53"))
+	x.decap(now, 0, attacker.Addr(), ipUDP(t, "192.168.1.9:53", "192.168.1.1:53"))
+	if len(dev.writes)-before != 1 {
+		t.Fatalf("any_outer_source: %d delivered, want 1", len(dev.writes)-before)
+	}
+}
+
+// TestXtrPendingBounded (issue 18, items 6 and 8): packets spoofed from (or sent to) many EIDs
+// start at most MaxPending resolutions and grow the map-cache no further.
+func TestXtrPendingBounded(t *testing.T) {
+	x, _ := testXTR(t)
+	x.o.MaxPending = 8
+	now := time.Now()
+	for i := range 100 {
+		src := netip.AddrFrom4([4]byte{10, 200, byte(i), 1})
+		x.decap(now, 0, attacker.Addr(), ipUDP(t, src.String()+":53", "192.168.1.1:53"))
+	}
+	if n := x.cacheLen(); n != 8 {
+		t.Fatalf("%d map-cache entries, want 8", n)
+	}
+	if c := x.Counters(); c[DropPendingFull] != 92 || c[CountRequests] > 8 {
+		t.Fatalf("counters %v", c)
+	}
+}
+
+func (x *XTR) cacheLen() int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.cache.Len()
+}
