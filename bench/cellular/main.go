@@ -140,6 +140,7 @@ func main() {
 	duration := flag.Duration("duration", 60*time.Second, "length of each flow")
 	out := flag.String("out", "bench/out/cellular.md", "where to write this section (Markdown)")
 	figures := flag.String("figures", "", "directory of the PNG figures (default: that of -out)")
+	only := flag.String("case", "", "run only this case (a or b); default: every case")
 	flag.Parse()
 	log.SetFlags(0)
 	bin, err := filepath.Abs(*braid)
@@ -171,8 +172,16 @@ func main() {
 		"path for a path alone); retransmissions are the TCP sender's (tcp_info; for the proxy the client's\n"+
 		"connection to its proxy, not the MPTCP subflows). Medians of %d runs. Links emulated by: %s.\n\n",
 		*runs, o.dur, o.dur, pingInterval, *runs, lab.EmulatorName)
+	ran := false
 	for _, c := range cases() {
+		if *only != "" && !strings.EqualFold(*only, c.id) {
+			continue
+		}
 		runCase(ctx, w, o, c, *runs, *figures)
+		ran = true
+	}
+	if !ran {
+		drive.Fatalf("-case %q: no such case (a or b)", *only)
 	}
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err == nil {
 		os.WriteFile(*out, md.Bytes(), 0o644)

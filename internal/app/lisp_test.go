@@ -89,8 +89,9 @@ func TestLigAgainstMapserver(t *testing.T) {
 	}()
 	addr := ms.conn.LocalAddr().(*net.UDPAddr).AddrPort()
 
-	// Register 192.168.2.0/24 with two locators, asking for proxy replies and a notify.
-	m := lisp.MapRegister{Flags: lisp.RegProxyReply | lisp.RegWantNotify, Nonce: 7, AlgID: lisp.AlgHMACSHA256, AuthData: make([]byte, 32),
+	// Register 192.168.2.0/24 with two locators, asking for proxy replies and a notify; the
+	// nonce is the time of sending, as the site's default replay = "timestamp" wants.
+	m := lisp.MapRegister{Flags: lisp.RegProxyReply | lisp.RegWantNotify, Nonce: uint64(time.Now().UnixNano()), AlgID: lisp.AlgHMACSHA256, AuthData: make([]byte, 32),
 		Records: []lisp.Record{{TTL: 10, MaskLen: 24, Authoritative: true, EID: lisp.AddrFrom(netip.MustParseAddr("192.168.2.0")), Locators: []lisp.Locator{
 			{Priority: 1, Weight: 60, Flags: lisp.LocLocal | lisp.LocReachable, Addr: lisp.AddrFrom(netip.MustParseAddr("10.0.3.1"))},
 			{Priority: 2, Weight: 40, Flags: lisp.LocLocal, Addr: lisp.AddrFrom(netip.MustParseAddr("10.0.4.1"))}}}}}

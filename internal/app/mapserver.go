@@ -105,7 +105,8 @@ func startMapserver(cfg *config.Mapserver, log *slog.Logger) (*mapserverRun, err
 	mc.RegistrationTimeout, mc.NegativeTTL, mc.UnregisteredTTL = cfg.RegistrationTimeout, cfg.NegativeTTL, cfg.UnregisteredTTL
 	mc.RatePerSource, mc.BurstPerSource, mc.Logger = cfg.RatePerSource, cfg.BurstPerSource, log
 	for _, s := range cfg.Sites {
-		mc.Sites = append(mc.Sites, mapserver.Site{Name: s.Name, Keys: map[uint8][]byte{s.KeyID: []byte(s.Key)}, Prefixes: s.Prefixes, ProxyReply: s.ProxyReply})
+		mc.Sites = append(mc.Sites, mapserver.Site{Name: s.Name, Keys: map[uint8][]byte{s.KeyID: []byte(s.Key)}, Prefixes: s.Prefixes, ProxyReply: s.ProxyReply,
+			TimestampNonces: s.Replay != "window"})
 	}
 	srv, err := mapserver.New(mc)
 	if err != nil {

@@ -76,7 +76,7 @@ func TestProxyRBPMUnequalPaths(t *testing.T) {
 		}
 	}
 	f.WaitIdle(ctx)
-	cut, err := f.CutDuring(ctx, 9*time.Second, 100*time.Millisecond, 3*time.Second, 6*time.Second)
+	cut, err := f.CutDuring(ctx, 12*time.Second, 100*time.Millisecond, 4*time.Second, 7*time.Second)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, f.Logs())
 	}
@@ -100,12 +100,13 @@ func TestProxyRBPMUnequalPaths(t *testing.T) {
 	if !strings.Contains(metrics, "braid_pm_rbpm_demotions_total") {
 		t.Errorf("pm_policy = \"rbpm\" but p2's metrics show no rbpm policy:\n%s", metrics)
 	}
-	if t.Failed() {
-		var b strings.Builder
-		for _, s := range cut.Samples {
-			fmt.Fprintf(&b, " %.1f", s.BitsPerSecond/1e6)
-		}
-		t.Logf("the download across the cut, Mbit/s per 100 ms:%s\n%s", b.String(), f.Logs())
+	var b strings.Builder
+	for _, s := range cut.Samples {
+		fmt.Fprintf(&b, " %.1f", s.BitsPerSecond/1e6)
+	}
+	t.Logf("the download across the cut, Mbit/s per 100 ms (from %s; cut at %s):%s", cut.Start.UTC().Format("15:04:05.000"), cut.CutTime.UTC().Format("15:04:05.000"), b.String())
+	if t.Failed() || os.Getenv("BRAID_TEST_PROXY_LOGS") != "" {
+		t.Logf("%s", f.Logs())
 	}
 }
 

@@ -219,7 +219,12 @@ func printTunnelStatus(w io.Writer, st *tunnel.Status) {
 		if p.Session && p.Protocol != 0 {
 			session += ", protocol " + strconv.Itoa(p.Protocol)
 		}
-		fmt.Fprintf(w, "\npeer %s: %s, reorder hold %v, scheduler %s, peer's reorder buffer %s\n", p.Name, session, p.ReorderHold, p.Scheduler, buffer)
+		fmt.Fprintf(w, "\npeer %s: %s, scheduler %s, send queue %d packets (%d B), peer's reorder buffer %s\n",
+			p.Name, session, p.Scheduler, p.SendQueuePackets, p.SendQueueBytes, buffer)
+		if r := p.Reorder; r != nil {
+			fmt.Fprintf(w, "reorder buffer: hold %v, holding %d packets, %d late, %d gaps given up (lost), %d duplicates\n",
+				p.ReorderHold.Round(10*time.Microsecond), r.Packets, r.Late, r.Lost, r.Duplicates)
+		}
 		if p.LearnsPaths {
 			fmt.Fprintf(w, "paths learned from the peer's packets (at most %d), keepalive %v\n", p.MaxPaths, p.Keepalive)
 		} else {

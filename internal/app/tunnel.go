@@ -320,7 +320,7 @@ func braidOptions(cfg *config.Tunnel, dev tunnel.Device, mtu int, uplinks []tunn
 	o := tunnel.Options{
 		PrivateKey: cfg.Braid.PrivateKey, Device: dev, MTU: mtu, Logger: log, Uplinks: uplinks,
 		Path:    path.Config{ProbeInterval: cfg.Braid.ProbeInterval, DownAfter: cfg.Braid.DownAfter},
-		Reorder: cfg.Braid.Reorder.Enabled, Cleartext: !cfg.Braid.Encryption,
+		Reorder: cfg.Braid.Reorder.Enabled, Recovery: cfg.Braid.LossRecovery, Cleartext: !cfg.Braid.Encryption,
 		Ciphers: cipherSet(cfg.Braid.Cipher),
 		ReorderCfg: reorder.Config{MaxPackets: cfg.Braid.Reorder.MaxPackets, MaxBytes: cfg.Braid.Reorder.MaxBytes,
 			MaxHold: cfg.Braid.Reorder.MaxHold},
@@ -414,6 +414,33 @@ func (s tunnelSource) WriteMetrics(w *metrics.Writer) {
 		w.Sample("braid_tunnel_"+k+"_total", metrics.Counter, "Tunnel counter "+k+".", float64(st.Counters[k]))
 	}
 	w.Sample("braid_tunnel_mtu_bytes", metrics.Gauge, "The tunnel MTU: the largest inner packet.", float64(st.MTU))
+	type peerMetric struct {
+		name, help string
+		kind       metrics.Kind
+		value      func(tunnel.PeerStatus) (float64, bool)
+	}
+	for _, m := range []peerMetric{
+		{"braid_tunnel_peer_send_queue_bytes", "Bytes (on the wire) waiting in the peer's send queue for a path.", metrics.Gauge,
+			func(p tunnel.PeerStatus) (float64, bool) { return float64(p.SendQueueBytes), true }},
+		{"braid_tunnel_peer_send_queue_packets", "Packets waiting in the peer's send queue for a path.", metrics.Gauge,
+			func(p tunnel.PeerStatus) (float64, bool) { return float64(p.SendQueuePackets), true }},
+		{"braid_tunnel_peer_reorder_hold_seconds", "How long the peer's reorder buffer holds a packet behind a gap now.", metrics.Gauge,
+			func(p tunnel.PeerStatus) (float64, bool) { return p.ReorderHold.Seconds(), p.Reorder != nil }},
+		{"braid_tunnel_peer_reorder_lost_total", "Gaps the peer's reorder buffer gave up on: losses the inner flows saw.", metrics.Counter,
+			func(p tunnel.PeerStatus) (float64, bool) {
+				return reorderStat(p, func(r *reorder.Stats) uint64 { return r.Lost })
+			}},
+		{"braid_tunnel_peer_reorder_late_total", "Packets that came after the reorder buffer had given up on them (delivered).", metrics.Counter,
+			func(p tunnel.PeerStatus) (float64, bool) {
+				return reorderStat(p, func(r *reorder.Stats) uint64 { return r.Late })
+			}},
+	} {
+		for _, ps := range st.Peers {
+			if v, ok := m.value(ps); ok {
+				w.Sample(m.name, m.kind, m.help, v, "peer", ps.Name)
+			}
+		}
+	}
 	type pathMetric struct {
 		name, help string
 		kind       metrics.Kind
@@ -444,6 +471,14 @@ func (s tunnelSource) WriteMetrics(w *metrics.Writer) {
 			}
 		}
 	}
+}
+
+// reorderStat is one counter of a peer's reorder buffer; ok is false when it has none.
+func reorderStat(p tunnel.PeerStatus, f func(*reorder.Stats) uint64) (float64, bool) {
+	if p.Reorder == nil {
+		return 0, false
+	}
+	return float64(f(p.Reorder)), true
 }
 
 func b2f(b bool) float64 {

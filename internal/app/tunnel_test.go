@@ -115,7 +115,8 @@ func TestTunnelCommand(t *testing.T) {
 		t.Fatalf("file over the tunnel: %v %v", err, f)
 	}
 	st := status()
-	if !strings.Contains(st, "admin-down") || !strings.Contains(st, "peer other: session") {
+	if !strings.Contains(st, "admin-down") || !strings.Contains(st, "peer other: session") || !strings.Contains(st, "send queue") ||
+		!strings.Contains(st, "gaps given up (lost)") {
 		t.Errorf("status after path down:\n%s", st)
 	}
 	if got := l.Links()[0].Stats(0).Packets; got > 200 {
@@ -123,7 +124,8 @@ func TestTunnelCommand(t *testing.T) {
 		t.Errorf("path 1 carried %d packets after it was set down", got)
 	}
 	metrics := httpGet(t, ctx, l.Host("a").Dial, "127.0.0.1:9473", "/metrics")
-	for _, want := range []string{`braid_tunnel_path_up{peer="other",path="2"`, "braid_tunnel_delivered_total"} {
+	for _, want := range []string{`braid_tunnel_path_up{peer="other",path="2"`, "braid_tunnel_delivered_total",
+		`braid_tunnel_peer_send_queue_bytes{peer="other"}`, `braid_tunnel_peer_reorder_lost_total{peer="other"}`, "braid_tunnel_resent_total"} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("metrics lack %s:\n%s", want, metrics)
 		}

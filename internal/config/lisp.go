@@ -28,6 +28,8 @@ import (
 //	  key_id = 0
 //	  eid_prefixes = ["192.168.1.0/24", "fd00:1::/64"]
 //	  proxy_reply = false       # answer for the site even when its registrations do not ask
+//	  replay = "timestamp"      # nonces carry the time of sending (braid xtr); "window" for
+//	                            # xTRs with random nonces: replays refused for ten minutes only
 //
 //	[xtr]
 //	interface = "lisp0"         # TUN device (default lisp0)
@@ -42,6 +44,8 @@ import (
 //	request_timeout = "1s"      # Map-Request retry timeout
 //	request_retries = 3
 //	placement = false           # A-MPTCP placement of TCP flows on RLOC pairs
+//	any_outer_source = false    # true: the ETR takes packets from any outer source (not only
+//	                            # from a locator of the mapping of the inner source)
 //	metrics = "127.0.0.1:9477"
 //	  [[xtr.rloc]]
 //	  address = "10.0.1.1"
@@ -79,6 +83,9 @@ type LispSite struct {
 	KeyID      uint8
 	Prefixes   []netip.Prefix
 	ProxyReply bool
+	// Replay is "timestamp" (default: registration nonces must be the time of sending, within
+	// ten minutes of the map server's clock) or "window" (any nonce, remembered ten minutes).
+	Replay string
 }
 
 // MapserverDefaults returns both roles on 0.0.0.0:4342, without sites.
@@ -102,6 +109,7 @@ type XTR struct {
 	RequestTimeout   time.Duration
 	RequestRetries   int
 	Placement        bool
+	AnyOuterSource   bool
 	Metrics          string
 	RLOCs            []RLOC
 	MapServers       []LispMapServer
@@ -154,11 +162,12 @@ type fileMapserver struct {
 }
 
 type fileLispSite struct {
-	Name        string `toml:"name"`
-	Key         string `toml:"key"`
-	KeyID       *int64 `toml:"key_id"`
-	EIDPrefixes any    `toml:"eid_prefixes"`
-	ProxyReply  bool   `toml:"proxy_reply"`
+	Name        string  `toml:"name"`
+	Key         string  `toml:"key"`
+	KeyID       *int64  `toml:"key_id"`
+	EIDPrefixes any     `toml:"eid_prefixes"`
+	ProxyReply  bool    `toml:"proxy_reply"`
+	Replay      *string `toml:"replay"`
 }
 
 type fileXTR struct {
@@ -174,6 +183,7 @@ type fileXTR struct {
 	RequestTimeout   any             `toml:"request_timeout"`
 	RequestRetries   *int64          `toml:"request_retries"`
 	Placement        *bool           `toml:"placement"`
+	AnyOuterSource   bool            `toml:"any_outer_source"`
 	Metrics          *string         `toml:"metrics"`
 	RLOC             []fileRLOC      `toml:"rloc"`
 	MapServer        []fileMapServer `toml:"map_server"`
@@ -307,7 +317,13 @@ func LoadMapserver(filename string, data []byte) (*Mapserver, error) {
 	for i, fs := range fm.Site {
 		p := fmt.Sprintf("mapserver.site[%d]", i)
 		so := objName("site", fs.Name, i)
-		s := LispSite{Name: fs.Name, Key: fs.Key, ProxyReply: fs.ProxyReply}
+		s := LispSite{Name: fs.Name, Key: fs.Key, ProxyReply: fs.ProxyReply, Replay: "timestamp"}
+		if fs.Replay != nil {
+			s.Replay = *fs.Replay
+			if s.Replay != "timestamp" && s.Replay != "window" {
+				l.fail(so, p+".replay", "replay %q: want \"timestamp\" (registration nonces carry the time, as braid xtr sends) or \"window\" (random nonces, replays refused for ten minutes only)", s.Replay)
+			}
+		}
 		if !nameRE.MatchString(fs.Name) || len(fs.Name) > maxName {
 			l.fail(so, p+".name", "name %q: letters, digits, '.', '_', '-', at most %d", fs.Name, maxName)
 		}
@@ -417,6 +433,7 @@ func LoadXTR(filename string, data []byte, env Env) (*XTR, error) {
 	if fx.Placement != nil {
 		x.Placement = *fx.Placement
 	}
+	x.AnyOuterSource = fx.AnyOuterSource
 	if fx.Metrics != nil {
 		x.Metrics = *fx.Metrics
 		if x.Metrics != "" {

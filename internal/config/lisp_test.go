@@ -30,7 +30,8 @@ func TestLispConfigExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !m.MapServer || !m.MapResolver || len(m.Sites) != 2 || m.Sites[1].Key != "site2-secret" || m.Listen.Port() != 4342 {
+	if !m.MapServer || !m.MapResolver || len(m.Sites) != 2 || m.Sites[1].Key != "site2-secret" || m.Listen.Port() != 4342 ||
+		m.Sites[0].Replay != "timestamp" {
 		t.Errorf("mapserver %+v", m)
 	}
 }
@@ -71,11 +72,13 @@ roles = ["map-resolver"]
   [[mapserver.site]]
   name = "a"
   eid_prefixes = ["10.1.0.0/24"]
+  replay = "never"
 `, []string{
 			`x.toml:3: mapserver: a map-resolver without the map-server role needs forward = [map servers]`,
 			`x.toml:7: site a: 10.1.0.1/24 has host bits set (did you mean 10.1.0.0/24?)`,
 			`x.toml:9: site a: name "a" is used by another site`,
 			`x.toml:10: site a: 10.1.0.0/24 is also configured for site a`,
+			`x.toml:11: site a: replay "never": want "timestamp"`,
 		}},
 		{"typo", "[mapserver]\nlisten_addr = \"1.2.3.4:1\"\n", []string{"listen_addr"}},
 	} {

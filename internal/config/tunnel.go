@@ -219,6 +219,10 @@ type BraidSettings struct {
 	ProbeInterval time.Duration // between probes on each path, also when idle
 	DownAfter     time.Duration // without a probe reply, a path is down
 	Reorder       Reorder
+	// LossRecovery resends, once each and on the fastest path, the data packets the peer
+	// reports lost, and reports the losses this side sees, so that a random loss on one path
+	// does not reach the flows inside the tunnel (the default; docs/scheduling.md).
+	LossRecovery bool
 	// Encryption of data packets (the default). Off, data is still authenticated (Poly1305
 	// under the session key, replay window and all) but travels in clear: for links that are
 	// already protected below, where the cipher's CPU is better spent elsewhere. Control
@@ -334,6 +338,7 @@ func TunnelDefaults() Tunnel {
 func BraidDefaults() BraidSettings {
 	return BraidSettings{
 		Encryption:    true,
+		LossRecovery:  true,
 		ProbeInterval: 50 * time.Millisecond,
 		DownAfter:     250 * time.Millisecond,
 		Reorder: Reorder{
@@ -464,6 +469,7 @@ type fileTunnel struct {
 	ProbeInterval     any          `toml:"probe_interval"`
 	DownAfter         any          `toml:"down_after"`
 	Reorder           *bool        `toml:"reorder"`
+	LossRecovery      *bool        `toml:"loss_recovery"`
 	Encryption        *bool        `toml:"encryption"`
 	Cipher            *string      `toml:"cipher"`
 	ReorderMaxPackets *int64       `toml:"reorder_max_packets"`
@@ -569,6 +575,7 @@ func (l *loader) tunnel(f *fileTunnel) *Tunnel {
 			{"probe_interval", f.ProbeInterval != nil},
 			{"down_after", f.DownAfter != nil},
 			{"reorder", f.Reorder != nil},
+			{"loss_recovery", f.LossRecovery != nil},
 			{"encryption", f.Encryption != nil},
 			{"cipher", f.Cipher != nil},
 			{"reorder_max_packets", f.ReorderMaxPackets != nil},
@@ -628,6 +635,9 @@ func (l *loader) braid(b *BraidSettings, f *fileTunnel) {
 	}
 	if f.Encryption != nil {
 		b.Encryption = *f.Encryption
+	}
+	if f.LossRecovery != nil {
+		b.LossRecovery = *f.LossRecovery
 	}
 	if f.Cipher != nil && *f.Cipher != "auto" {
 		if _, err := session.ParseCipher(*f.Cipher); err != nil {

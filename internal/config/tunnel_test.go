@@ -117,6 +117,7 @@ func TestLoadExamples(t *testing.T) {
 			PrivateKey:     mustPriv(t, privA),
 			PrivateKeyFile: "/etc/braid/site-a.key",
 			Encryption:     true,
+			LossRecovery:   true,
 			ProbeInterval:  50 * ms,
 			DownAfter:      300 * ms,
 			Reorder:        Reorder{Enabled: true, MaxPackets: 1024, MaxBytes: 4 << 20, MaxHold: 100 * ms},

@@ -93,7 +93,7 @@ func (p *Proxy) relayOut(t *tenant, c *net.TCPConn, src, dst netip.AddrPort, rep
 			return
 		}
 	}
-	cn := &conn{t: t, role: "out", peer: pr.Name, src: src, dst: dst, site: c, mp: pc.raw}
+	cn := &conn{t: t, role: "out", peer: pr.Name, src: src, dst: dst, site: c, mp: pc.raw, sendBacklog: p.o.SendBacklog}
 	cn.up.Add(uint64(len(b) - hlen))
 	p.register(cn)
 	defer p.unregister(cn)

@@ -2,9 +2,13 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"braid/internal/mptcp/info"
 	"braid/internal/mptcp/pmnl"
@@ -41,11 +45,32 @@ import (
 // MPTCP connection of the proxies sends keepalives on idle subflows every second
 // (mptcpKeepAlive), so a subflow that has heard nothing from its peer for peerSilentAfter
 // (or four RTTs on longer paths) has lost it, and is closed as well.
+//
+// Closing the dead subflow makes MPTCP re-send everything not yet acknowledged at the
+// connection level, from the oldest byte on, over the live subflows; but TCP sends what a
+// subflow has queued in order, so the re-sent data waits behind the data the kernel's scheduler
+// had already queued on the live subflows and not yet sent (tcpi_notsent_bytes), which on the
+// federation paper's links was 0-1 MB on the LTE subflows (up to 0.8 s at 10 Mbit/s; the
+// scheduler fills subflows by its own estimate whatever TCP_NOTSENT_LOWAT says). Nothing
+// further can be delivered in order meanwhile: that queue was most of a cut's gap (1.1-2.1 s
+// when it was large, 0.6-0.7 s when it was empty). So when a dead subflow is closed, every other
+// live subflow whose unsent queue would take longer than FailoverMaxBacklog to send at its
+// delivery rate is aborted (a reset, through sock_diag: a subflow closed through the path
+// manager keeps sending its queue before its FIN), keeping at least the one whose queue drains
+// first. MPTCP re-sends the aborted subflows' data too, and the far end's path manager joins
+// again over their paths, which are alive.
 const (
 	failoverPoll    = 25 * time.Millisecond
 	deadAckAge      = 150 * time.Millisecond
-	destroyAfter    = 50 * time.Millisecond
+	destroyAfter    = 0 // the poll after the one that set it to backup
+	reinjectHold    = time.Second
+	suspectWait     = 100 * time.Millisecond
 	peerSilentAfter = 2500 * time.Millisecond
+
+	// DefaultFailoverMaxBacklog is the default of Options.FailoverMaxBacklog.
+	DefaultFailoverMaxBacklog = 100 * time.Millisecond
+	// DefaultSendBacklog is the default of Options.SendBacklog (relay.go).
+	DefaultSendBacklog = 100 * time.Millisecond
 )
 
 type subflowKey struct {
@@ -55,9 +80,22 @@ type subflowKey struct {
 
 // failover runs the monitor until ctx ends.
 func (p *Proxy) failover(ctx context.Context, c *pmnl.Client) {
+	var diag *info.Diag // for aborting subflows; opened on first use
+	defer func() {
+		if diag != nil {
+			diag.Close()
+		}
+	}()
+	if p.o.FailoverMaxBacklog > 0 {
+		var err error
+		if diag, err = info.OpenDiag(info.Options{}); err != nil {
+			p.log.Warn("failover: no sock_diag socket; live subflows are not reset on a failover", "err", err)
+		}
+	}
 	marked := map[subflowKey]time.Time{} // subflows set to backup, since when
 	closed := map[subflowKey]bool{}      // closed here; listed until the kernel lets them go
 	busy := map[subflowKey]time.Time{}   // subflows with data in flight, since when (at the latest)
+	passes := map[uint64]time.Time{}     // connections: when a close of ours last made the kernel re-send
 	tick := time.NewTicker(failoverPoll)
 	defer tick.Stop()
 	for {
@@ -73,7 +111,9 @@ func (p *Proxy) failover(ctx context.Context, c *pmnl.Client) {
 		}
 		p.mu.Unlock()
 		seen := map[subflowKey]bool{}
+		liveIDs := map[uint64]bool{}
 		for _, cn := range live {
+			liveIDs[cn.id] = true
 			full, err := info.Full(cn.mp)
 			if err != nil {
 				continue
@@ -89,7 +129,7 @@ func (p *Proxy) failover(ctx context.Context, c *pmnl.Client) {
 					busy[k] = now.Add(-s.TCP.LastDataSent)
 				}
 			}
-			for _, a := range failoverDecide(now, cn.id, full.Subflows, marked, closed, busy) {
+			for _, a := range failoverDecide(now, cn.id, full.Subflows, marked, closed, busy, p.o.FailoverMaxBacklog, passes[cn.id]) {
 				s := a.sub
 				switch a.kind {
 				case failBackup:
@@ -109,12 +149,26 @@ func (p *Proxy) failover(ctx context.Context, c *pmnl.Client) {
 							p.log.Info("path back: subflow in use again", "tenant", cn.t.Name, "conn", cn.id, "local", s.Local, "remote", s.Remote)
 						}
 					}
+				case failAbort:
+					err := p.abortSubflow(diag, s)
+					closed[a.key] = true
+					if err == nil {
+						passes[cn.id] = now
+						cn.t.c.aborted.Add(1)
+						if p.limiter.allow("abort") {
+							p.log.Info("path failed: live subflow with a long queue reset, so that the dead one's data is re-sent first", "tenant", cn.t.Name, "conn", cn.id,
+								"local", s.Local, "remote", s.Remote, "notsent", s.TCP.NotsentBytes, "delivery_rate", s.TCP.DeliveryRate)
+						}
+					} else if p.limiter.allow("abort-err") {
+						p.log.Warn("reset subflow", "conn", cn.id, "local", s.Local, "remote", s.Remote, "err", err)
+					}
 				case failClose:
 					err := c.DestroySubflow(ctx, pmnl.Subflow{Token: full.Info.Token, Local: pmnl.Addr{Addr: s.Local.Addr().Unmap(), Port: s.Local.Port()},
 						Remote: netip.AddrPortFrom(s.Remote.Addr().Unmap(), s.Remote.Port())})
 					delete(marked, a.key)
 					closed[a.key] = true
 					if err == nil {
+						passes[cn.id] = now
 						cn.t.c.destroyed.Add(1)
 					} else if p.limiter.allow("destroy") {
 						p.log.Warn("close dead subflow", "conn", cn.id, "local", s.Local, "remote", s.Remote, "err", err)
@@ -137,6 +191,11 @@ func (p *Proxy) failover(ctx context.Context, c *pmnl.Client) {
 				delete(busy, k)
 			}
 		}
+		for id := range passes {
+			if !liveIDs[id] {
+				delete(passes, id)
+			}
+		}
 	}
 }
 
@@ -149,6 +208,7 @@ const (
 	failBackup  failKind = iota + 1 // set the subflow to backup
 	failRestore                     // set it back
 	failClose                       // close it (SUBFLOW_DESTROY)
+	failAbort                       // reset a live subflow whose unsent queue would hold back the re-sent data
 )
 
 type failAction struct {
@@ -166,12 +226,20 @@ type failAction struct {
 // must not make it dead before the path had time to answer. A subflow that has heard nothing
 // from its peer for peerSilentAfter, keepalives included, is closed at once. Nothing is moved
 // off a path unless another subflow is alive.
-func failoverDecide(now time.Time, conn uint64, subs []info.Subflow, marked map[subflowKey]time.Time, closed map[subflowKey]bool, busy map[subflowKey]time.Time) []failAction {
+//
+// When dead subflows are to be closed and maxBacklog is not 0, the other live subflows whose
+// unsent data would take longer than maxBacklog to send at their delivery rate are reset, all
+// but the one that would send its own first (see above). Only one close is made per failover
+// (the resets, or else one dead subflow), and no dead subflow is closed within reinjectHold of
+// the last close made on the connection (lastPass): each makes the kernel re-send the same
+// data. Live subflows are reset only on a connection's first failover in 3 reinjectHolds.
+func failoverDecide(now time.Time, conn uint64, subs []info.Subflow, marked map[subflowKey]time.Time, closed map[subflowKey]bool, busy map[subflowKey]time.Time, maxBacklog time.Duration, lastPass time.Time) []failAction {
 	if len(subs) < 2 {
 		return nil
 	}
 	dead := make([]bool, len(subs))
 	silent := make([]bool, len(subs))
+	suspect := make([]bool, len(subs)) // half way to dead
 	alive := 0
 	for i, s := range subs {
 		// A join still in its handshake is not a path in use (and SET_FLAGS cannot name it).
@@ -183,29 +251,136 @@ func failoverDecide(now time.Time, conn uint64, subs []info.Subflow, marked map[
 		if rtt == 0 {
 			rtt = s.TCP.RTT
 		}
-		dead[i] = s.TCP.State == tcpEstablished && s.TCP.Unacked > 0 && age > max(deadAckAge, rtt+rtt/2, s.TCP.RTT+4*s.TCP.RTTVar)
+		limit := max(deadAckAge, rtt+rtt/2, s.TCP.RTT+4*s.TCP.RTTVar)
+		dead[i] = s.TCP.State == tcpEstablished && s.TCP.Unacked > 0 && age > limit
+		suspect[i] = !dead[i] && s.TCP.State == tcpEstablished && s.TCP.Unacked > 0 && age > limit/2
 		silent[i] = s.TCP.State == tcpEstablished && s.TCP.LastAckRecv > max(peerSilentAfter, 4*s.TCP.RTT)
 		if !dead[i] && !silent[i] {
 			alive++ // a backup uplink's too: with the dead one set to backup, the kernel uses it
 		}
 	}
-	var out []failAction
+	var out, deadClose []failAction
+	held := !lastPass.IsZero() && now.Sub(lastPass) < reinjectHold
+	// A close re-sends over every subflow not set to backup: one that is about to be found
+	// dead too (the other subflow over a cut path, whose last acknowledgement came a little
+	// later) would take the re-sent data and hold it. So the close waits, up to suspectWait,
+	// until no subflow is half way to dead without being set to backup.
+	waitSuspect := false
+	for i, s := range subs {
+		if _, isMarked := marked[subflowKey{conn, s.Local, s.Remote}]; suspect[i] && !isMarked {
+			waitSuspect = true
+		}
+	}
 	for i, s := range subs {
 		k := subflowKey{conn, s.Local, s.Remote}
 		since, isMarked := marked[k]
 		switch {
 		case closed[k]:
-		case silent[i] && alive > 0:
+		case silent[i] && alive > 0 && !(held && isMarked):
 			out = append(out, failAction{failClose, k, s})
-		case dead[i] && isMarked && now.Sub(since) > destroyAfter && alive > 0:
-			out = append(out, failAction{failClose, k, s})
+		case dead[i] && isMarked && now.Sub(since) >= destroyAfter && alive > 0:
+			if !held && (!waitSuspect || now.Sub(since) >= suspectWait) {
+				deadClose = append(deadClose, failAction{failClose, k, s})
+			}
 		case dead[i] && !isMarked && alive > 0:
 			out = append(out, failAction{failBackup, k, s})
 		case isMarked && s.TCP.State == tcpEstablished && !dead[i] && (s.TCP.Unacked == 0 || s.TCP.LastAckRecv < deadAckAge):
 			out = append(out, failAction{failRestore, k, s})
 		}
 	}
+	if len(deadClose) > 0 {
+		// Every close makes the kernel re-send all that is not acknowledged at the connection
+		// level, from its oldest byte, behind what the live subflows already hold: a second
+		// close right after the first queues the same data again, and the receiver waits for
+		// the copy to pass (0.8 s of nothing on the paper's links, with two wired subflows and
+		// a reset). So one close per failover: the reset of the backlogged subflows if any,
+		// else one dead subflow; the other dead ones stay backup, closed after reinjectHold
+		// (the silent rule waits as well), and without resetting live subflows again: those
+		// the first close found hold only what was re-sent, which must not be sent a third time.
+		var aborts []failAction
+		if maxBacklog > 0 && (lastPass.IsZero() || now.Sub(lastPass) > 3*reinjectHold) {
+			aborts = backlogAborts(conn, subs, dead, silent, closed, maxBacklog)
+		}
+		if len(aborts) > 0 {
+			out = append(out, aborts...)
+		} else {
+			out = append(out, deadClose[0])
+		}
+	}
 	return out
+}
+
+// backlogAborts picks the live subflows to reset as a dead one is closed: those whose unsent
+// queue (tcpi_notsent_bytes) takes longer than maxBacklog to send at their delivery rate, all
+// but the one whose queue drains first, so that at least one live subflow is kept.
+func backlogAborts(conn uint64, subs []info.Subflow, dead, silent []bool, closed map[subflowKey]bool, maxBacklog time.Duration) []failAction {
+	drain := func(s info.Subflow) time.Duration {
+		if s.TCP.NotsentBytes == 0 {
+			return 0
+		}
+		rate := s.TCP.DeliveryRate
+		if rate == 0 {
+			rate = s.TCP.PacingRate
+		}
+		if rate == 0 {
+			return time.Hour
+		}
+		return time.Duration(float64(s.TCP.NotsentBytes) / float64(rate) * float64(time.Second))
+	}
+	keep, live := -1, 0
+	for i, s := range subs {
+		if s.TCP.State != tcpEstablished || dead[i] || silent[i] || closed[subflowKey{conn, s.Local, s.Remote}] {
+			continue
+		}
+		live++
+		if keep < 0 || drain(s) < drain(subs[keep]) {
+			keep = i
+		}
+	}
+	if live < 2 {
+		return nil
+	}
+	var out []failAction
+	for i, s := range subs {
+		k := subflowKey{conn, s.Local, s.Remote}
+		if i == keep || s.TCP.State != tcpEstablished || dead[i] || silent[i] || closed[k] {
+			continue
+		}
+		if drain(s) > maxBacklog {
+			out = append(out, failAction{failAbort, k, s})
+		}
+	}
+	return out
+}
+
+// abortSubflow resets a subflow through sock_diag. Subflows this proxy opened are bound to
+// their uplink's device, which the kernel's lookup must be given: without it, the devices that
+// hold the local address are tried.
+func (p *Proxy) abortSubflow(d *info.Diag, s info.Subflow) error {
+	if d == nil {
+		return info.ErrNoDestroy
+	}
+	err := d.Abort(s.Local, s.Remote, 0)
+	if err == nil || !errors.Is(err, unix.ENOENT) {
+		return err
+	}
+	ifs, ierr := net.Interfaces()
+	if ierr != nil {
+		return err
+	}
+	for _, ifc := range ifs {
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if pn, ok := a.(*net.IPNet); ok {
+				if ip, ok := netip.AddrFromSlice(pn.IP); ok && ip.Unmap() == s.Local.Addr().Unmap() {
+					if e := d.Abort(s.Local, s.Remote, ifc.Index); e == nil || !errors.Is(e, unix.ENOENT) {
+						return e
+					}
+				}
+			}
+		}
+	}
+	return err
 }
 
 func (p *Proxy) backupAddr(a netip.Addr) bool {

@@ -78,6 +78,13 @@ type Options struct {
 	// stay backup.
 	Failover    bool
 	BackupAddrs []netip.Addr
+	// FailoverMaxBacklog: when the monitor closes a dead subflow, it resets the other live
+	// subflows whose unsent data would take longer than this to send, so that what the dead
+	// one held is re-sent first (failover.go); 0 turns that off.
+	FailoverMaxBacklog time.Duration
+	// SendBacklog bounds the data queued on the MPTCP subflows and not yet sent to what they
+	// send in this time at their delivery rates (relay.go); 0: no bound but the kernel's.
+	SendBacklog time.Duration
 }
 
 // Proxy is a running federation proxy.

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"braid/internal/mptcp/info"
 )
 
 // conn is one relayed connection: the site-side TCP connection and the MPTCP connection to or
@@ -25,6 +27,8 @@ type conn struct {
 	site   *net.TCPConn  // the plain TCP side
 	mp     *net.TCPConn  // the MPTCP socket
 	closed atomic.Bool
+
+	sendBacklog time.Duration // Options.SendBacklog
 }
 
 // abort resets both sides.
@@ -66,9 +70,61 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, copyBuf); return &b 
 // spliceChunk bounds one splice so that the live byte counters move during long transfers.
 const spliceChunk = 4 << 20
 
+// gatedChunk is the splice between two calls of a gate.
+const gatedChunk = 256 << 10
+
+// The send backlog. MPTCP's scheduler queues data on every subflow in proportion to its
+// pacing rate (the subflow whose queue would empty first gets the next chunk), and it takes
+// whatever the application has written; TCP_NOTSENT_LOWAT does not bound the subflows' queues
+// (measured on Linux 6.18: 1 MB queued on an LTE subflow with the namespace's lowat at
+// 128 KB). On unequal paths the receiver delivers in bursts, as data from the slow path fills
+// the gaps, and each burst frees megabytes of the MPTCP socket's send buffer at once, which
+// the relay fills and the scheduler spreads: the LTE subflows then held up to 1 MB not yet
+// sent. When the wired path fails, what it held is re-sent behind that queue, and nothing can
+// be delivered until it has gone (docs/proxy.md, "Unequal paths"). So the relay writes to the
+// MPTCP socket only while the subflows' unsent data (tcpi_notsent_bytes) is under
+// sendBacklog's worth at their delivery rates (at least minSendBacklog), as
+// TCP_NOTSENT_LOWAT would at the subflows.
+const (
+	minSendBacklog     = 256 << 10
+	sendBacklogPoll    = 2 * time.Millisecond
+	sendBacklogMaxWait = time.Second // then write anyway: the kernel's own limits apply
+)
+
+// waitSendBacklog waits until the subflows' unsent data is under the backlog allowed (or the
+// connection closed, or sendBacklogMaxWait passed).
+func (c *conn) waitSendBacklog() {
+	var deadline time.Time
+	for !c.closed.Load() {
+		full, err := info.Full(c.mp)
+		if err != nil {
+			return
+		}
+		var notsent, rate uint64
+		for _, s := range full.Subflows {
+			if s.TCP.State != tcpEstablished || s.Flags&(info.SubflowBackupLocal|info.SubflowBackupRemote) != 0 {
+				continue // a backup subflow's queue (a dead path's, set to backup) is not sent
+			}
+			notsent += uint64(s.TCP.NotsentBytes)
+			rate += s.TCP.DeliveryRate
+		}
+		if notsent <= max(minSendBacklog, rate*uint64(c.sendBacklog)/uint64(time.Second)) {
+			return
+		}
+		now := time.Now()
+		if deadline.IsZero() {
+			deadline = now.Add(sendBacklogMaxWait)
+		} else if now.After(deadline) {
+			return
+		}
+		time.Sleep(sendBacklogPoll)
+	}
+}
+
 // copyCounted copies src to dst until end of stream, adding to n as it goes. Between two
-// plain TCP sockets it splices (TCPConn.ReadFrom sees through io.LimitedReader).
-func copyCounted(dst, src net.Conn, n *atomic.Uint64) error {
+// plain TCP sockets it splices (TCPConn.ReadFrom sees through io.LimitedReader). gate, if not
+// nil, is called before each write (each gatedChunk when splicing).
+func copyCounted(dst, src net.Conn, n *atomic.Uint64, gate func()) error {
 	if r, ok := dst.(*readyReader); ok {
 		dst = r.Conn
 	}
@@ -85,6 +141,10 @@ func copyCounted(dst, src net.Conn, n *atomic.Uint64) error {
 		lr := &io.LimitedReader{R: src}
 		for {
 			lr.N = spliceChunk
+			if gate != nil {
+				gate()
+				lr.N = gatedChunk
+			}
 			k, err := d.ReadFrom(lr)
 			n.Add(uint64(k))
 			if err != nil {
@@ -101,6 +161,9 @@ func copyCounted(dst, src net.Conn, n *atomic.Uint64) error {
 	for {
 		k, err := src.Read(buf)
 		if k > 0 {
+			if gate != nil {
+				gate()
+			}
 			if _, werr := dst.Write(buf[:k]); werr != nil {
 				return werr
 			}
@@ -130,9 +193,9 @@ func relay(c *conn, s, m net.Conn) {
 		s.Close() // both copies return now
 		m.Close()
 	}
-	one := func(dst, src net.Conn, n *atomic.Uint64) {
+	one := func(dst, src net.Conn, n *atomic.Uint64, gate func()) {
 		defer wg.Done()
-		if err := copyCounted(dst, src, n); err != nil {
+		if err := copyCounted(dst, src, n, gate); err != nil {
 			fail()
 			return
 		}
@@ -142,8 +205,12 @@ func relay(c *conn, s, m net.Conn) {
 			}
 		}
 	}
-	go one(m, s, &c.up)
-	go one(s, m, &c.down)
+	var gate func()
+	if c.sendBacklog > 0 && c.mp != nil {
+		gate = func() { c.waitSendBacklog() }
+	}
+	go one(m, s, &c.up, gate)
+	go one(s, m, &c.down, nil)
 	wg.Wait()
 	if c.closed.CompareAndSwap(false, true) {
 		s.Close()

@@ -121,7 +121,7 @@ func (p *Proxy) servePeer(t *tenant, raw *net.TCPConn) {
 		reset(raw)
 		return
 	}
-	cn := &conn{t: t, role: "in", peer: peerName, src: h.Src, dst: h.Dst, site: out, mp: raw}
+	cn := &conn{t: t, role: "in", peer: peerName, src: h.Src, dst: h.Dst, site: out, mp: raw, sendBacklog: p.o.SendBacklog}
 	p.register(cn)
 	defer p.unregister(cn)
 	relay(cn, out, c)

@@ -39,6 +39,7 @@ type counters struct {
 	poolFailures        atomic.Uint64
 	failovers, restores atomic.Uint64 // subflows set to backup by the failover monitor, and back
 	destroyed           atomic.Uint64 // dead subflows it closed
+	aborted             atomic.Uint64 // live subflows it reset for their unsent backlog on a failover
 	refused             map[string]*atomic.Uint64
 }
 
@@ -72,6 +73,7 @@ type TenantStatus struct {
 	Failovers    uint64            `json:"failovers"`
 	Restores     uint64            `json:"restores"`
 	Destroyed    uint64            `json:"dead_subflows_closed"`
+	Aborted      uint64            `json:"backlogged_subflows_reset"`
 	Refused      map[string]uint64 `json:"refused"`
 }
 
@@ -107,7 +109,7 @@ func (p *Proxy) Status() Status {
 		ts := TenantStatus{Name: t.Name, Out: t.c.out.Load(), In: t.c.in.Load(), Active: t.c.active.Load(),
 			BytesUp: t.c.bytesUp.Load(), BytesDown: t.c.bytesDown.Load(), PoolFailures: t.c.poolFailures.Load(),
 			Failovers: t.c.failovers.Load(), Restores: t.c.restores.Load(), Destroyed: t.c.destroyed.Load(),
-			PoolReady: map[string]int{}, Refused: map[string]uint64{}}
+			Aborted: t.c.aborted.Load(), PoolReady: map[string]int{}, Refused: map[string]uint64{}}
 		for _, pr := range t.peers {
 			ts.PoolReady[pr.Name] = len(pr.pool.ready)
 		}
@@ -162,6 +164,7 @@ func (p *Proxy) WriteMetrics(w *metrics.Writer) {
 		w.Sample("braid_proxy_failovers_total", metrics.Counter, "Subflows set to backup because their path stopped acknowledging.", float64(t.Failovers), "tenant", t.Name)
 		w.Sample("braid_proxy_failover_restores_total", metrics.Counter, "Subflows taken back into use after their path recovered.", float64(t.Restores), "tenant", t.Name)
 		w.Sample("braid_proxy_dead_subflows_closed_total", metrics.Counter, "Subflows closed by the failover monitor after staying dead.", float64(t.Destroyed), "tenant", t.Name)
+		w.Sample("braid_proxy_backlogged_subflows_reset_total", metrics.Counter, "Live subflows reset on a failover because their unsent data would have delayed what the dead subflow held.", float64(t.Aborted), "tenant", t.Name)
 		w.Sample("braid_proxy_pool_failures_total", metrics.Counter, "Failed attempts to pre-establish a connection to a peer.", float64(t.PoolFailures), "tenant", t.Name)
 		for _, name := range sortedKeys(t.PoolReady) {
 			w.Sample("braid_proxy_pool_ready", metrics.Gauge, "Pre-established connections ready, per peer.", float64(t.PoolReady[name]), "tenant", t.Name, "peer", name)

@@ -75,7 +75,7 @@ func startTunnels(t *testing.T, l *lab.Lab, outer int, mutate func(side int, o *
 		}
 		tn, stop, err := scenario.StartTunnel(context.Background(), ep.host,
 			[]netip.Prefix{netip.PrefixFrom(ep.inner4, 24), netip.PrefixFrom(ep.inner6, 64)}, locals,
-			tunnel.Options{PrivateKey: ep.priv, MTU: 1400, Reorder: true, Peers: []tunnel.PeerConfig{peer}}, adjust...)
+			tunnel.Options{PrivateKey: ep.priv, MTU: 1400, Reorder: true, Recovery: true, Peers: []tunnel.PeerConfig{peer}}, adjust...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -227,7 +227,7 @@ func (t *Tunnel) emit(tx *txState, p *peer, pp *peerPath, b []byte, n int, seq u
 		h.Flags = mpath.FlagClear
 	}
 	h.Encode(b[greLen : greLen+mpath.HeaderLen])
-	pre := mpath.DataPrefix{Seq: seq, Timestamp: t.micros(now)}
+	pre := mpath.DataPrefix{Seq: seq, PathSeq: p.rtx.record(pp, seq, b[headroom:headroom+n], true)}
 	pre.Encode(b[greLen+mpath.HeaderLen : headroom])
 	const aadLen = greLen + mpath.HeaderLen
 	dg := tx.reserve(t, p, pp, headroom+n+session.Overhead)
@@ -523,7 +523,7 @@ func (t *Tunnel) receive(u *uplink, src netip.AddrPort, b []byte, ob *outbox) {
 	}
 	p.mu.Unlock()
 	if h.Type == mpath.TypeData {
-		t.deliver(p, now, pb, aadLen, pt, ob)
+		t.deliver(p, h.Path, now, pb, aadLen, pt, ob)
 		return
 	}
 	defer t.putBuf(pb)
@@ -562,14 +562,21 @@ func (t *Tunnel) receive(u *uplink, src netip.AddrPort, b []byte, ob *outbox) {
 		p.mu.Lock()
 		pp.pmtu.OnAck(now, a.Seq, int(a.Size)+pp.outer)
 		p.mu.Unlock()
+	case mpath.TypeNack:
+		var k mpath.Nack
+		if _, err := k.Decode(pt); err != nil {
+			t.stats.DropBadHeader.Add(1)
+			return
+		}
+		t.onNack(p, k)
 	case mpath.TypeFeedback:
 		// Feedback rides in probe replies for now; a lone one is accepted and ignored.
 	}
 }
 
 // deliver passes an inner packet (in pb, which it takes) to ob, through the reorder buffer
-// when it is on.
-func (t *Tunnel) deliver(p *peer, now int64, pb *packetBuf, off int, pt []byte, ob *outbox) {
+// when it is on, and reports a loss on the peer's path from (its ID) that the packet reveals.
+func (t *Tunnel) deliver(p *peer, from uint8, now int64, pb *packetBuf, off int, pt []byte, ob *outbox) {
 	var pre mpath.DataPrefix
 	if _, err := pre.Decode(pt); err != nil {
 		t.putBuf(pb)
@@ -588,17 +595,21 @@ func (t *Tunnel) deliver(p *peer, now int64, pb *packetBuf, off int, pt []byte, 
 		return
 	}
 	pb.off, pb.n = off+mpath.DataPrefixLen, len(inner)
+	p.mu.Lock()
+	first, lost := p.rxPath[from].onData(pre.PathSeq)
 	if p.rb == nil {
 		ob.add(pb)
-		return
-	}
-	p.mu.Lock()
-	out := p.rb.Push(now, pre.Seq, len(inner), pb, p.released[:0])
-	p.released = out[:0]
-	for _, r := range out {
-		ob.add(r)
+	} else {
+		out := p.rb.Push(now, pre.Seq, len(inner), pb, p.released[:0])
+		p.released = out[:0]
+		for _, r := range out {
+			ob.add(r)
+		}
 	}
 	p.mu.Unlock()
+	if lost > 0 && t.o.Recovery {
+		t.nack(p, from, first, lost)
+	}
 }
 
 // sleep waits d nanoseconds with the kernel's timer precision; the runtime's timers can be a
@@ -816,7 +827,16 @@ func (t *Tunnel) timers(ctx context.Context) {
 					rtts = append(rtts, reorder.PathRTT{SRTT: s.SRTT, RTTVar: s.RTTVar})
 				}
 			}
-			p.rb.SetHold(t.o.ReorderCfg.HoldFor(rtts))
+			hold := t.o.ReorderCfg.HoldFor(rtts)
+			if t.o.Recovery {
+				// A lost packet, resent on the fastest path, comes about that path's round
+				// trip after the packets behind it: hold gaps at least that long, and as
+				// long again as the paths' spread where the loss was on the slowest.
+				rtx := fastestRTT(rtts) + recoveryMargin
+				hold += rtx
+				p.rb.SetFloor(rtx)
+			}
+			p.rb.SetHold(hold)
 			released = p.rb.Expire(now, released[:0])
 			p.mu.Unlock()
 			for _, r := range released {

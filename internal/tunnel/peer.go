@@ -80,6 +80,12 @@ type peer struct {
 	released      []*packetBuf
 	outer         int     // outer IP and UDP header bytes: 28, or 48 when a path is IPv6
 	q             txQueue // packets waiting to be sent (the device reader's only)
+	// the send queue's depth as of the device reader's last change, for the status
+	queuedBytes, queuedPackets atomic.Int64
+	rtx                        *recovery
+	// rxPath follows the numbering of each of the peer's paths (by the peer's path ID), to
+	// see losses (recovery.go); guarded by mu.
+	rxPath [256]rxPathSeq
 }
 
 // liveSession is a session with its birth time.
@@ -121,6 +127,11 @@ type peerPath struct {
 	capPkts uint64
 	capBits float64       // delivered over the estimator's windows since the last sample
 	capWin  time.Duration // and their length
+
+	// loss recovery (recovery.go), guarded by the peer's rtx.mu: the PathSeq of the next data
+	// packet, and which data sequence number each recent one carried
+	txPathSeq uint32
+	rtxLog    []rtxEntry
 
 	sent sentLog // what the scheduler gave the path lately, for its data in flight
 	base baseRTT // its propagation RTT over minutes, for the window-based schedulers
@@ -172,7 +183,7 @@ func newPeer(t *Tunnel, pc PeerConfig, now int64) (*peer, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &peer{t: t, name: pc.Name, pub: pc.PublicKey, routes: pc.Routes, sch: sch}
+	p := &peer{t: t, name: pc.Name, pub: pc.PublicKey, routes: pc.Routes, sch: sch, rtx: newRecovery(t.o.Recovery, t.o.MTU)}
 	_, paced := sch.(pacer)
 	_, wrr := sch.(*sched.WRR)
 	p.flight, p.measured = !paced, paced || wrr

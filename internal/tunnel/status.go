@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"braid/internal/tunnel/path"
+	"braid/internal/tunnel/reorder"
 )
 
 // Counters are the tunnel's packet counters; drops are counted by reason, never logged one by
@@ -41,6 +42,9 @@ type Counters struct {
 	// PathMoves counts paths moved to a new address by their peer's packets, PathsLearned the
 	// paths made from them, KeepalivesSent the keepalives of paths that had sent nothing.
 	PathMoves, PathsLearned, KeepalivesSent atomic.Uint64
+	// Loss recovery (recovery.go): nacks sent and received, packets resent, and nacked
+	// packets not resent because they were no longer kept or the resend budget was spent.
+	NacksSent, NacksReceived, Resent, ResendMissed, ResendBudget atomic.Uint64
 
 	HandshakesSent, HandshakesDone atomic.Uint64
 	// HandshakeCopies counts the copies of an answered initiation that came over the other
@@ -70,7 +74,13 @@ type PeerStatus struct {
 	MaxPaths    int `json:",omitempty"`
 	Keepalive   time.Duration
 	ReorderHold time.Duration
-	Scheduler   string
+	// Reorder counts what the reorder buffer did with the peer's packets (nil when it is
+	// off): Lost are gaps given up on, which the flows inside see as losses.
+	Reorder *reorder.Stats `json:",omitempty"`
+	// SendQueuePackets and SendQueueBytes (on the wire) wait in the peer's send queue for a
+	// path (the default scheduler's queue; txqueue.go).
+	SendQueuePackets, SendQueueBytes int
+	Scheduler                        string
 	// PeerBufferFree is the free room of the peer's reorder buffer, bytes, as its latest
 	// feedback reported it (the buffer-aware schedulers' available buffer); -1 while unknown
 	// or when the peer does not reorder.
@@ -134,7 +144,8 @@ func (t *Tunnel) Status() Status {
 	now := t.now()
 	st := Status{PublicKey: t.pub.String(), Uptime: time.Since(t.start), Counters: t.stats.snapshot(), MTU: int(t.mtu.Load())}
 	for _, p := range t.peers {
-		ps := PeerStatus{Name: p.name, Scheduler: t.o.Scheduler, PeerBufferFree: -1}
+		ps := PeerStatus{Name: p.name, Scheduler: t.o.Scheduler, PeerBufferFree: -1,
+			SendQueuePackets: int(p.queuedPackets.Load()), SendQueueBytes: int(p.queuedBytes.Load())}
 		if ps.Scheduler == "" {
 			ps.Scheduler = "paced"
 		}
@@ -149,6 +160,8 @@ func (t *Tunnel) Status() Status {
 		p.mu.Lock()
 		if p.rb != nil {
 			ps.ReorderHold = p.rb.Hold()
+			st := p.rb.Stats()
+			ps.Reorder = &st
 		}
 		if c := p.connLocked(); c.AvailKnown {
 			ps.PeerBufferFree = c.Avail
@@ -224,6 +237,8 @@ func (c *Counters) snapshot() map[string]uint64 {
 		"drop_version": c.DropVersion.Load(), "drop_replay_new_source": c.DropReplayNewSource.Load(),
 		"drop_auth_new_source": c.DropAuthNewSource.Load(), "drop_path_limit": c.DropPathLimit.Load(),
 		"path_moves": c.PathMoves.Load(), "paths_learned": c.PathsLearned.Load(), "keepalives_sent": c.KeepalivesSent.Load(),
+		"nacks_sent": c.NacksSent.Load(), "nacks_received": c.NacksReceived.Load(), "resent": c.Resent.Load(),
+		"resend_missed": c.ResendMissed.Load(), "resend_budget": c.ResendBudget.Load(),
 	}
 }
 

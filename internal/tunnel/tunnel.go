@@ -119,6 +119,9 @@ type Options struct {
 	Path       path.Config
 	Reorder    bool
 	ReorderCfg reorder.Config
+	// Recovery resends data packets a peer reports lost, once each, on the fastest path, and
+	// reports the losses this side sees (recovery.go).
+	Recovery bool
 	// Cleartext turns encryption of data packets off: they are sent authenticated but in
 	// clear (FlagClear), and such packets from peers are accepted. Control messages stay
 	// sealed. Without it, clear data packets are refused (counted as drop_cleartext).

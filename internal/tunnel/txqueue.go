@@ -61,6 +61,13 @@ const maxQueued = 4096
 func (q *txQueue) enqueue(p *peer, b []byte, n, wire int, now int64) {
 	q.pkts = append(q.pkts, queued{b: b, n: n, seq: p.txSeq.Add(1), wire: wire, at: now})
 	q.bytes += wire
+	q.publish(p)
+}
+
+// publish makes the queue's depth visible to the status (which runs on other goroutines).
+func (q *txQueue) publish(p *peer) {
+	p.queuedBytes.Store(int64(q.bytes))
+	p.queuedPackets.Store(int64(len(q.pkts)))
 }
 
 // full reports whether the queue takes no more packets.
@@ -112,6 +119,7 @@ func (t *Tunnel) dispatch(tx *txState, p *peer, now int64, free *[][]byte) (wake
 	}
 	clear(q.pkts[len(keep):])
 	q.pkts = keep
+	q.publish(p)
 	if len(q.pkts) == 0 {
 		return 0
 	}

@@ -3,6 +3,7 @@ package tunnel_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,25 +15,26 @@ import (
 
 // One TCP flow (cubic) through the tunnel over two paths of unequal delay, 50 Mbit/s at 5 ms and
 // 25 Mbit/s at 50 ms one way, in the default configuration: capacities measured, the paced
-// scheduler planning its queue (earliest arrival), the reorder buffer on. Without loss it gets at
-// least 0.85 of the sum of the paths alone; with 1 % random loss on each path, at least 0.7 of
-// the better path alone. The paths alone are measured in the same lab (plain TCP, no tunnel); every
-// figure is the median of the flow's 1 s samples after its first (traffic.BulkResult.Steady).
+// scheduler planning its queue (earliest arrival), the reorder buffer on, loss recovery on.
+// Without loss it gets at least 0.85 of the sum of the paths alone; with 1 % random loss on each
+// path, at least the better path alone. The paths alone are measured in the same lab (plain
+// TCP, no tunnel); every figure is the median of the flow's 1 s samples after its first
+// (traffic.BulkResult.Steady).
 //
 // The tunnel has carried one flow before the one measured, as a tunnel in service has: its
 // capacity estimator starts from a guess (100 Mbit/s) and learns a path's rate only from the
-// traffic the path carries. The first flow's figure is logged, not bounded: it pays for the
-// estimator's startup, whose overshoot overflows the fast path's queue once, and the loss sets
-// cubic's window low enough that it takes about 12 s to grow into the slow path (measured when
-// the test was written: first flow 63.7 Mbit/s steady, 0.88 of the sum; the next 63.8, 0.88).
+// traffic the path carries. The first flow's figure is logged, not bounded. Its startup paces
+// the fast path above its rate for the estimator's first windows; the queue that builds on the
+// link ends the inner TCP's slow start (HyStart sees the delay) and usually overflows it, and
+// from a window of about 100 packets cubic takes some 10 s to grow deep enough into the send
+// queue for the slow path to be worth using (measured: first flow 0.60-0.64 of the sum in most
+// runs, 0.93 in some; the next 0.92-0.93).
 //
-// With 1 % loss the flow is limited by the loss, not by the paths: cubic's rate goes with
-// MSS/(RTT·√p), and through the tunnel the MSS is 1360 bytes instead of 1448 and the RTT a
-// millisecond longer, so it cannot reach the fast path alone, and the slow path, which would
-// only lengthen the RTT, rightly carries nothing (measured: 0.76-0.90 of the fast path alone,
-// which carried 9.4-11.7 Mbit/s in 10 s flows; a loss-limited flow's rate varies that much from
-// one flow to the next). The issue asks for the better path alone; braid does not reach it, and
-// this bound says how far it stays below.
+// With 1 % loss, a flow over one path is limited by the loss: cubic's rate goes with
+// MSS/(RTT·√p). Through the tunnel the loss is recovered below TCP (recovery.go): the receiver
+// reports each gap in a path's numbering and the sender resends the packet on the fastest path,
+// so the inner flow sees almost none of it (measured: 31.8-34.7 Mbit/s, 3.1-3.4 times the fast
+// path alone at 10.2 Mbit/s).
 func TestTunnelUnequalPaths(t *testing.T) {
 	for _, loss := range []float64{0, 1} {
 		t.Run(fmt.Sprintf("loss %g%%", loss), func(t *testing.T) {
@@ -73,6 +75,13 @@ func TestTunnelUnequalPaths(t *testing.T) {
 				}
 				t.Logf("flow %d through the tunnel: %.1f Mbit/s steady (%.1f over 20 s), %.2f of the sum of the paths alone (%.1f), %.2f of the better one; %d retransmits",
 					flow, res.Steady/1e6, res.Goodput/1e6, res.Steady/sum, sum/1e6, res.Steady/best, res.Retransmits)
+				var b strings.Builder
+				for _, s := range res.Samples {
+					fmt.Fprintf(&b, " %.1f", s.BitsPerSecond/1e6)
+				}
+				c := eps[0].tunnel.Status().Counters
+				t.Logf("flow %d, Mbit/s per second:%s; sender: resent %d, resend budget %d, missed %d, drop_no_path %d",
+					flow, b.String(), c["resent"], c["resend_budget"], c["resend_missed"], c["drop_no_path"])
 			}
 			for _, ps := range eps[0].tunnel.Status().Peers {
 				for _, p := range ps.Paths {
@@ -82,8 +91,8 @@ func TestTunnelUnequalPaths(t *testing.T) {
 			if loss == 0 && res.Steady < 0.85*sum {
 				t.Errorf("without loss: %.1f Mbit/s, %.2f of the sum of the paths alone (%.1f), want at least 0.85", res.Steady/1e6, res.Steady/sum, sum/1e6)
 			}
-			if loss > 0 && res.Steady < 0.7*best {
-				t.Errorf("with %g%% loss: %.1f Mbit/s, %.2f of the better path alone (%.1f), want at least 0.7", loss, res.Steady/1e6, res.Steady/best, best/1e6)
+			if loss > 0 && res.Steady < best {
+				t.Errorf("with %g%% loss: %.1f Mbit/s, %.2f of the better path alone (%.1f), want at least that path", loss, res.Steady/1e6, res.Steady/best, best/1e6)
 			}
 		})
 	}

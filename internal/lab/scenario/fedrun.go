@@ -138,6 +138,8 @@ type CutResult struct {
 	Before      float64       // goodput before the cut (its mean over the last beforeWindow), bit/s
 	During      float64       // median goodput while cut
 	After       float64       // median goodput from 2 s after the restore
+	Start       time.Time     // when the first sample's interval began
+	CutTime     time.Time     // when wan0 was cut
 }
 
 // beforeWindow is how much of the download before the cut its rate is taken over.
@@ -162,6 +164,7 @@ func (f *FedLab) CutDuring(ctx context.Context, dur, interval, cutAt, restoreAt 
 			return
 		}
 		link.Cut()
+		res.CutTime = time.Now()
 		select {
 		case <-time.After(restoreAt - cutAt):
 		case <-done:
@@ -213,6 +216,7 @@ func (f *FedLab) CutDuring(ctx context.Context, dur, interval, cutAt, restoreAt 
 		return res, err
 	}
 	res.Samples = r.Samples
+	res.Start = windowStart
 	var during, after []float64
 	var beforeSum float64
 	beforeN := 0

@@ -31,6 +31,11 @@ type Site struct {
 	Keys       map[uint8][]byte // by Key ID
 	Prefixes   []netip.Prefix
 	ProxyReply bool // answer Map-Requests for the site even when its registrations do not ask
+	// TimestampNonces: the site's xTRs put the time of sending in every non-zero Map-Register
+	// nonce (Unix nanoseconds, as braid xtr does), and a registration whose nonce is more than
+	// ReplayWindow away from the server's clock is refused. Without it a captured registration
+	// can be replayed once its nonce has left the replay window (ten minutes).
+	TimestampNonces bool
 }
 
 // Config is the server's configuration.
@@ -92,6 +97,8 @@ const (
 	DropUnknownSite      = "drop_no_site_for_prefix"
 	DropNotOwned         = "drop_prefix_not_owned"
 	DropReplay           = "drop_replayed_nonce"
+	DropStale            = "drop_stale_nonce"
+	DropNoLocator        = "drop_no_registered_locator"
 	DropRateLimited      = "drop_rate_limited"
 	DropNoITRRLOC        = "drop_no_usable_itr_rloc"
 	DropInstanceID       = "drop_instance_id"
@@ -103,7 +110,7 @@ var counterNames = []string{
 	CountRegistered, CountDeregistered, CountExpired, CountNotifySent, CountNotifyAck, CountRequests,
 	CountReplies, CountNegative, CountForwarded, DropTruncated, DropMalformed, DropUnknownType,
 	DropUnknownAFI, DropNotEncapsulated, DropRoleDisabled, DropNoAuth, DropBadAuth, DropAuthAlgorithm,
-	DropUnknownKeyID, DropUnknownSite, DropNotOwned, DropReplay, DropRateLimited, DropNoITRRLOC,
+	DropUnknownKeyID, DropUnknownSite, DropNotOwned, DropReplay, DropStale, DropNoLocator, DropRateLimited, DropNoITRRLOC,
 	DropInstanceID, DropNoRoute, DropUnsolicitedReply,
 }
 
@@ -279,13 +286,26 @@ func (s *Server) register(now time.Time, from netip.AddrPort, b []byte, out []Pa
 			return out
 		}
 	}
-	s.mu.Lock()
-	if t, seen := st.nonces[m.Nonce]; seen && now.Sub(t) < s.cfg.ReplayWindow {
-		s.mu.Unlock()
-		s.count(DropReplay)
-		return out
+	// Freshness. Nonce 0 (no Map-Notify wanted) carries none: RFC 9301 sends every such
+	// registration with the same nonce, so it is neither remembered nor refused; a replay of
+	// one can only re-install locators the site itself signed (requests are forwarded to those
+	// locators, never to the sender's address).
+	if m.Nonce != 0 && st.TimestampNonces {
+		if d := now.Sub(time.Unix(0, int64(m.Nonce))); d > s.cfg.ReplayWindow || d < -s.cfg.ReplayWindow {
+			s.count(DropStale)
+			s.log.Debug("map-register refused: nonce is not a current timestamp", "site", st.Name, "from", from, "age", d)
+			return out
+		}
 	}
-	st.nonces[m.Nonce] = now
+	s.mu.Lock()
+	if m.Nonce != 0 {
+		if t, seen := st.nonces[m.Nonce]; seen && now.Sub(t) < s.cfg.ReplayWindow {
+			s.mu.Unlock()
+			s.count(DropReplay)
+			return out
+		}
+		st.nonces[m.Nonce] = now
+	}
 	for i := range m.Records {
 		r := m.Records[i]
 		r.EID = lisp.AddrFrom(prefixes[i].Addr())
@@ -392,7 +412,12 @@ func (s *Server) request(from netip.AddrPort, b []byte, out []Packet) []Packet {
 		var etr netip.AddrPort
 		if found {
 			if !reg.proxy && len(req.Records) == 1 && s.cfg.MapServer {
-				etr = netip.AddrPortFrom(reg.etr.Addr(), lisp.ControlPort)
+				etr = forwardTarget(reg, from.Addr().Is4())
+				if !etr.IsValid() {
+					s.mu.RUnlock()
+					s.count(DropNoLocator)
+					return out
+				}
 			} else {
 				rec = reg.record
 				rec.Locators = slices.Clone(rec.Locators)
@@ -424,6 +449,33 @@ func (s *Server) request(from netip.AddrPort, b []byte, out []Packet) []Packet {
 		s.count(CountNegative)
 	}
 	return append(out, Packet{To: to, Data: buf})
+}
+
+// forwardTarget is where a Map-Request for reg goes: a locator of the signed record, never the
+// address the registration came from (a replayed registration must not redirect requests to
+// its sender). The sender is preferred when it is one of the record's locators; otherwise the
+// best reachable locator of the family the request came in on (the family this server can
+// send), then of any family.
+func forwardTarget(reg *registration, v4 bool) netip.AddrPort {
+	var best netip.Addr
+	bestPri, bestFam := 256, false
+	for _, l := range reg.record.Locators {
+		if l.Addr.AFI != lisp.AFIIPv4 && l.Addr.AFI != lisp.AFIIPv6 || l.Priority == 255 || l.Flags&lisp.LocReachable == 0 {
+			continue
+		}
+		a := l.Addr.IP.Unmap()
+		if a == reg.etr.Addr() {
+			return netip.AddrPortFrom(a, lisp.ControlPort)
+		}
+		fam := a.Is4() == v4
+		if (fam && !bestFam) || (fam == bestFam && int(l.Priority) < bestPri) {
+			best, bestPri, bestFam = a, int(l.Priority), fam
+		}
+	}
+	if !best.IsValid() {
+		return netip.AddrPort{}
+	}
+	return netip.AddrPortFrom(best, lisp.ControlPort)
 }
 
 // negative returns the negative record for q: the queried prefix of a configured site that is

@@ -2,8 +2,8 @@ package xtr
 
 import (
 	"context"
-	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"time"
 
 	"braid/internal/wire/lisp"
@@ -34,7 +34,7 @@ func (x *XTR) control(now time.Time, i int, from netip.AddrPort, b []byte) {
 			x.probeReply(now, i, from, &m)
 			return
 		}
-		x.mapReply(now, &m)
+		x.mapReply(now, from, &m)
 	case lisp.TypeMapRequest:
 		var m lisp.MapRequest
 		if _, err := m.Decode(b); err != nil {
@@ -153,7 +153,61 @@ func (x *XTR) probeReply(now time.Time, i int, from netip.AddrPort, m *lisp.MapR
 	}
 }
 
-func (x *XTR) mapReply(now time.Time, m *lisp.MapReply) {
+// Shortest prefixes a Map-Reply may install (decide, document: docs/lisp.md "Map-Replies").
+// A positive record must be at least this specific; a negative one wider than this is
+// installed narrowed to this length around the queried EID, so that one reply never maps or
+// black-holes more than a /8 (IPv4) or a /16 (IPv6).
+const (
+	minReplyBits4 = 8
+	minReplyBits6 = 16
+)
+
+// fromResolver reports whether a is one of the configured map-resolvers' addresses.
+func (x *XTR) fromResolver(a netip.Addr) bool {
+	for _, r := range x.o.Resolvers {
+		if r.Addr().Unmap() == a {
+			return true
+		}
+	}
+	return false
+}
+
+// replyRecordOK decides whether record r of a Map-Reply from from may answer query: its prefix
+// contains the query and is not shorter than the minimum (negative records are narrowed
+// instead), a positive one does not cover an EID prefix of this site, and a reply that does not come from a
+// map-resolver comes from one of the record's own locators (an ETR answering for itself). It
+// returns the prefix to install.
+func (x *XTR) replyRecordOK(r *lisp.Record, query, from netip.Addr, resolver bool) (netip.Prefix, bool) {
+	p, ok := r.Prefix()
+	if !ok || !p.Contains(query) {
+		return p, false
+	}
+	minBits := minReplyBits4
+	if !p.Addr().Is4() {
+		minBits = minReplyBits6
+	}
+	if p.Bits() < minBits {
+		if len(r.Locators) != 0 {
+			return p, false
+		}
+		p = netip.PrefixFrom(query, minBits).Masked()
+	}
+	for _, own := range x.o.EIDs {
+		// Packets to the site's own EIDs never use the map-cache, so a negative record over
+		// them is harmless; a positive one is a lie.
+		if p.Overlaps(own) && len(r.Locators) != 0 {
+			return p, false
+		}
+	}
+	if !resolver && !slices.ContainsFunc(r.Locators, func(l lisp.Locator) bool { return l.Addr.IP.Unmap() == from }) {
+		return p, false
+	}
+	return p, true
+}
+
+func (x *XTR) mapReply(now time.Time, from netip.AddrPort, m *lisp.MapReply) {
+	src := from.Addr().Unmap()
+	resolver := x.fromResolver(src)
 	x.mu.Lock()
 	var e *entry
 	x.cache.All(func(_ netip.Prefix, c *entry) bool {
@@ -168,22 +222,41 @@ func (x *XTR) mapReply(now time.Time, m *lisp.MapReply) {
 		x.count(DropUnexpected)
 		return
 	}
-	x.count(CountReplies)
-	var queued [][]byte
+	var queued, verified [][]byte
+	installed := 0
 	for i := range m.Records {
 		r := &m.Records[i]
+		p, ok := x.replyRecordOK(r, e.query, src, resolver)
+		if !ok {
+			x.count(DropReplyRecord)
+			continue
+		}
 		if len(r.Locators) == 0 {
 			x.count(CountNegative)
 		}
-		if p, ok := r.Prefix(); ok && p.Contains(e.query) {
-			queued = append(queued, x.installLocked(now, r)...)
-		}
+		rr := *r
+		rr.EID, rr.MaskLen = lisp.AddrFrom(p.Addr()), uint8(p.Bits())
+		q, v := x.installLocked(now, &rr)
+		queued = append(queued, q...)
+		verified = append(verified, v...)
+		installed++
 	}
+	if installed == 0 {
+		// Nothing usable: the request stays pending and its retries go on; the nonce stays
+		// valid for the right answer.
+		x.mu.Unlock()
+		return
+	}
+	x.count(CountReplies)
 	if e.pending {
-		// A reply that did not cover the query leaves the entry pending; retries go on.
-		if _, cur, ok := x.cache.Lookup(e.query); ok && cur == e && len(m.Records) > 0 {
-			x.cache.Delete(e.prefix)
+		if _, cur, ok := x.cache.Lookup(e.query); ok && cur == e {
+			x.cacheDeleteLocked(e.prefix)
 			queued = append(queued, e.queue...)
+			if _, ne, ok := x.cache.Lookup(e.query); ok {
+				verified = append(verified, x.verifyHeld(ne, e.held)...)
+			} else {
+				x.counts[DropOuterSource].Add(uint64(len(e.held)))
+			}
 		}
 	}
 	x.mu.Unlock()
@@ -191,6 +264,9 @@ func (x *XTR) mapReply(now time.Time, m *lisp.MapReply) {
 		buf := make([]byte, headroom+len(pkt))
 		copy(buf[headroom:], pkt)
 		x.encap(buf, len(pkt))
+	}
+	for _, pkt := range verified {
+		x.deliver(pkt, nil)
 	}
 }
 
@@ -352,11 +428,12 @@ func (x *XTR) tick(now time.Time) {
 				gone = append(gone, p)
 				x.count(CountResolveFailed)
 				x.counts[DropNoMapping].Add(uint64(len(e.queue)))
+				x.counts[DropOuterSource].Add(uint64(len(e.held)))
 				break
 			}
 			e.tries++
 			e.sent = now
-			e.nonce = rand.Uint64()
+			e.nonce = randomNonce()
 			requests = append(requests, requestJob{e.query, e.srcEID, e.nonce, e.tries})
 		case !now.Before(e.expires):
 			gone = append(gone, p)
@@ -368,7 +445,7 @@ func (x *XTR) tick(now time.Time) {
 			if e.tries >= 0 && e.expires.Sub(now) < min(ttl/10, time.Minute) && e.used.Load() {
 				e.tries = -1 // refreshing: the nonce below matches the reply
 				e.query = p.Addr()
-				e.nonce = rand.Uint64()
+				e.nonce = randomNonce()
 				requests = append(requests, requestJob{p.Addr(), netip.Addr{}, e.nonce, 0})
 			}
 			for _, pr := range e.pairs {
@@ -378,7 +455,7 @@ func (x *XTR) tick(now time.Time) {
 		return true
 	})
 	for _, p := range gone {
-		x.cache.Delete(p)
+		x.cacheDeleteLocked(p)
 	}
 	for k, pr := range x.pairs {
 		p, used := inUse[pr]
@@ -394,7 +471,7 @@ func (x *XTR) tick(now time.Time) {
 		}
 		if now.Sub(pr.lastProbe) >= x.o.ProbeInterval {
 			pr.lastProbe = now
-			nonce := rand.Uint64()
+			nonce := randomNonce()
 			x.probes[nonce] = probe{key: k, sent: now}
 			sends = append(sends, outgoing{pr.local, netip.AddrPortFrom(pr.remote, lisp.ControlPort), probeMessage(nonce, x.locals[pr.local].Addr, p)})
 		}
@@ -410,7 +487,7 @@ func (x *XTR) tick(now time.Time) {
 		if r.sent.IsZero() || now.Sub(r.sent) >= x.o.RegisterInterval || (unanswered && now.Sub(r.sent) >= x.o.RequestTimeout) {
 			x.regTurn++
 			r.uplink = x.regTurn % len(x.o.Uplinks)
-			r.nonce, r.sent = rand.Uint64(), now
+			r.nonce, r.sent = x.registerNonceLocked(now), now
 			regs = append(regs, regJob{k, r.uplink, r.nonce})
 		}
 	}
@@ -426,6 +503,18 @@ func (x *XTR) tick(now time.Time) {
 	for _, r := range regs {
 		x.register(r.k, r.ui, r.nonce)
 	}
+}
+
+// registerNonceLocked returns the nonce of a Map-Register sent at now: the time of sending in
+// Unix nanoseconds, strictly increasing, so that a map server with timestamp nonces (braid
+// mapserver's default) refuses a captured registration replayed later. Called with mu held.
+func (x *XTR) registerNonceLocked(now time.Time) uint64 {
+	n := uint64(now.UnixNano())
+	if n <= x.regNonce {
+		n = x.regNonce + 1
+	}
+	x.regNonce = n
+	return n
 }
 
 func (x *XTR) timerLoop(ctx context.Context) {

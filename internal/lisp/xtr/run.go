@@ -312,9 +312,16 @@ func (x *XTR) miss(now time.Time, f *flow, pkt []byte) {
 	}
 	start := false
 	if !found || !e.pending {
+		if !x.roomForPendingLocked() {
+			x.mu.Unlock()
+			x.count(DropPendingFull)
+			return
+		}
 		e = &entry{prefix: netip.PrefixFrom(f.dst, f.dst.BitLen()), pending: true, query: f.dst, srcEID: f.src,
-			nonce: rand.Uint64(), sent: now}
+			nonce: randomNonce(), sent: now}
+		x.cacheDeleteLocked(e.prefix) // an expired entry of the same prefix
 		x.cache.Insert(e.prefix, e)
+		x.pending++
 		start = true
 	}
 	if len(e.queue) < x.o.QueuePerEID {
@@ -341,26 +348,107 @@ func (x *XTR) etrLoop(i int, u *Uplink) error {
 			x.count(DropDecap)
 			continue
 		}
-		inner := buf[lisp.DataHeaderLen:n]
-		f, ok := parseFlow(inner)
-		if !ok {
-			x.count(DropNotIP)
-			continue
+		x.decap(time.Now(), i, from.Addr().Unmap(), buf[lisp.DataHeaderLen:n])
+	}
+}
+
+// decap delivers the inner packet of an encapsulated packet that came from outer source from
+// on uplink i, after the ETR's source checks: the inner source is not one of the site's own
+// EIDs, and (unless AnyOuterSource) from is a locator of the mapping of the inner source. A
+// packet whose inner source has no mapping yet is held while the mapping is resolved and
+// delivered if from turns out to be one of its locators.
+func (x *XTR) decap(now time.Time, i int, from netip.Addr, inner []byte) {
+	f, ok := parseFlow(inner)
+	if !ok {
+		x.count(DropNotIP)
+		return
+	}
+	if _, _, own := x.eids.Lookup(f.dst); !own {
+		x.count(DropNotOurEID)
+		return
+	}
+	if _, _, own := x.eids.Lookup(f.src); own {
+		x.count(DropSpoofedSource)
+		return
+	}
+	x.mu.RLock()
+	pr := x.pairs[pairKey{i, from}]
+	verified := x.o.AnyOuterSource
+	known := false
+	if !verified {
+		var e *entry
+		_, e, known = x.cache.Lookup(f.src)
+		known = known && !e.pending
+		verified = known && e.hasLocator(from)
+	}
+	x.mu.RUnlock()
+	if !verified {
+		if known {
+			x.count(DropOuterSource)
+			return
 		}
-		if _, _, own := x.eids.Lookup(f.dst); !own {
-			x.count(DropNotOurEID)
-			continue
+		x.holdForVerification(now, from, &f, inner)
+		return
+	}
+	x.deliver(inner, pr)
+}
+
+// deliver writes a decapsulated packet to the device.
+func (x *XTR) deliver(inner []byte, pr *pair) {
+	if _, err := x.o.Device.Write(inner); err != nil {
+		x.count(DropSend)
+		return
+	}
+	x.count(CountRxPackets)
+	if pr != nil {
+		pr.rxPackets.Add(1)
+	}
+}
+
+// hasLocator reports whether a is one of the entry's locators (any priority).
+func (e *entry) hasLocator(a netip.Addr) bool {
+	for _, l := range e.locs {
+		if l.Addr.IP.Unmap() == a {
+			return true
 		}
-		if _, err := x.o.Device.Write(inner); err != nil {
-			x.count(DropSend)
-			continue
+	}
+	return false
+}
+
+// heldPacket is a decapsulated packet waiting for the mapping of its inner source.
+type heldPacket struct {
+	from netip.Addr
+	pkt  []byte
+}
+
+// holdForVerification keeps a copy of a decapsulated packet from an inner source without a
+// mapping and starts resolving that source (a remote site usually talks first, before our
+// ITR has its mapping). Bounded like the ITR's queue.
+func (x *XTR) holdForVerification(now time.Time, from netip.Addr, f *flow, inner []byte) {
+	x.mu.Lock()
+	_, e, found := x.cache.Lookup(f.src)
+	start := false
+	if !found || !e.pending {
+		if !x.roomForPendingLocked() {
+			x.mu.Unlock()
+			x.count(DropPendingFull)
+			return
 		}
-		x.count(CountRxPackets)
-		x.mu.RLock()
-		pr := x.pairs[pairKey{i, from.Addr().Unmap()}]
-		x.mu.RUnlock()
-		if pr != nil {
-			pr.rxPackets.Add(1)
-		}
+		e = &entry{prefix: netip.PrefixFrom(f.src, f.src.BitLen()), pending: true, query: f.src, srcEID: f.dst,
+			nonce: randomNonce(), sent: now}
+		x.cacheDeleteLocked(e.prefix) // an expired entry of the same prefix
+		x.cache.Insert(e.prefix, e)
+		x.pending++
+		start = true
+	}
+	if len(e.held) < x.o.QueuePerEID {
+		e.held = append(e.held, heldPacket{from, append([]byte(nil), inner...)})
+	} else {
+		x.count(DropQueueFull)
+	}
+	nonce, tries := e.nonce, e.tries
+	x.mu.Unlock()
+	if start {
+		x.sendRequest(f.src, f.dst, nonce, tries)
 	}
 }

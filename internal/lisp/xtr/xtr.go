@@ -14,6 +14,8 @@
 package xtr
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"log/slog"
 	"net/netip"
@@ -66,7 +68,12 @@ type Options struct {
 	DownAfter        time.Duration // default 3 × ProbeInterval
 	Placement        bool          // A-MPTCP placement for TCP
 	QueuePerEID      int           // packets held while a mapping is resolved (default 16)
-	Logger           *slog.Logger
+	// AnyOuterSource turns off the ETR's check that a packet's outer source is a locator of
+	// the mapping of its inner source (resolved first when unknown).
+	AnyOuterSource  bool
+	MaxCacheEntries int // map-cache bound (default 65536); the entry closest to expiry goes
+	MaxPending      int // resolutions at once (default 1024), each holding QueuePerEID packets
+	Logger          *slog.Logger
 }
 
 func (o *Options) defaults() {
@@ -90,6 +97,12 @@ func (o *Options) defaults() {
 	}
 	if o.QueuePerEID == 0 {
 		o.QueuePerEID = 16
+	}
+	if o.MaxCacheEntries == 0 {
+		o.MaxCacheEntries = 65536
+	}
+	if o.MaxPending == 0 {
+		o.MaxPending = 1024
 	}
 	if o.MTU == 0 {
 		o.MTU = 1500 - 36
@@ -127,6 +140,7 @@ type entry struct {
 	// Resolution in progress (pending entries carry no mapping yet).
 	pending bool
 	queue   [][]byte
+	held    []heldPacket // decapsulated packets from this EID waiting for its mapping
 	nonce   uint64
 	tries   int
 	sent    time.Time
@@ -142,12 +156,14 @@ type XTR struct {
 	locals  []Loc // own locators (priority, weight), index = uplink
 	usableL []Loc // Usable(locals)
 
-	mu      sync.RWMutex
-	cache   lpm.Table[*entry]   // guarded by mu
-	pairs   map[pairKey]*pair   // guarded by mu
-	probes  map[uint64]probe    // outstanding RLOC-probes by nonce; guarded by mu
-	regs    []registrationState // per map-server; guarded by mu
-	regTurn int
+	mu       sync.RWMutex
+	cache    lpm.Table[*entry]   // guarded by mu
+	pairs    map[pairKey]*pair   // guarded by mu
+	probes   map[uint64]probe    // outstanding RLOC-probes by nonce; guarded by mu
+	regs     []registrationState // per map-server; guarded by mu
+	regTurn  int
+	regNonce uint64 // last Map-Register nonce; guarded by mu
+	pending  int    // pending entries in cache; guarded by mu
 
 	counts  map[string]*atomic.Uint64
 	closing atomic.Bool
@@ -168,6 +184,14 @@ type registrationState struct {
 	sent       time.Time
 	lastNotify time.Time
 	uplink     int
+}
+
+// randomNonce draws a Map-Request or RLOC-probe nonce from crypto/rand: the nonce is all that
+// ties a Map-Reply to its request, so an off-path attacker must not be able to predict it.
+func randomNonce() uint64 {
+	var b [8]byte
+	rand.Read(b[:])
+	return binary.BigEndian.Uint64(b[:])
 }
 
 // Counter names.
@@ -196,6 +220,12 @@ const (
 	DropControl        = "drop_bad_control_message"
 	DropUnexpected     = "drop_unexpected_control_message"
 	DropNotifyAuth     = "drop_map_notify_auth"
+	DropReplyRecord    = "drop_map_reply_record"
+	DropSpoofedSource  = "drop_inner_source_is_local_eid"
+	DropOuterSource    = "drop_outer_source_not_a_locator"
+	DropPendingFull    = "drop_too_many_resolutions"
+	DropCacheFull      = "drop_map_cache_full"
+	CountCacheEvicted  = "map_cache_evicted"
 	DropTooBig         = "drop_too_big"
 	CountCacheExpired  = "map_cache_expired"
 	CountResolveFailed = "resolutions_failed"
@@ -204,7 +234,8 @@ const (
 var counterNames = []string{CountTxPackets, CountRxPackets, CountRequests, CountReplies, CountNegative,
 	CountRegisters, CountNotifies, CountProbesSent, CountProbeReplies, CountRequestsIn, DropNoMapping,
 	DropNegative, DropNoPath, DropQueueFull, DropNotIP, DropNotUnicast, DropOwnEID, DropDecap, DropNotOurEID, DropForeignEID, DropSend,
-	DropControl, DropUnexpected, DropNotifyAuth, DropTooBig, CountCacheExpired, CountResolveFailed}
+	DropControl, DropUnexpected, DropNotifyAuth, DropReplyRecord, DropSpoofedSource, DropOuterSource,
+	DropPendingFull, DropCacheFull, CountCacheEvicted, DropTooBig, CountCacheExpired, CountResolveFailed}
 
 // New checks o and returns an xTR; Run starts it.
 func New(o Options) (*XTR, error) {
@@ -295,11 +326,12 @@ func (x *XTR) localIndex(a netip.Addr) int {
 }
 
 // install puts a Map-Reply record into the map-cache and returns the queued packets of the
-// entry it replaces. Called with mu held.
-func (x *XTR) installLocked(now time.Time, r *lisp.Record) (queued [][]byte) {
+// pending entries it replaces, and the decapsulated packets they held that the new mapping
+// verifies. Called with mu held.
+func (x *XTR) installLocked(now time.Time, r *lisp.Record) (queued, verified [][]byte) {
 	p, ok := r.Prefix()
 	if !ok {
-		return nil
+		return nil, nil
 	}
 	e := &entry{prefix: p, ttl: r.TTL, locs: slices.Clone(r.Locators)}
 	ttl := time.Duration(r.TTL) * time.Minute
@@ -341,26 +373,89 @@ func (x *XTR) installLocked(now time.Time, r *lisp.Record) (queued [][]byte) {
 		}
 	}
 	// A resolution for a more specific EID may come back with a covering prefix: the
-	// pending entries it covers are released too.
+	// pending entries it covers are released too, and the decapsulated packets they held are
+	// delivered when their outer source is a locator of the new mapping.
 	var gone []netip.Prefix
+	var held []heldPacket
 	x.cache.All(func(q netip.Prefix, old *entry) bool {
 		if old.pending && p.Contains(q.Addr()) && q.Bits() >= p.Bits() {
 			queued = append(queued, old.queue...)
+			held = append(held, old.held...)
 			gone = append(gone, q)
 		}
 		return true
 	})
 	for _, q := range gone {
-		x.cache.Delete(q)
+		x.cacheDeleteLocked(q)
 	}
 	if r.TTL == 0 {
 		// "Remove now": nothing to cache, and the held packets have nowhere to go.
-		x.cache.Delete(p)
+		x.cacheDeleteLocked(p)
 		x.counts[DropNoMapping].Add(uint64(len(queued)))
-		return nil
+		x.counts[DropOuterSource].Add(uint64(len(held)))
+		return nil, nil
 	}
+	verified = x.verifyHeld(e, held)
+	if _, ok := x.cache.Get(p); !ok && !x.roomForEntryLocked() {
+		x.counts[DropCacheFull].Add(1 + uint64(len(queued)+len(verified)))
+		return nil, nil
+	}
+	x.cacheDeleteLocked(p)
 	x.cache.Insert(p, e)
-	return queued
+	return queued, verified
+}
+
+// verifyHeld returns the held packets whose outer source is a locator of e, and counts the
+// others.
+func (x *XTR) verifyHeld(e *entry, held []heldPacket) (ok [][]byte) {
+	for _, h := range held {
+		if !e.negative && e.hasLocator(h.from) {
+			ok = append(ok, h.pkt)
+		} else {
+			x.count(DropOuterSource)
+		}
+	}
+	return ok
+}
+
+// cacheDeleteLocked removes the entry of p, keeping the pending accounting right.
+func (x *XTR) cacheDeleteLocked(p netip.Prefix) {
+	if old, ok := x.cache.Get(p); ok {
+		if old.pending {
+			x.pending--
+		}
+		x.cache.Delete(p)
+	}
+}
+
+// roomForPendingLocked reports whether another resolution may start: at most MaxPending
+// at once, so that traffic to (or spoofed from) many EIDs cannot grow the cache and its held
+// packets without bound.
+func (x *XTR) roomForPendingLocked() bool {
+	return x.pending < x.o.MaxPending && x.roomForEntryLocked()
+}
+
+// roomForEntryLocked makes room for one more map-cache entry when the cache holds
+// MaxCacheEntries: the resolved entry closest to expiry goes. It reports false when every
+// entry is pending.
+func (x *XTR) roomForEntryLocked() bool {
+	if x.cache.Len() < x.o.MaxCacheEntries {
+		return true
+	}
+	var victim netip.Prefix
+	var at time.Time
+	x.cache.All(func(q netip.Prefix, e *entry) bool {
+		if !e.pending && (!victim.IsValid() || e.expires.Before(at)) {
+			victim, at = q, e.expires
+		}
+		return true
+	})
+	if !victim.IsValid() {
+		return false
+	}
+	x.cacheDeleteLocked(victim)
+	x.count(CountCacheEvicted)
+	return true
 }
 
 // EntryStatus is a map-cache entry as `braid xtr` shows it.

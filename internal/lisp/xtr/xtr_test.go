@@ -214,6 +214,10 @@ func TestXtrRegistration(t *testing.T) {
 	if m.Flags&lisp.RegWantNotify == 0 || len(m.Records) != 1 || m.Records[0].Locators[0].Flags != lisp.LocLocal|lisp.LocReachable {
 		t.Fatalf("register %+v", m)
 	}
+	// The nonce is the time of sending, so that a map server can refuse a stale replay.
+	if d := time.Unix(0, int64(m.Nonce)).Sub(now); d < 0 || d > time.Second {
+		t.Fatalf("Map-Register nonce %#x is not the time of sending (%v away)", m.Nonce, d)
+	}
 	notify := func(key string) []byte {
 		nt := lisp.MapRegister{Type: lisp.TypeMapNotify, Nonce: m.Nonce, AlgID: lisp.AlgHMACSHA1, AuthData: make([]byte, 20), Records: m.Records}
 		b := make([]byte, nt.Len())

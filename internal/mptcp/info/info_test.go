@@ -1,11 +1,14 @@
 package info
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"net/netip"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestDecodeConnInfo(t *testing.T) {
@@ -257,5 +260,25 @@ func TestDecodeFull(t *testing.T) {
 	}
 	if _, err := decodeFull(buf, sf, tcp, 5); !errors.Is(err, ErrMalformed) {
 		t.Errorf("more subflows than room: %v", err)
+	}
+}
+
+func TestDestroyRequest(t *testing.T) {
+	b := destroyRequest(netip.MustParseAddrPort("10.9.0.2:7101"), netip.MustParseAddrPort("10.9.1.1:45009"), 3)
+	want := []byte{
+		unix.AF_INET, unix.IPPROTO_TCP, 0, 0, 0, 0, 0, 0, // family, protocol, ext, pad, states (below)
+		0x1b, 0xbd, 0xaf, 0xd1, // sport 7101, dport 45009
+		10, 9, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // src
+		10, 9, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // dst
+		0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, // if (below), cookie
+	}
+	binary.NativeEndian.PutUint32(want[4:], allButListenState)
+	binary.NativeEndian.PutUint32(want[44:], 3)
+	if !bytes.Equal(b, want) {
+		t.Errorf("destroyRequest:\n got %x\nwant %x", b, want)
+	}
+	b6 := destroyRequest(netip.MustParseAddrPort("[fd09::2]:7101"), netip.MustParseAddrPort("[fd09:1::1]:5"), 0)
+	if b6[0] != unix.AF_INET6 || !bytes.Equal(b6[12:28], netip.MustParseAddr("fd09::2").AsSlice()) || !bytes.Equal(b6[28:44], netip.MustParseAddr("fd09:1::1").AsSlice()) {
+		t.Errorf("destroyRequest (IPv6): %x", b6)
 	}
 }

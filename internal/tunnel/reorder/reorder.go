@@ -215,6 +215,7 @@ type Buffer[T any] struct {
 	start  bool   // next is valid
 	hold   int64  // ns: the hold in force
 	ceil   int64  // ns: the hold SetHold allows
+	floor  int64  // ns: the least hold Learn may settle on (SetFloor)
 	// Learn: the longest wait a gap needed lately (ns), decaying by half every learnHalfLife,
 	// as of learnAt.
 	need    float64
@@ -275,6 +276,14 @@ func (b *Buffer[T]) SetHold(d time.Duration) {
 	}
 }
 
+// SetFloor sets the least hold that Config.Learn may settle on, at least MinHold and at most
+// the ceiling SetHold sets: the time a lost packet takes to be sent again, when the sender
+// resends what the receiver reports lost. Without it a gap seen after a quiet spell is given up
+// on after MinHold, before its resent packet can come. It takes effect at the next SetHold.
+func (b *Buffer[T]) SetFloor(d time.Duration) {
+	b.floor = int64(max(d, 0))
+}
+
 // learnHalfLife is how fast a learnt need for holding fades.
 const learnHalfLife = float64(time.Second)
 
@@ -286,7 +295,7 @@ func (b *Buffer[T]) learn(now int64, wait int64) {
 	}
 	b.need = max(b.need, float64(wait))
 	h := int64(b.need*5/4) + int64(holdMargin)
-	b.hold = min(max(h, int64(b.cfg.MinHold)), b.ceil)
+	b.hold = min(max(h, int64(b.cfg.MinHold), b.floor), b.ceil)
 }
 
 // Hold returns the current hold time.

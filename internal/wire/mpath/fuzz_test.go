@@ -110,7 +110,7 @@ func FuzzDataPrefix(f *testing.F) {
 		if err == nil && n != DataPrefixLen {
 			t.Fatalf("n = %d", n)
 		}
-		checkRoundTrip(t, DataPrefix{Seq: seq, Timestamp: ts}, DataPrefixLen, b)
+		checkRoundTrip(t, DataPrefix{Seq: seq, PathSeq: ts}, DataPrefixLen, b)
 	})
 }
 
@@ -158,6 +158,17 @@ func FuzzMTUAck(f *testing.F) {
 			t.Fatalf("len(b) = %d: n = %d, %v", len(b), n, err)
 		}
 		checkRoundTrip(t, MTUAck{Seq: x, Size: y}, MTUAckLen, nil)
+	})
+}
+
+func FuzzNack(f *testing.F) {
+	addSeeds(f, nackVectors, nackErrors)
+	f.Fuzz(func(t *testing.T, b []byte, _ uint64, x, y uint32) {
+		_, n, err := checkDecode(t, b, dirtyNack, []error{ErrTruncated, ErrTrailing}, nil)
+		if (err == nil) != (len(b) == NackLen) || err == nil && n != NackLen {
+			t.Fatalf("len(b) = %d: n = %d, %v", len(b), n, err)
+		}
+		checkRoundTrip(t, Nack{First: x, Count: uint16(y), Path: uint8(y >> 16)}, NackLen, nil)
 	})
 }
 

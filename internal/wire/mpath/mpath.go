@@ -16,12 +16,13 @@
 //
 // The plaintexts, all big-endian:
 //
-//	Type 1 data:      | Seq (4) | Timestamp (4) | inner IPv4 or IPv6 packet            |  DataPrefix
+//	Type 1 data:      | Seq (4) | PathSeq (4) | inner IPv4 or IPv6 packet              |  DataPrefix
 //	Type 2 probe:     | Seq (4) | Timestamp (4) | padding (any length)                 |  Probe
 //	Type 3 reply:     | Seq (4) | Timestamp (4) | Hold (4) | path feedback (32)        |  ProbeReply
 //	Type 4 feedback:  | path feedback (32)                                             |  Feedback
 //	Type 5 MTU probe: | Seq (4) | Timestamp (4) | padding to the size probed           |  Probe
 //	Type 6 MTU ack:   | Seq (4) | Size (4, the probe's UDP payload as received)         |  MTUAck
+//	Type 7 nack:      | First (4) | Count (2) | Path (1)                                 |  Nack
 //
 //	path feedback:    | Bytes (8) | Packets (4) | Lost (4) | ReorderPackets (4) | ReorderKiB (4) |
 //	                  | Time (4) | ReorderFreeKiB (4) |
@@ -61,6 +62,7 @@ const (
 	TypeFeedback      = 4
 	TypeMTUProbe      = 5
 	TypeMTUAck        = 6
+	TypeNack          = 7
 	TypeHandshakeInit = 16
 	TypeHandshakeResp = 17
 )
@@ -90,7 +92,7 @@ func (h *Header) Decode(b []byte) (n int, err error) {
 		return 0, ErrTruncated
 	}
 	switch b[0] {
-	case TypeData, TypeProbe, TypeProbeReply, TypeFeedback, TypeMTUProbe, TypeMTUAck,
+	case TypeData, TypeProbe, TypeProbeReply, TypeFeedback, TypeMTUProbe, TypeMTUAck, TypeNack,
 		TypeHandshakeInit, TypeHandshakeResp:
 	default:
 		return 0, ErrType

@@ -82,11 +82,12 @@ func testVectors[T comparable, P codec[T]](t *testing.T, dirty T, vs []vector[T]
 
 var (
 	dirtyHeader   = Header{Type: 0xaa, Path: 0xbb, Flags: 0xcccc, Counter: 0xdddddddddddddddd}
-	dirtyPrefix   = DataPrefix{Seq: 0xaaaaaaaa, Timestamp: 0xbbbbbbbb}
+	dirtyPrefix   = DataPrefix{Seq: 0xaaaaaaaa, PathSeq: 0xbbbbbbbb}
 	dirtyProbe    = Probe{Seq: 0xaaaaaaaa, Timestamp: 0xbbbbbbbb, Padding: 77}
 	dirtyFeedback = Feedback{Bytes: 1<<64 - 1, Packets: 1, Lost: 2, ReorderPackets: 3, ReorderKiB: 4, Time: 5, ReorderFreeKiB: 6}
 	dirtyReply    = ProbeReply{Seq: 5, Timestamp: 6, Hold: 7, Feedback: dirtyFeedback}
 	dirtyMTUAck   = MTUAck{Seq: 8, Size: 9}
+	dirtyNack     = Nack{First: 8, Count: 9, Path: 10}
 )
 
 var headerVectors = []vector[Header]{
@@ -97,6 +98,7 @@ var headerVectors = []vector[Header]{
 	{name: "clear data", in: "01 01 0001 0000000000000004", want: Header{Type: TypeData, Path: 1, Flags: FlagClear, Counter: 4}, n: 12},
 	{name: "mtu probe", in: "05 02 0000 0000000000000009 00", want: Header{Type: TypeMTUProbe, Path: 2, Counter: 9}, n: 12},
 	{name: "mtu ack", in: "06 03 0000 000000000000000a", want: Header{Type: TypeMTUAck, Path: 3, Counter: 10}, n: 12},
+	{name: "nack", in: "07 04 0000 000000000000000b", want: Header{Type: TypeNack, Path: 4, Counter: 11}, n: 12},
 	{name: "handshake init", in: "10 00 0000 0000000000000000 01", want: Header{Type: TypeHandshakeInit}, n: 12},
 	{name: "handshake response", in: "11 00 0000 0000000000000002", want: Header{Type: TypeHandshakeResp, Counter: 2}, n: 12},
 	{name: "reserved path accepted", in: "01 ff 0000 0000000000000003", want: Header{Type: TypeData, Path: PathReserved, Counter: 3}, n: 12},
@@ -107,7 +109,7 @@ var headerErrors = []errVector{
 	{"11 bytes", "01 00 0000 00000000000000", ErrTruncated},
 	{"truncated before type", "00 00 0000 00000000000000", ErrTruncated},
 	{"type 0", "00 00 0000 0000000000000000", ErrType},
-	{"type 7", "07 00 0000 0000000000000000", ErrType},
+	{"type 8", "08 00 0000 0000000000000000", ErrType},
 	{"type 15", "0f 00 0000 0000000000000000", ErrType},
 	{"type 18", "12 00 0000 0000000000000000", ErrType},
 	{"type 255", "ff 00 0000 0000000000000000", ErrType},
@@ -121,8 +123,8 @@ var headerErrors = []errVector{
 func TestHeader(t *testing.T) { testVectors(t, dirtyHeader, headerVectors, headerErrors) }
 
 var prefixVectors = []vector[DataPrefix]{
-	{name: "with packet", in: "00000001 00000002 4500", want: DataPrefix{Seq: 1, Timestamp: 2}, n: 8},
-	{name: "alone", in: "fffffffe 01020304", want: DataPrefix{Seq: 0xfffffffe, Timestamp: 0x01020304}, n: 8},
+	{name: "with packet", in: "00000001 00000002 4500", want: DataPrefix{Seq: 1, PathSeq: 2}, n: 8},
+	{name: "alone", in: "fffffffe 01020304", want: DataPrefix{Seq: 0xfffffffe, PathSeq: 0x01020304}, n: 8},
 }
 
 var prefixErrors = []errVector{
@@ -198,6 +200,19 @@ var mtuAckErrors = []errVector{
 }
 
 func TestMTUAck(t *testing.T) { testVectors(t, dirtyMTUAck, mtuAckVectors, mtuAckErrors) }
+
+var nackVectors = []vector[Nack]{
+	{name: "one", in: "00000007 0001 02", want: Nack{First: 7, Count: 1, Path: 2}, n: 7},
+	{name: "max", in: "ffffffff ffff ff", want: Nack{First: 1<<32 - 1, Count: 1<<16 - 1, Path: 255}, n: 7},
+}
+
+var nackErrors = []errVector{
+	{"empty", "", ErrTruncated},
+	{"6 bytes", "00000007 0001", ErrTruncated},
+	{"8 bytes", "00000007 0001 02 00", ErrTrailing},
+}
+
+func TestNack(t *testing.T) { testVectors(t, dirtyNack, nackVectors, nackErrors) }
 
 var innerTests = []struct {
 	name string

@@ -11,12 +11,16 @@ const (
 	ProbeReplyLen = 12 + FeedbackLen
 	FeedbackLen   = 32
 	MTUAckLen     = 8
+	NackLen       = 7
 )
 
 // DataPrefix is the start of a data plaintext (type 1); the inner packet follows it.
 type DataPrefix struct {
-	Seq       uint32 // data sequence number for reordering, per peer, over all paths
-	Timestamp uint32 // sender clock, µs
+	Seq uint32 // data sequence number for reordering, per peer, over all paths
+	// PathSeq numbers the data packets of one path (the sender's path in the header), one
+	// after another: a gap in it at the receiver is a loss on that path, which the receiver
+	// reports in a Nack.
+	PathSeq uint32
 }
 
 // Decode overwrites d with the prefix of b and returns DataPrefixLen; the inner packet is
@@ -26,7 +30,7 @@ func (d *DataPrefix) Decode(b []byte) (n int, err error) {
 	if len(b) < DataPrefixLen {
 		return 0, ErrTruncated
 	}
-	*d = DataPrefix{Seq: binary.BigEndian.Uint32(b), Timestamp: binary.BigEndian.Uint32(b[4:])}
+	*d = DataPrefix{Seq: binary.BigEndian.Uint32(b), PathSeq: binary.BigEndian.Uint32(b[4:])}
 	return DataPrefixLen, nil
 }
 
@@ -36,7 +40,7 @@ func (d *DataPrefix) Encode(b []byte) int {
 		return 0
 	}
 	binary.BigEndian.PutUint32(b, d.Seq)
-	binary.BigEndian.PutUint32(b[4:], d.Timestamp)
+	binary.BigEndian.PutUint32(b[4:], d.PathSeq)
 	return DataPrefixLen
 }
 
@@ -200,4 +204,38 @@ func (a *MTUAck) Encode(b []byte) int {
 	binary.BigEndian.PutUint32(b, a.Seq)
 	binary.BigEndian.PutUint32(b[4:], a.Size)
 	return MTUAckLen
+}
+
+// Nack reports data packets lost on one of the sender's paths (type 7): Count packets of
+// path Path, from PathSeq First on, did not arrive. The sender sends them again, each once, on
+// its fastest path.
+type Nack struct {
+	First uint32 // the first PathSeq missing
+	Count uint16 // how many, First included
+	Path  uint8  // the path they were sent on: the Path of their data packets' header
+}
+
+// Decode overwrites k with the nack b, exactly NackLen bytes, and returns NackLen. Errors:
+// ErrTruncated, ErrTrailing.
+func (k *Nack) Decode(b []byte) (n int, err error) {
+	*k = Nack{}
+	switch {
+	case len(b) < NackLen:
+		return 0, ErrTruncated
+	case len(b) > NackLen:
+		return 0, ErrTrailing
+	}
+	*k = Nack{First: binary.BigEndian.Uint32(b), Count: binary.BigEndian.Uint16(b[4:]), Path: b[6]}
+	return NackLen, nil
+}
+
+// Encode writes k into b[:NackLen] and returns NackLen, or 0 if b is shorter.
+func (k *Nack) Encode(b []byte) int {
+	if len(b) < NackLen {
+		return 0
+	}
+	binary.BigEndian.PutUint32(b, k.First)
+	binary.BigEndian.PutUint16(b[4:], k.Count)
+	b[6] = k.Path
+	return NackLen
 }

@@ -1,0 +1,90 @@
+package mapserver
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"braid/internal/wire/lisp"
+)
+
+var attacker = netip.MustParseAddrPort("10.66.0.66:4342")
+
+// TestMapserverReplayedRegisterCannotRedirect (issue 18, item 4): an attacker captures a
+// site's Map-Register and replays it from its own address once the nonce has left the replay
+// window. With timestamp nonces the replay is refused; with random nonces ("window") it is
+// accepted, but Map-Requests still go to the locators the site signed, never to the attacker.
+func TestMapserverReplayedRegisterCannotRedirect(t *testing.T) {
+	eid := netip.MustParseAddr("192.168.101.10")
+	for _, ts := range []bool{false, true} {
+		s := testServer(t, func(c *Config) { c.Sites[0].TimestampNonces = ts })
+		captured := signed(t, uint64(t0.UnixNano()), lisp.AlgHMACSHA256, 32, "secret-x1", 0, "192.168.101.0/24")
+		if out := s.Handle(t0, etr1, captured, nil); len(out) != 1 {
+			t.Fatalf("timestamps %v: legitimate registration refused: %v", ts, s.Counters())
+		}
+		// Within the window: a replay by nonce.
+		s.Handle(t0.Add(time.Minute), attacker, captured, nil)
+		if s.Counters()[DropReplay] != 1 {
+			t.Fatalf("timestamps %v: replay within the window accepted", ts)
+		}
+		// Eleven minutes later the nonce is forgotten.
+		later := t0.Add(11 * time.Minute)
+		s.Expire(later)
+		s.Handle(later, attacker, captured, nil)
+		if ts && s.Counters()[DropStale] != 1 {
+			t.Fatalf("timestamps on: stale replay not refused: %v", s.Counters())
+		}
+		req := ecmRequest(t, eid, 32, 5, itr)
+		out := s.Handle(later, itr, req, nil)
+		if ts {
+			// The registration was refused and has expired (3 min): negative answer.
+			if len(out) != 1 || out[0].To != itr {
+				t.Fatalf("timestamps on: %+v", out)
+			}
+			continue
+		}
+		if len(out) != 1 || out[0].To.Addr() == attacker.Addr() {
+			t.Fatalf("timestamps off: the replayed registration redirected requests to the attacker: %+v", out)
+		}
+		if out[0].To != netip.AddrPortFrom(etr1.Addr(), lisp.ControlPort) {
+			t.Fatalf("timestamps off: forwarded to %v, want the signed locator %v", out[0].To, etr1.Addr())
+		}
+	}
+}
+
+// TestMapserverNonceZeroRegistrations: registrations without a Map-Notify carry nonce 0
+// (RFC 9301); every refresh is taken, with timestamp nonces on too.
+func TestMapserverNonceZeroRegistrations(t *testing.T) {
+	s := testServer(t, func(c *Config) { c.Sites[0].TimestampNonces = true })
+	m := lisp.MapRegister{AlgID: lisp.AlgHMACSHA256, AuthData: make([]byte, 32), Records: []lisp.Record{{TTL: 10, MaskLen: 24,
+		EID: lisp.AddrFrom(netip.MustParseAddr("192.168.101.0")), Locators: []lisp.Locator{{Priority: 1, Weight: 1, Flags: lisp.LocReachable, Addr: lisp.AddrFrom(etr1.Addr())}}}}}
+	b := mustEncode(&m)
+	if err := lisp.Sign(b, []byte("secret-x1")); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		s.Handle(t0.Add(time.Duration(i)*time.Minute), etr1, b, nil)
+	}
+	if c := s.Counters(); c[CountRegistered] != 3 || c[DropReplay] != 0 {
+		t.Fatalf("nonce-0 refreshes: %v", c)
+	}
+}
+
+// TestMapserverForwardOnlyToSignedLocators: a registration sent from an address that is not
+// among its locators (a NAT, or an attacker replaying it) never makes the server send there.
+func TestMapserverForwardOnlyToSignedLocators(t *testing.T) {
+	s := testServer(t)
+	loc6 := netip.MustParseAddr("2001:db8::2")
+	m := lisp.MapRegister{Flags: lisp.RegWantNotify, Nonce: 99, AlgID: lisp.AlgHMACSHA256, AuthData: make([]byte, 32), Records: []lisp.Record{{TTL: 10, MaskLen: 24,
+		EID: lisp.AddrFrom(netip.MustParseAddr("192.168.101.0")), Locators: []lisp.Locator{
+			{Priority: 1, Weight: 1, Flags: lisp.LocReachable, Addr: lisp.AddrFrom(loc6)},
+			{Priority: 2, Weight: 1, Flags: lisp.LocReachable, Addr: lisp.AddrFrom(netip.MustParseAddr("10.99.11.7"))},
+			{Priority: 255, Weight: 1, Flags: lisp.LocReachable, Addr: lisp.AddrFrom(netip.MustParseAddr("10.99.11.8"))}}}}}
+	b := mustEncode(&m)
+	lisp.Sign(b, []byte("secret-x1"))
+	s.Handle(t0, attacker, b, nil)
+	out := s.Handle(t0, itr, ecmRequest(t, netip.MustParseAddr("192.168.101.1"), 32, 1, itr), nil)
+	if len(out) != 1 || out[0].To != netip.MustParseAddrPort("10.99.11.7:4342") {
+		t.Fatalf("forwarded %+v, want the IPv4 locator of the record", out)
+	}
+}

@@ -1,0 +1,199 @@
+package xtr
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"braid/internal/wire/lisp"
+)
+
+var attacker = netip.MustParseAddrPort("10.66.0.66:4342")
+
+func record(prefix string, ttl uint32, locs ...string) lisp.Record {
+	p := netip.MustParsePrefix(prefix)
+	r := lisp.Record{TTL: ttl, MaskLen: uint8(p.Bits()), Authoritative: true, EID: lisp.AddrFrom(p.Addr())}
+	for _, l := range locs {
+		r.Locators = append(r.Locators, lisp.Locator{Priority: 1, Weight: 1, Flags: lisp.LocReachable, Addr: lisp.AddrFrom(netip.MustParseAddr(l))})
+	}
+	return r
+}
+
+// TestXtrForgedMapReplies (issue 18, item 5): replies that carry the right nonce but come from
+// neither the resolver asked nor the mapping's own locators, or that map more than the query
+// (0.0.0.0/0, the site's own EIDs), install nothing; the request stays pending and the right
+// answer is still taken.
+func TestXtrForgedMapReplies(t *testing.T) {
+	x, rs := testXTR(t)
+	now := time.Now()
+	p := packetTo(t, "192.168.2.5:7")
+	x.encap(p, len(p)-headroom)
+	_, req := rs.request()
+	forged := []struct {
+		name string
+		from netip.AddrPort
+		rec  lisp.Record
+	}{
+		{"default route from an attacker", attacker, record("0.0.0.0/0", 1440, attacker.Addr().String())},
+		{"the query's /24 from an attacker naming another RLOC", attacker, record("192.168.2.0/24", 1440, "10.0.3.1")},
+		{"default route from the resolver", rs.addr(), record("0.0.0.0/0", 1440, "10.0.3.1")},
+		{"a /7 from the resolver", rs.addr(), record("192.0.0.0/7", 1440, "10.0.3.1")},
+		{"the site's own EIDs from the resolver", rs.addr(), record("192.168.0.0/16", 1440, "10.0.3.1")},
+		{"a prefix without the query", rs.addr(), record("192.168.3.0/24", 1440, "10.0.3.1")},
+	}
+	for _, f := range forged {
+		x.control(now, 0, f.from, replyBytes(&lisp.MapReply{Nonce: req.Nonce, Records: []lisp.Record{f.rec}}))
+		st := x.Status()
+		if len(st.Cache) != 1 || !st.Cache[0].Pending {
+			t.Fatalf("%s: installed %+v", f.name, st.Cache)
+		}
+	}
+	if got := x.Counters()[DropReplyRecord]; got != uint64(len(forged)) {
+		t.Fatalf("%d records refused, want %d", got, len(forged))
+	}
+	// The remote ETR answers for itself from one of its locators (forwarded request): taken.
+	etr := netip.MustParseAddrPort("10.0.3.1:4342")
+	x.control(now, 0, etr, replyBytes(&lisp.MapReply{Nonce: req.Nonce, Records: []lisp.Record{record("192.168.2.0/24", 10, "10.0.3.1", "10.0.4.1")}}))
+	st := x.Status()
+	if len(st.Cache) != 1 || st.Cache[0].Pending || st.Cache[0].Prefix != netip.MustParsePrefix("192.168.2.0/24") {
+		t.Fatalf("the ETR's own answer not installed: %+v", st.Cache)
+	}
+	if x.Counters()[CountTxPackets]+x.Counters()[DropSend] != 1 {
+		t.Fatalf("the held packet did not leave: %v", x.Counters())
+	}
+
+	// A negative reply wider than a /8 is narrowed to the /8 around the query.
+	p = packetTo(t, "8.8.8.8:53")
+	x.encap(p, len(p)-headroom)
+	_, req = rs.request()
+	x.control(now, 0, rs.addr(), replyBytes(&lisp.MapReply{Nonce: req.Nonce, Records: []lisp.Record{{TTL: 15, Action: lisp.ActNativelyForward, Authoritative: true,
+		EID: lisp.AddrFrom(netip.MustParseAddr("0.0.0.0"))}}}))
+	x.mu.RLock()
+	q, e, ok := x.cache.Lookup(netip.MustParseAddr("8.8.8.8"))
+	_, _, wide := x.cache.Lookup(netip.MustParseAddr("9.9.9.9"))
+	x.mu.RUnlock()
+	if !ok || !e.negative || q != netip.MustParsePrefix("8.0.0.0/8") || wide {
+		t.Fatalf("negative 0.0.0.0/0 installed as %v (9.9.9.9 covered: %v)", q, wide)
+	}
+}
+
+// TestXtrNoncesUnpredictable: Map-Request nonces come from crypto/rand; a run of them has no
+// repeats and uses the whole 64 bits (a weak generator seeded from the clock, as some
+// implementations use, fails the second check).
+func TestXtrNoncesUnpredictable(t *testing.T) {
+	var or, and uint64 = 0, ^uint64(0)
+	seen := map[uint64]bool{}
+	for range 256 {
+		n := randomNonce()
+		if seen[n] {
+			t.Fatal("nonce repeated")
+		}
+		seen[n] = true
+		or |= n
+		and &= n
+	}
+	if or != ^uint64(0) || and != 0 {
+		t.Fatalf("nonce bits stuck: or %#x and %#x", or, and)
+	}
+}
+
+// recDevice counts the packets written to the device.
+type recDevice struct {
+	nullDevice
+	writes [][]byte
+}
+
+func (d *recDevice) Write(b []byte) (int, error) {
+	d.writes = append(d.writes, append([]byte(nil), b...))
+	return len(b), nil
+}
+
+// TestXtrETRSourceChecks (issue 18, item 6): the ETR does not deliver packets whose inner
+// source is one of its own EIDs, nor, by default, packets whose outer source is not a locator
+// of the mapping of their inner source; an unknown inner source is resolved first and its
+// packets wait for the answer.
+func TestXtrETRSourceChecks(t *testing.T) {
+	x, rs := testXTR(t)
+	dev := &recDevice{}
+	x.o.Device = dev
+	now := time.Now()
+	mapped := netip.MustParseAddr("10.0.3.1")
+	rec := record("192.168.2.0/24", 10, mapped.String())
+	x.mu.Lock()
+	x.installLocked(now, &rec)
+	x.mu.Unlock()
+
+	// The site's own EID as inner source, from the mapped RLOC or anywhere: dropped.
+	x.decap(now, 0, mapped, ipUDP(t, "192.168.1.7:53", "192.168.1.1:53"))
+	// Another site's EID from an address that is not its locator: dropped.
+	x.decap(now, 0, attacker.Addr(), ipUDP(t, "192.168.2.5:53", "192.168.1.1:53"))
+	if len(dev.writes) != 0 {
+		t.Fatalf("spoofed packets delivered: %d", len(dev.writes))
+	}
+	if c := x.Counters(); c[DropSpoofedSource] != 1 || c[DropOuterSource] != 1 {
+		t.Fatalf("counters %v", c)
+	}
+	// From its locator: delivered.
+	x.decap(now, 0, mapped, ipUDP(t, "192.168.2.5:53", "192.168.1.1:53"))
+	if len(dev.writes) != 1 {
+		t.Fatal("legitimate packet not delivered")
+	}
+
+	// An inner source without a mapping: held while it is resolved, delivered when the
+	// mapping lists the outer source, dropped when it does not.
+	for _, tc := range []struct {
+		eid, from, loc string
+		delivered      bool
+	}{{"192.168.5.5", "10.0.5.1", "10.0.5.1", true}, {"192.168.6.6", "10.66.0.66", "10.0.6.1", false}} {
+		before := len(dev.writes)
+		x.decap(now, 0, netip.MustParseAddr(tc.from), ipUDP(t, tc.eid+":53", "192.168.1.1:53"))
+		if len(dev.writes) != before {
+			t.Fatal("delivered before the mapping was known")
+		}
+		e, req := rs.request()
+		if req.Records[0].EID.IP != netip.MustParseAddr(tc.eid) || e.Inner.Src.Addr() != netip.MustParseAddr("192.168.1.1") {
+			t.Fatalf("resolution of the inner source: %+v %+v", e, req)
+		}
+		p := netip.PrefixFrom(netip.MustParseAddr(tc.eid), 24).Masked()
+		x.control(now, 0, rs.addr(), replyBytes(&lisp.MapReply{Nonce: req.Nonce, Records: []lisp.Record{record(p.String(), 10, tc.loc)}}))
+		if got := len(dev.writes) - before; (got == 1) != tc.delivered || got > 1 {
+			t.Fatalf("%s from %s with locator %s: %d delivered", tc.eid, tc.from, tc.loc, got)
+		}
+	}
+	if c := x.Counters(); c[DropOuterSource] != 2 {
+		t.Fatalf("counters %v", c)
+	}
+
+	// With the check off, any outer source is taken; own EIDs still are not.
+	x.o.AnyOuterSource = true
+	before := len(dev.writes)
+	x.decap(now, 0, attacker.Addr(), ipUDP(t, "192.168.2.5:53", "192.168.1.1:53"))
+	x.decap(now, 0, attacker.Addr(), ipUDP(t, "192.168.1.9:53", "192.168.1.1:53"))
+	if len(dev.writes)-before != 1 {
+		t.Fatalf("any_outer_source: %d delivered, want 1", len(dev.writes)-before)
+	}
+}
+
+// TestXtrPendingBounded (issue 18, items 6 and 8): packets spoofed from (or sent to) many EIDs
+// start at most MaxPending resolutions and grow the map-cache no further.
+func TestXtrPendingBounded(t *testing.T) {
+	x, _ := testXTR(t)
+	x.o.MaxPending = 8
+	now := time.Now()
+	for i := range 100 {
+		src := netip.AddrFrom4([4]byte{10, 200, byte(i), 1})
+		x.decap(now, 0, attacker.Addr(), ipUDP(t, src.String()+":53", "192.168.1.1:53"))
+	}
+	if n := x.cacheLen(); n != 8 {
+		t.Fatalf("%d map-cache entries, want 8", n)
+	}
+	if c := x.Counters(); c[DropPendingFull] != 92 || c[CountRequests] > 8 {
+		t.Fatalf("counters %v", c)
+	}
+}
+
+func (x *XTR) cacheLen() int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.cache.Len()
+}

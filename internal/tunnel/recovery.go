@@ -1,0 +1,284 @@
+package tunnel
+
+import (
+	"sync"
+	"time"
+
+	"braid/internal/tunnel/path"
+	"braid/internal/tunnel/reorder"
+	"braid/internal/wire/mpath"
+)
+
+// Loss recovery (docs/scheduling.md, "Loss recovery"). A loss on one path need not reach the
+// flows inside the tunnel: the receiver sees it at once, because each path numbers its data
+// packets (DataPrefix.PathSeq) and the packets of one path arrive in order, and it reports the
+// gap in a nack on its fastest path. The sender keeps the last recoverySlots inner packets of
+// each peer and sends the ones reported again, once each, on its fastest path. The receiver's
+// reorder buffer holds the packets behind the gap meanwhile: the resent packet arrives about
+// one round trip of the fastest path after the loss, and the inner TCP sees neither the loss
+// nor a reordering. Without it, TCP inside the tunnel takes a random loss on any path as
+// congestion and halves its window: one lossy path caps the whole flow at what a single lossy
+// path carries.
+//
+// What recovery does not do: it resends a packet once (a lost resend is the inner TCP's to
+// recover), and only within recoveryBurst and one resend per recoveryShare data packets, so
+// that a path losing much (a failing link, a queue overflowing) cannot double the traffic.
+// A gap longer than maxNackRun is an outage, not a random loss, and is left to the inner TCP.
+
+const (
+	// recoverySlots is how many of a peer's latest inner packets the sender keeps for resending
+	// (a power of two): at 1 Gbit/s of 1400-byte packets, about 45 ms of traffic, more than the
+	// detection and nack of a loss take on paths of common delays.
+	recoverySlots = 4096
+	recoveryMask  = recoverySlots - 1
+	// maxNackRun is the longest gap in a path's numbering that a receiver reports.
+	maxNackRun = 64
+	// recoveryShare and recoveryBurst bound resending: one resend per recoveryShare data
+	// packets sent, banked up to recoveryBurst; a new peer starts with the bank full, for the
+	// losses of its paths' first windows.
+	recoveryShare = 8
+	recoveryBurst = 256
+	// recoveryMargin is what a resend takes beyond the fastest path's round trip: the nack's
+	// and the resend's way through both tunnels' loops and sockets.
+	recoveryMargin = 2 * time.Millisecond
+)
+
+// recovery keeps a peer's latest inner packets for resending. Both the device reader (which
+// records what it sends) and the uplink readers (which resend on a nack) use it.
+type recovery struct {
+	mu     sync.Mutex
+	on     bool
+	slots  []rtxSlot // by data sequence number mod recoverySlots
+	data   []byte    // slotSize bytes per slot
+	size   int       // slotSize
+	credit float64   // resends allowed now
+}
+
+type rtxSlot struct {
+	seq    uint32
+	n      int32 // bytes of the inner packet; 0: nothing kept
+	resent bool
+}
+
+// rtxEntry maps one PathSeq of a path to the data sequence number it carried.
+type rtxEntry struct {
+	ps, seq uint32
+	ok      bool
+}
+
+func newRecovery(on bool, mtu int) *recovery {
+	return &recovery{on: on, size: mtu, credit: recoveryBurst}
+}
+
+// record numbers a data packet on pp and, with recovery on, keeps inner (the packet of data
+// sequence number seq) for resending when keep is set (not for a resend itself).
+func (r *recovery) record(pp *peerPath, seq uint32, inner []byte, keep bool) uint32 {
+	r.mu.Lock()
+	ps := pp.txPathSeq
+	pp.txPathSeq++
+	if r.on {
+		if pp.rtxLog == nil {
+			pp.rtxLog = make([]rtxEntry, recoverySlots)
+		}
+		pp.rtxLog[ps&recoveryMask] = rtxEntry{ps: ps, seq: seq, ok: true}
+		if keep {
+			if r.slots == nil {
+				r.slots = make([]rtxSlot, recoverySlots)
+				r.data = make([]byte, recoverySlots*r.size)
+			}
+			s := &r.slots[seq&recoveryMask]
+			s.seq, s.n, s.resent = seq, 0, false
+			if len(inner) <= r.size {
+				off := int(seq&recoveryMask) * r.size
+				s.n = int32(copy(r.data[off:off+r.size], inner))
+			}
+			r.credit = min(r.credit+1.0/recoveryShare, recoveryBurst)
+		}
+	}
+	r.mu.Unlock()
+	return ps
+}
+
+// Outcomes of take.
+const (
+	resendOK     = iota
+	resendMissed // no longer kept (or never: too large, sent before recovery was on)
+	resendDone   // already resent once
+	resendBudget // over the resend budget
+)
+
+// take copies into dst the packet that PathSeq ps of pp carried, if it may be resent, and
+// marks it resent.
+func (r *recovery) take(pp *peerPath, ps uint32, dst []byte) (seq uint32, n int, outcome int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.on || pp.rtxLog == nil || r.slots == nil {
+		return 0, 0, resendMissed
+	}
+	e := pp.rtxLog[ps&recoveryMask]
+	if !e.ok || e.ps != ps {
+		return 0, 0, resendMissed
+	}
+	s := &r.slots[e.seq&recoveryMask]
+	switch {
+	case s.seq != e.seq || s.n == 0:
+		return 0, 0, resendMissed
+	case s.resent:
+		return 0, 0, resendDone
+	case r.credit < 1:
+		return 0, 0, resendBudget
+	}
+	r.credit--
+	s.resent = true
+	off := int(e.seq&recoveryMask) * r.size
+	return e.seq, copy(dst, r.data[off:off+int(s.n)]), resendOK
+}
+
+// rxPathSeq follows the numbering of one of the peer's paths at the receiver.
+type rxPathSeq struct {
+	next    uint32
+	started bool
+}
+
+// onData takes the PathSeq of a data packet that arrived on the path and returns the gap
+// before it to report, if any.
+func (r *rxPathSeq) onData(ps uint32) (first uint32, count int) {
+	if !r.started {
+		r.started, r.next = true, ps+1
+		return 0, 0
+	}
+	d := int64(int32(ps - r.next))
+	switch {
+	case d == 0:
+		r.next++
+	case d > 0:
+		first, count = r.next, int(d)
+		r.next = ps + 1
+		if d > maxNackRun {
+			count = 0 // an outage, or the peer restarted its numbering
+		}
+	case d < -maxNackRun:
+		r.next = ps + 1 // the peer restarted its numbering
+	}
+	// d < 0 otherwise: reordered within the path, or a gap reported that filled after all.
+	return first, count
+}
+
+// fastestRTT is the shortest smoothed RTT of paths (0 without any).
+func fastestRTT(paths []reorder.PathRTT) time.Duration {
+	var lo time.Duration
+	for _, p := range paths {
+		if p.SRTT > 0 && (lo == 0 || p.SRTT < lo) {
+			lo = p.SRTT
+		}
+	}
+	return lo
+}
+
+// fastest returns the Up path with the shortest smoothed RTT, nil when none is up.
+func (p *peer) fastest() *peerPath {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var best *peerPath
+	var bestRTT time.Duration
+	for _, pp := range p.paths {
+		if pp.admin {
+			continue
+		}
+		s := pp.est.Snapshot()
+		if s.State != path.Up {
+			continue
+		}
+		r := s.SRTT
+		if r <= 0 {
+			r = s.MinRTT
+		}
+		if best == nil || r < bestRTT {
+			best, bestRTT = pp, r
+		}
+	}
+	return best
+}
+
+// nack reports a gap in the numbering of the peer's path from (its ID) on this side's fastest
+// path.
+func (t *Tunnel) nack(p *peer, from uint8, first uint32, count int) {
+	pp := p.fastest()
+	if pp == nil {
+		return
+	}
+	k := mpath.Nack{First: first, Count: uint16(count), Path: from}
+	if t.sendSealed(p, pp, mpath.TypeNack, k.Encode) {
+		t.stats.NacksSent.Add(1)
+	}
+}
+
+// onNack resends what a nack reports lost, each packet on this side's fastest path.
+func (t *Tunnel) onNack(p *peer, k mpath.Nack) {
+	t.stats.NacksReceived.Add(1)
+	paths := p.pathList() // without p.mu: a learned path may be added meanwhile (roam.go)
+	if int(k.Path) >= len(paths) || k.Count == 0 {
+		t.stats.DropBadHeader.Add(1)
+		return
+	}
+	lost := paths[k.Path]
+	pb := t.getBuf()
+	defer t.putBuf(pb)
+	for i := range min(int(k.Count), maxNackRun) {
+		seq, n, outcome := p.rtx.take(lost, k.First+uint32(i), pb.b[headroom:])
+		switch outcome {
+		case resendMissed:
+			t.stats.ResendMissed.Add(1)
+			continue
+		case resendDone:
+			continue
+		case resendBudget:
+			t.stats.ResendBudget.Add(1)
+			continue
+		}
+		pp := p.fastest()
+		if pp == nil {
+			t.stats.DropNoPath.Add(1)
+			return
+		}
+		if t.resend(p, pp, pb.b, n, seq) {
+			t.stats.Resent.Add(1)
+		}
+	}
+}
+
+// resend seals the inner packet at b[headroom:headroom+n], number seq of the peer's sequence,
+// and sends it on pp alone.
+func (t *Tunnel) resend(p *peer, pp *peerPath, b []byte, n int, seq uint32) bool {
+	ls := p.cur.Load()
+	if ls == nil {
+		return false
+	}
+	counter, err := ls.s.NextCounter()
+	if err != nil {
+		return false
+	}
+	g := greBraid
+	g.Key = ls.s.RemoteIndex
+	g.Encode(b[:greLen])
+	h := mpath.Header{Type: mpath.TypeData, Path: pp.id, Counter: counter}
+	if t.o.Cleartext {
+		h.Flags = mpath.FlagClear
+	}
+	const aadLen = greLen + mpath.HeaderLen
+	h.Encode(b[greLen:aadLen])
+	pre := mpath.DataPrefix{Seq: seq, PathSeq: p.rtx.record(pp, seq, nil, false)}
+	pre.Encode(b[aadLen:headroom])
+	out := t.getBuf()
+	defer t.putBuf(out)
+	if t.o.Cleartext {
+		copy(out.b, b[:headroom+n])
+		tag := ls.s.Sign(out.b[headroom+n:headroom+n], out.b[greLen:aadLen], out.b[:headroom+n])
+		t.send(p, pp, out.b[:headroom+n+len(tag)])
+		return true
+	}
+	copy(out.b[:aadLen], b[:aadLen])
+	sealed := ls.s.Seal(out.b[aadLen:aadLen], b[greLen:aadLen], b[:aadLen], b[aadLen:headroom+n])
+	t.send(p, pp, out.b[:aadLen+len(sealed)])
+	return true
+}

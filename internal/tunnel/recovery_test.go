@@ -1,0 +1,102 @@
+package tunnel
+
+import (
+	"bytes"
+	"testing"
+)
+
+// The receiver reports each gap in a path's numbering once, as it first sees it, and nothing
+// for packets in order, for a path that reorders, or for an outage or a restart.
+func TestRxPathSeqGaps(t *testing.T) {
+	type gap struct {
+		first uint32
+		count int
+	}
+	var r rxPathSeq
+	steps := []struct {
+		ps   uint32
+		want gap
+	}{
+		{100, gap{}},                           // the first packet sets the numbering
+		{101, gap{}},                           // in order
+		{104, gap{102, 2}},                     // 102 and 103 lost
+		{103, gap{}},                           // 103 came after all: reordered, not reported again
+		{105, gap{}},                           // in order after the gap
+		{105 + maxNackRun + 2, gap{}},          // an outage longer than a nack reports
+		{105 + maxNackRun + 3, gap{}},          // in order after it
+		{10, gap{}},                            // the peer restarted its numbering
+		{11, gap{}},                            // in order in the new numbering
+		{12 + maxNackRun, gap{12, maxNackRun}}, // the longest gap reported
+	}
+	for i, s := range steps {
+		first, count := r.onData(s.ps)
+		if count == 0 {
+			first = 0
+		}
+		if (gap{first, count}) != s.want {
+			t.Errorf("step %d, PathSeq %d: gap %d+%d, want %d+%d", i, s.ps, first, count, s.want.first, s.want.count)
+		}
+	}
+	var w rxPathSeq // the numbering wraps
+	w.onData(1<<32 - 2)
+	if first, count := w.onData(1); first != 1<<32-1 || count != 2 {
+		t.Errorf("across the wrap: gap %d+%d, want %d+2", first, count, uint32(1<<32-1))
+	}
+}
+
+// The sender resends a reported packet once, byte for byte, only while it keeps it, and no
+// more than one per recoveryShare packets sent.
+func TestRecoveryTake(t *testing.T) {
+	r := newRecovery(true, 1400)
+	if r.credit != recoveryBurst {
+		t.Errorf("a new peer's resend budget: %v, want the whole bank (%d)", r.credit, recoveryBurst)
+	}
+	r.credit = 0 // what follows counts the budget earned by sending
+	a, b := &peerPath{id: 0}, &peerPath{id: 1}
+	pkt := func(seq uint32) []byte { return bytes.Repeat([]byte{byte(seq)}, 100+int(seq%7)) }
+	// 64 packets alternate between the paths: each path numbers its own from 0.
+	for seq := uint32(1000); seq < 1064; seq++ {
+		pp := a
+		if seq%2 == 1 {
+			pp = b
+		}
+		if ps := r.record(pp, seq, pkt(seq), true); ps != (seq-1000)/2 {
+			t.Fatalf("seq %d: PathSeq %d, want %d", seq, ps, (seq-1000)/2)
+		}
+	}
+	dst := make([]byte, 1400)
+	seq, n, out := r.take(b, 3, dst) // path b's 4th packet: seq 1007
+	if out != resendOK || seq != 1007 || !bytes.Equal(dst[:n], pkt(1007)) {
+		t.Fatalf("take(b, 3) = seq %d, %d bytes, outcome %d; want 1007, %d bytes, ok", seq, n, out, len(pkt(1007)))
+	}
+	if _, _, out := r.take(b, 3, dst); out != resendDone {
+		t.Errorf("second take of the same packet: outcome %d, want resendDone", out)
+	}
+	if _, _, out := r.take(a, 40, dst); out != resendMissed {
+		t.Errorf("take of a PathSeq never sent: outcome %d, want resendMissed", out)
+	}
+	// 64 packets earned 8 resends; one is spent.
+	for ps := uint32(0); ps < 7; ps++ {
+		if _, _, out := r.take(a, ps, dst); out != resendOK {
+			t.Fatalf("resend %d within the budget: outcome %d", ps, out)
+		}
+	}
+	if _, _, out := r.take(a, 7, dst); out != resendBudget {
+		t.Errorf("resend beyond the budget: outcome %d, want resendBudget", out)
+	}
+	// After recoverySlots more packets the old ones are gone.
+	for seq := uint32(2000); seq < 2000+recoverySlots; seq++ {
+		r.record(a, seq, pkt(seq), true)
+	}
+	if _, _, out := r.take(b, 5, dst); out != resendMissed {
+		t.Errorf("take of a packet no longer kept: outcome %d, want resendMissed", out)
+	}
+	// Off: numbers, keeps nothing.
+	off, c := newRecovery(false, 1400), &peerPath{}
+	if ps := off.record(c, 1, pkt(1), true); ps != 0 {
+		t.Errorf("PathSeq with recovery off: %d", ps)
+	}
+	if _, _, out := off.take(c, 0, dst); out != resendMissed {
+		t.Errorf("take with recovery off: outcome %d, want resendMissed", out)
+	}
+}
