@@ -47,11 +47,11 @@ map_resolvers = ["10.0.9.1:4342"]
   address = "10.0.1.1"
   [[xtr.map_server]]
   address = "10.0.9.1:4342"
-  key = "k"
+  key = "k-0123456789abcdef"
 [mapserver]
   [[mapserver.site]]
   name = "s1"
-  key = "k"
+  key = "k-0123456789abcdef"
   eid_prefixes = ["192.168.1.0/24"]
 `)
 	if code, out, errOut := run("xtr", "check", "--config", file); code != exitOK || !strings.Contains(out, "1 RLOCs") {

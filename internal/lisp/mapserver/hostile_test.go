@@ -1,6 +1,7 @@
 package mapserver
 
 import (
+	"bytes"
 	"net/netip"
 	"testing"
 	"time"
@@ -86,5 +87,36 @@ func TestMapserverForwardOnlyToSignedLocators(t *testing.T) {
 	out := s.Handle(t0, itr, ecmRequest(t, netip.MustParseAddr("192.168.101.1"), 32, 1, itr), nil)
 	if len(out) != 1 || out[0].To != netip.MustParseAddrPort("10.99.11.7:4342") {
 		t.Fatalf("forwarded %+v, want the IPv4 locator of the record", out)
+	}
+}
+
+// lcafLocator is a locator in an LCAF that is not an instance ID (type 1, AFI list), which the
+// codec keeps as raw bytes.
+func lcafLocator(payload []byte) lisp.Locator {
+	return lisp.Locator{Priority: 1, Weight: 1, Flags: lisp.LocReachable, Addr: lisp.Addr{AFI: lisp.AFILCAF, LCAFType: 1, Raw: payload}}
+}
+
+// TestMapserverLCAFLocatorCopied (issue 18, item 8): a registered locator in a raw LCAF is
+// copied out of the receive buffer, which Serve reuses: a later datagram in the same buffer
+// does not change what the server answers.
+func TestMapserverLCAFLocatorCopied(t *testing.T) {
+	s := testServer(t)
+	raw := []byte{0, 1, 10, 99, 11, 2} // AFI 1, 10.99.11.2
+	m := lisp.MapRegister{Flags: lisp.RegProxyReply, Nonce: 5, AlgID: lisp.AlgHMACSHA256, AuthData: make([]byte, 32), Records: []lisp.Record{{TTL: 10, MaskLen: 24,
+		EID: lisp.AddrFrom(netip.MustParseAddr("192.168.101.0")), Locators: []lisp.Locator{lcafLocator(raw)}}}}
+	buf := make([]byte, 65536)
+	n := m.Encode(buf)
+	lisp.Sign(buf[:n], []byte("secret-x1"))
+	s.Handle(t0, etr1, buf[:n], nil)
+	if s.Counters()[CountRegistered] != 1 {
+		t.Fatalf("not registered: %v", s.Counters())
+	}
+	// The next datagram overwrites the buffer, as the server's read loop does.
+	for i := range buf {
+		buf[i] = 0xee
+	}
+	r := replyOf(t, s.Handle(t0, itr, ecmRequest(t, netip.MustParseAddr("192.168.101.1"), 32, 1, itr), nil), itr)
+	if got := r.Records[0].Locators[0].Addr.Raw; !bytes.Equal(got, raw) {
+		t.Fatalf("the stored locator changed with the receive buffer: % x, want % x", got, raw)
 	}
 }

@@ -7,6 +7,7 @@
 package mapserver
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -309,7 +310,7 @@ func (s *Server) register(now time.Time, from netip.AddrPort, b []byte, out []Pa
 	for i := range m.Records {
 		r := m.Records[i]
 		r.EID = lisp.AddrFrom(prefixes[i].Addr())
-		r.Locators = slices.Clone(r.Locators)
+		r.Locators = cloneLocators(r.Locators)
 		if r.TTL == 0 {
 			if s.regs.Delete(prefixes[i]) {
 				s.count(CountDeregistered)
@@ -347,6 +348,16 @@ func (s *Server) register(now time.Time, from netip.AddrPort, b []byte, out []Pa
 	}
 	s.count(CountNotifySent)
 	return append(out, Packet{To: from, Data: buf})
+}
+
+// cloneLocators copies locators out of a decoded message: an LCAF locator's Raw bytes alias
+// the receive buffer, which the next datagram overwrites.
+func cloneLocators(ls []lisp.Locator) []lisp.Locator {
+	out := slices.Clone(ls)
+	for i := range out {
+		out[i].Addr.Raw = bytes.Clone(out[i].Addr.Raw)
+	}
+	return out
 }
 
 func (st *site) owns(p netip.Prefix) bool {

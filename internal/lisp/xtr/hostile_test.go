@@ -1,7 +1,10 @@
 package xtr
 
 import (
+	"bytes"
 	"net/netip"
+	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -196,4 +199,81 @@ func (x *XTR) cacheLen() int {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	return x.cache.Len()
+}
+
+// TestXtrLCAFLocatorCopied (issue 18, item 8): a Map-Reply's locator in a raw LCAF is copied
+// into the map-cache, not left pointing into the receive buffer, which the next datagram
+// overwrites (and another goroutine may be writing).
+func TestXtrLCAFLocatorCopied(t *testing.T) {
+	x, rs := testXTR(t)
+	p := packetTo(t, "192.168.2.5:7")
+	x.encap(p, len(p)-headroom)
+	_, req := rs.request()
+	raw := []byte{0, 1, 10, 0, 3, 1}
+	rec := record("192.168.2.0/24", 10, "10.0.3.1")
+	rec.Locators = append(rec.Locators, lisp.Locator{Priority: 2, Weight: 1, Addr: lisp.Addr{AFI: lisp.AFILCAF, LCAFType: 1, Raw: slices.Clone(raw)}})
+	buf := make([]byte, 65536)
+	m := lisp.MapReply{Nonce: req.Nonce, Records: []lisp.Record{rec}}
+	n := m.Encode(buf)
+	x.control(time.Now(), 0, rs.addr(), buf[:n])
+	for i := range buf {
+		buf[i] = 0xee
+	}
+	x.mu.RLock()
+	_, e, ok := x.cache.Lookup(netip.MustParseAddr("192.168.2.5"))
+	x.mu.RUnlock()
+	if !ok || e.pending || len(e.locs) != 2 {
+		t.Fatalf("not installed: %+v", e)
+	}
+	if got := e.locs[1].Addr.Raw; !bytes.Equal(got, raw) {
+		t.Fatalf("the cached locator changed with the receive buffer: % x, want % x", got, raw)
+	}
+}
+
+// TestXtrShortReplyAllocatesLittle (issue 18, item 8): a 24-byte Map-Reply that announces 255
+// locators is refused before the decoder allocates room for them (it allocated 18 KB).
+func TestXtrShortReplyAllocatesLittle(t *testing.T) {
+	b := make([]byte, 24)
+	b[0] = lisp.TypeMapReply << 4
+	b[3] = 1      // one record
+	b[12+4] = 255 // 255 locators
+	b[12+5] = 32
+	var m lisp.MapReply
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	const runs = 100
+	for range runs {
+		if _, err := m.Decode(b); err == nil {
+			t.Fatal("decoded")
+		}
+	}
+	runtime.ReadMemStats(&ms1)
+	per := (ms1.TotalAlloc - ms0.TotalAlloc) / runs
+	t.Logf("%d bytes allocated per 24-byte reply announcing 255 locators", per)
+	if per > 1024 {
+		t.Fatalf("%d bytes allocated per 24-byte reply", per)
+	}
+}
+
+// TestXtrMapCacheBounded (issue 18, item 8): the map-cache holds at most MaxCacheEntries; the
+// entry closest to expiry makes room.
+func TestXtrMapCacheBounded(t *testing.T) {
+	x, _ := testXTR(t)
+	x.o.MaxCacheEntries = 4
+	now := time.Now()
+	for i := range 10 {
+		r := record(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 100, byte(i), 0}), 24).String(), uint32(10+i), "10.0.3.1")
+		x.mu.Lock()
+		x.installLocked(now, &r)
+		x.mu.Unlock()
+	}
+	if n := x.cacheLen(); n != 4 || x.Counters()[CountCacheEvicted] != 6 {
+		t.Fatalf("%d entries, %d evicted", n, x.Counters()[CountCacheEvicted])
+	}
+	x.mu.RLock()
+	_, _, kept := x.cache.Lookup(netip.MustParseAddr("10.100.9.1"))
+	x.mu.RUnlock()
+	if !kept {
+		t.Fatal("the newest, longest-lived entry was evicted")
+	}
 }

@@ -14,6 +14,7 @@
 package xtr
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -333,7 +334,11 @@ func (x *XTR) installLocked(now time.Time, r *lisp.Record) (queued, verified [][
 	if !ok {
 		return nil, nil
 	}
+	// A copy: an LCAF locator's Raw bytes alias the receive buffer.
 	e := &entry{prefix: p, ttl: r.TTL, locs: slices.Clone(r.Locators)}
+	for i := range e.locs {
+		e.locs[i].Addr.Raw = bytes.Clone(e.locs[i].Addr.Raw)
+	}
 	ttl := time.Duration(r.TTL) * time.Minute
 	if r.TTL == 0xffffffff {
 		ttl = 24 * time.Hour
