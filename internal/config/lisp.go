@@ -24,6 +24,9 @@ import (
 //	unregistered_ttl = 1        # minutes, negative replies for a site that is not registered
 //	rate_per_source = 1000      # messages per second from one address; 0 = no limit
 //	burst_per_source = 1000
+//	rate_per_destination = 100  # Map-Replies per second to one address; 0 = no limit
+//	burst_per_destination = 200
+//	max_amplification = 3       # a reply is at most this many times its request; 0 = no bound
 //	metrics = "127.0.0.1:9474"  # status and Prometheus endpoint; "" disables it
 //	  [[mapserver.site]]
 //	  name = "site1"
@@ -76,6 +79,9 @@ type Mapserver struct {
 	UnregisteredTTL        uint32
 	RatePerSource          float64
 	BurstPerSource         int
+	RatePerDestination     float64
+	BurstPerDestination    int
+	MaxAmplification       float64
 	Metrics                string
 	Sites                  []LispSite
 }
@@ -96,7 +102,8 @@ type LispSite struct {
 func MapserverDefaults() Mapserver {
 	return Mapserver{MapServer: true, MapResolver: true, Listen: netip.MustParseAddrPort("0.0.0.0:4342"),
 		RegistrationTimeout: 3 * time.Minute, NegativeTTL: 15, UnregisteredTTL: 1, RatePerSource: 1000,
-		BurstPerSource: 1000, Metrics: DefaultMapserverMetrics}
+		BurstPerSource: 1000, RatePerDestination: 100, BurstPerDestination: 200, MaxAmplification: 3,
+		Metrics: DefaultMapserverMetrics}
 }
 
 // XTR is the configuration of `braid xtr`.
@@ -161,6 +168,9 @@ type fileMapserver struct {
 	UnregisteredTTL     *int64         `toml:"unregistered_ttl"`
 	RatePerSource       *float64       `toml:"rate_per_source"`
 	BurstPerSource      *int64         `toml:"burst_per_source"`
+	RatePerDest         *float64       `toml:"rate_per_destination"`
+	BurstPerDest        *int64         `toml:"burst_per_destination"`
+	MaxAmplification    *float64       `toml:"max_amplification"`
 	Metrics             *string        `toml:"metrics"`
 	Site                []fileLispSite `toml:"site"`
 }
@@ -345,6 +355,24 @@ func LoadMapserver(filename string, data []byte) (*Mapserver, error) {
 			l.fail(obj, "mapserver.burst_per_source", "burst_per_source %d outside 1..1048576", *fm.BurstPerSource)
 		}
 		m.BurstPerSource = int(*fm.BurstPerSource)
+	}
+	if fm.RatePerDest != nil {
+		if *fm.RatePerDest < 0 {
+			l.fail(obj, "mapserver.rate_per_destination", "rate_per_destination %g is negative", *fm.RatePerDest)
+		}
+		m.RatePerDestination = *fm.RatePerDest
+	}
+	if fm.BurstPerDest != nil {
+		if *fm.BurstPerDest < 1 || *fm.BurstPerDest > 1<<20 {
+			l.fail(obj, "mapserver.burst_per_destination", "burst_per_destination %d outside 1..1048576", *fm.BurstPerDest)
+		}
+		m.BurstPerDestination = int(*fm.BurstPerDest)
+	}
+	if fm.MaxAmplification != nil {
+		if a := *fm.MaxAmplification; a != 0 && a < 1 {
+			l.fail(obj, "mapserver.max_amplification", "max_amplification %g: at least 1 (a reply as long as its request), or 0 for no bound", a)
+		}
+		m.MaxAmplification = *fm.MaxAmplification
 	}
 	if fm.Metrics != nil {
 		m.Metrics = *fm.Metrics

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/lisp/limit"
 	"braid/internal/wire/lisp"
 )
 
@@ -118,5 +119,90 @@ func TestMapserverLCAFLocatorCopied(t *testing.T) {
 	r := replyOf(t, s.Handle(t0, itr, ecmRequest(t, netip.MustParseAddr("192.168.101.1"), 32, 1, itr), nil), itr)
 	if got := r.Records[0].Locators[0].Addr.Raw; !bytes.Equal(got, raw) {
 		t.Fatalf("the stored locator changed with the receive buffer: % x, want % x", got, raw)
+	}
+}
+
+// ecmMany builds the smallest ECM Map-Request an attacker can send for n EIDs of prefix,
+// with the victim as the only ITR-RLOC and no source EID.
+func ecmMany(t testing.TB, prefix string, n int, victim netip.AddrPort) []byte {
+	base := netip.MustParsePrefix(prefix).Addr().As4()
+	req := lisp.MapRequest{Nonce: 1, ITRRLOCs: []lisp.Addr{lisp.AddrFrom(victim.Addr())}}
+	for i := range n {
+		a := base
+		a[3] = byte(i)
+		req.Records = append(req.Records, lisp.RequestRecord{MaskLen: 32, EID: lisp.AddrFrom(netip.AddrFrom4(a))})
+	}
+	e := lisp.ECM{Inner: lisp.IPUDP{Src: victim, Dst: netip.AddrPortFrom(netip.AddrFrom4(base), lisp.ControlPort), TTL: 64, PayloadLen: uint16(req.Len())}}
+	b := make([]byte, e.Len()+req.Len())
+	req.Encode(b[e.Len():])
+	e.Encode(b)
+	return b
+}
+
+// TestMapserverAmplificationBounded (issue 18, item 7): a request names where its reply goes;
+// the reply to the victim is at most MaxAmplification (3) times the request, and the victim
+// gets at most BurstPerDestination + RatePerDestination·t replies however many sources ask.
+func TestMapserverAmplificationBounded(t *testing.T) {
+	victim := netip.MustParseAddrPort("10.77.0.7:4342")
+	factor := func(s *Server, n int) float64 {
+		req := ecmMany(t, "192.168.101.0/24", n, victim)
+		out := s.Handle(t0, attacker, req, nil)
+		sent := 0
+		for _, p := range out {
+			if p.To.Addr() != victim.Addr() {
+				t.Fatalf("reply to %v", p.To)
+			}
+			sent += len(p.Data)
+		}
+		return float64(sent) / float64(len(req))
+	}
+	// Site x1 answers by proxy with 8 IPv4 locators.
+	setup := func(amp float64) *Server {
+		s := testServer(t, func(c *Config) { c.MaxAmplification = amp })
+		m := lisp.MapRegister{Flags: lisp.RegProxyReply, Nonce: 3, AlgID: lisp.AlgHMACSHA256, AuthData: make([]byte, 32), Records: []lisp.Record{{TTL: 10, MaskLen: 24,
+			EID: lisp.AddrFrom(netip.MustParseAddr("192.168.101.0"))}}}
+		for i := range 8 {
+			m.Records[0].Locators = append(m.Records[0].Locators, lisp.Locator{Priority: 1, Weight: 1, Flags: lisp.LocReachable,
+				Addr: lisp.AddrFrom(netip.AddrFrom4([4]byte{10, 99, 11, byte(i + 1)}))})
+		}
+		b := mustEncode(&m)
+		lisp.Sign(b, []byte("secret-x1"))
+		s.Handle(t0, etr1, b, nil)
+		return s
+	}
+	for _, n := range []int{1, 16, 255} {
+		before := factor(setup(0), n)
+		after := factor(setup(3), n)
+		t.Logf("%3d records asked: reply/request %.1fx without the bound, %.1fx with it", n, before, after)
+		if after > 3 {
+			t.Errorf("%d records: amplification %.1fx", n, after)
+		}
+	}
+	// A flood toward one victim from 10 000 spoofed sources within one second.
+	s := setup(3)
+	req := ecmMany(t, "192.168.101.0/24", 1, victim)
+	replies := 0
+	for i := range 10000 {
+		from := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 88, byte(i >> 8), byte(i)}), 4342)
+		replies += len(s.Handle(t0.Add(time.Duration(i)*100*time.Microsecond), from, req, nil))
+	}
+	t.Logf("10000 requests for one victim in 1 s: %d replies", replies)
+	if replies > 200+100+1 {
+		t.Errorf("%d replies to one destination in 1 s, want at most 301", replies)
+	}
+}
+
+// TestMapserverLimiterSpoofedSources (issue 18, item 7): a flood from more spoofed sources than
+// the limiter holds does not lock out sources: the least recently used are forgotten.
+func TestMapserverLimiterSpoofedSources(t *testing.T) {
+	s := testServer(t)
+	legit := netip.MustParseAddrPort("10.99.12.9:4342")
+	req := ecmRequest(t, netip.MustParseAddr("192.0.2.1"), 32, 1, legit)
+	for i := range limit.MaxAddrs + 5000 {
+		from := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 200 + byte(i>>16), byte(i >> 8), byte(i)}), 4342)
+		s.Handle(t0, from, []byte{0xf0}, nil)
+	}
+	if out := s.Handle(t0, legit, req, nil); len(out) != 1 {
+		t.Fatalf("a new source is refused after a spoofed flood: %v", s.Counters()[DropRateLimited])
 	}
 }

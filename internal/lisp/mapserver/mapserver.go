@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"braid/internal/lisp/limit"
 	"braid/internal/lisp/lpm"
 	"braid/internal/wire/lisp"
 )
@@ -56,6 +57,15 @@ type Config struct {
 	// (token bucket); 0 disables the limit.
 	RatePerSource  float64
 	BurstPerSource int
+	// RatePerDestination and BurstPerDestination bound the Map-Replies sent to one address
+	// (token bucket): a request names where its reply goes (the ITR-RLOC), so without this
+	// limit the server reflects floods onto any address. 0 disables the limit.
+	RatePerDestination  float64
+	BurstPerDestination int
+	// MaxAmplification bounds a Map-Reply's length to this many times its request's: records
+	// that do not fit are left out (the ITR asks again), and a reply whose first record does
+	// not fit is not sent. 0 disables the bound.
+	MaxAmplification float64
 	// ReplayWindow is how long Map-Register nonces are remembered to refuse replays.
 	ReplayWindow time.Duration
 	Logger       *slog.Logger
@@ -70,6 +80,9 @@ func Defaults() Config {
 		UnregisteredTTL:     1,
 		RatePerSource:       1000,
 		BurstPerSource:      1000,
+		RatePerDestination:  100,
+		BurstPerDestination: 200,
+		MaxAmplification:    3,
 		ReplayWindow:        10 * time.Minute,
 	}
 }
@@ -101,6 +114,9 @@ const (
 	DropStale            = "drop_stale_nonce"
 	DropNoLocator        = "drop_no_registered_locator"
 	DropRateLimited      = "drop_rate_limited"
+	DropRateLimitedDst   = "drop_reply_rate_limited"
+	DropAmplification    = "drop_reply_too_large"
+	CountRecordsCut      = "reply_records_left_out"
 	DropNoITRRLOC        = "drop_no_usable_itr_rloc"
 	DropInstanceID       = "drop_instance_id"
 	DropNoRoute          = "drop_no_map_server"
@@ -111,7 +127,7 @@ var counterNames = []string{
 	CountRegistered, CountDeregistered, CountExpired, CountNotifySent, CountNotifyAck, CountRequests,
 	CountReplies, CountNegative, CountForwarded, DropTruncated, DropMalformed, DropUnknownType,
 	DropUnknownAFI, DropNotEncapsulated, DropRoleDisabled, DropNoAuth, DropBadAuth, DropAuthAlgorithm,
-	DropUnknownKeyID, DropUnknownSite, DropNotOwned, DropReplay, DropStale, DropNoLocator, DropRateLimited, DropNoITRRLOC,
+	DropUnknownKeyID, DropUnknownSite, DropNotOwned, DropReplay, DropStale, DropNoLocator, DropRateLimited, DropRateLimitedDst, DropAmplification, CountRecordsCut, DropNoITRRLOC,
 	DropInstanceID, DropNoRoute, DropUnsolicitedReply,
 }
 
@@ -147,7 +163,8 @@ type Server struct {
 	mu   sync.RWMutex
 	regs lpm.Table[*registration] // guarded by mu
 
-	limiter limiter
+	limiter *limit.Limiter            // per source
+	replies *limit.Limiter            // per reply destination
 	counts  map[string]*atomic.Uint64 // fixed set of keys; values atomic
 	fwd     atomic.Uint32
 }
@@ -167,7 +184,8 @@ func New(cfg Config) (*Server, error) {
 	for _, n := range counterNames {
 		s.counts[n] = new(atomic.Uint64)
 	}
-	s.limiter = limiter{rate: cfg.RatePerSource, burst: float64(cfg.BurstPerSource), buckets: map[netip.Addr]*bucket{}}
+	s.limiter = limit.New(cfg.RatePerSource, float64(cfg.BurstPerSource))
+	s.replies = limit.New(cfg.RatePerDestination, float64(cfg.BurstPerDestination))
 	for _, c := range cfg.Sites {
 		st := &site{Site: c, nonces: map[uint64]time.Time{}}
 		s.sites = append(s.sites, st)
@@ -195,7 +213,7 @@ func (s *Server) Counters() map[string]uint64 {
 // Handle processes the datagram b from from at time now and appends what to send to out.
 func (s *Server) Handle(now time.Time, from netip.AddrPort, b []byte, out []Packet) []Packet {
 	from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
-	if !s.limiter.allow(from.Addr(), now) {
+	if !s.limiter.Allow(from.Addr(), now) {
 		s.count(DropRateLimited)
 		return out
 	}
@@ -207,7 +225,7 @@ func (s *Server) Handle(now time.Time, from netip.AddrPort, b []byte, out []Pack
 		}
 		return s.register(now, from, b, out)
 	case lisp.TypeECM:
-		return s.request(from, b, out)
+		return s.request(now, from, b, out)
 	case lisp.TypeMapRequest:
 		s.count(DropNotEncapsulated)
 	case lisp.TypeMapNotifyAck:
@@ -369,7 +387,7 @@ func (st *site) owns(p netip.Prefix) bool {
 	return false
 }
 
-func (s *Server) request(from netip.AddrPort, b []byte, out []Packet) []Packet {
+func (s *Server) request(now time.Time, from netip.AddrPort, b []byte, out []Packet) []Packet {
 	var e lisp.ECM
 	n, err := e.Decode(b)
 	if err != nil {
@@ -404,8 +422,10 @@ func (s *Server) request(from netip.AddrPort, b []byte, out []Packet) []Packet {
 		s.count(CountForwarded)
 		return append(out, Packet{To: ms, Data: slices.Clone(b[:n+len(inner)])})
 	}
-	rep := lisp.MapReply{Nonce: req.Nonce, Records: make([]lisp.Record, 0, len(req.Records))}
+	rep := lisp.MapReply{Nonce: req.Nonce, Records: make([]lisp.Record, 0, min(len(req.Records), 8))}
 	negative := false
+	// The reply may be at most MaxAmplification times the request (the ECM as received).
+	budget := int(s.cfg.MaxAmplification * float64(n+len(inner)))
 	for i := range req.Records {
 		rr := &req.Records[i]
 		if rr.EID.AFI == lisp.AFILCAF && (rr.EID.LCAFType != lisp.LCAFInstanceID || rr.EID.InstanceID != 0) {
@@ -447,11 +467,23 @@ func (s *Server) request(from netip.AddrPort, b []byte, out []Packet) []Packet {
 			for j := range rec.Locators {
 				rec.Locators[j].Flags &^= lisp.LocLocal | lisp.LocProbed
 			}
-			rep.Records = append(rep.Records, rec)
 		default:
 			negative = true
-			rep.Records = append(rep.Records, s.negative(q))
+			rec = s.negative(q)
 		}
+		if s.cfg.MaxAmplification > 0 && rep.Len()+rec.Len() > budget {
+			if len(rep.Records) == 0 {
+				s.count(DropAmplification)
+				return out
+			}
+			s.counts[CountRecordsCut].Add(uint64(len(req.Records) - i))
+			break
+		}
+		rep.Records = append(rep.Records, rec)
+	}
+	if !s.replies.Allow(to.Addr(), now) {
+		s.count(DropRateLimitedDst)
+		return out
 	}
 	buf := make([]byte, rep.Len())
 	rep.Encode(buf)
@@ -529,7 +561,8 @@ func (s *Server) Expire(now time.Time) {
 		}
 	}
 	s.mu.Unlock()
-	s.limiter.prune(now)
+	s.limiter.Prune(now)
+	s.replies.Prune(now)
 }
 
 // Registration is one row of the registration table.
@@ -618,62 +651,6 @@ func (s *Server) Serve(ctx context.Context, conn *net.UDPConn) error {
 		return fmt.Errorf("mapserver: %w", err)
 	default:
 		return nil
-	}
-}
-
-// limiter is a token bucket per source address.
-type limiter struct {
-	rate, burst float64
-	mu          sync.Mutex
-	buckets     map[netip.Addr]*bucket // guarded by mu
-}
-
-type bucket struct {
-	tokens float64
-	last   time.Time
-}
-
-const maxBuckets = 1 << 16
-
-func (l *limiter) allow(a netip.Addr, now time.Time) bool {
-	if l.rate <= 0 {
-		return true
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b := l.buckets[a]
-	if b == nil {
-		if len(l.buckets) >= maxBuckets {
-			l.pruneLocked(now, time.Second)
-		}
-		if len(l.buckets) >= maxBuckets {
-			return false // a flood from many sources: new sources wait for the next prune
-		}
-		b = &bucket{tokens: l.burst, last: now}
-		l.buckets[a] = b
-	}
-	if now.After(b.last) {
-		b.tokens = min(l.burst, b.tokens+now.Sub(b.last).Seconds()*l.rate)
-		b.last = now
-	}
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
-}
-
-func (l *limiter) prune(now time.Time) {
-	l.mu.Lock()
-	l.pruneLocked(now, 10*time.Second)
-	l.mu.Unlock()
-}
-
-func (l *limiter) pruneLocked(now time.Time, idle time.Duration) {
-	for a, b := range l.buckets {
-		if now.Sub(b.last) > idle {
-			delete(l.buckets, a)
-		}
 	}
 }
 
