@@ -2,6 +2,7 @@ package xtr
 
 import (
 	"bytes"
+	"net"
 	"net/netip"
 	"runtime"
 	"slices"
@@ -275,5 +276,45 @@ func TestXtrMapCacheBounded(t *testing.T) {
 	x.mu.RUnlock()
 	if !kept {
 		t.Fatal("the newest, longest-lived entry was evicted")
+	}
+}
+
+// TestXtrAnswersBounded (issue 18, item 7): an RLOC-probe is answered at its UDP source, which
+// anyone can spoof; a probe asking 255 times for the site's EIDs draws at most a reply three
+// times its size, and one victim gets at most 200 + 100/s replies.
+func TestXtrAnswersBounded(t *testing.T) {
+	x, _ := testXTR(t)
+	vc, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vc.Close()
+	victim := vc.LocalAddr().(*net.UDPAddr).AddrPort()
+	req := lisp.MapRequest{Flags: lisp.ReqProbe, Nonce: 1, ITRRLOCs: []lisp.Addr{lisp.AddrFrom(victim.Addr())}}
+	for i := range 255 {
+		req.Records = append(req.Records, lisp.RequestRecord{MaskLen: 32, EID: lisp.AddrFrom(netip.AddrFrom4([4]byte{192, 168, 1, byte(i)}))})
+	}
+	b := make([]byte, req.Len())
+	req.Encode(b)
+	now := time.Now()
+	x.control(now, 0, victim, b)
+	buf := make([]byte, 65536)
+	vc.SetReadDeadline(time.Now().Add(2 * time.Second))
+	n, err := vc.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := float64(n) / float64(len(b))
+	t.Logf("probe of %d bytes asking 255 times: reply of %d bytes (%.2fx)", len(b), n, f)
+	if f > 3 {
+		t.Fatalf("amplification %.1fx", f)
+	}
+	// A flood of one-record probes "from" the victim within one second.
+	one := probeMessage(2, victim.Addr(), netip.MustParsePrefix("192.168.1.0/24"))
+	for i := range 1000 {
+		x.control(now.Add(time.Duration(i)*time.Millisecond), 0, victim, one)
+	}
+	if got := x.Counters()[CountRequestsIn]; got > 1+200+100+1 {
+		t.Fatalf("%d replies to one address in one second", got)
 	}
 }
