@@ -146,3 +146,24 @@ func hasRow(out string, fields ...string) bool {
 	}
 	return false
 }
+
+// TestLigInnerSourceOtherFamily (issue 18, item 9): asking for an EID of the other family than
+// the resolver's, lig puts an address of this host of the EID's family in the inner header,
+// not 0.0.0.0 or ::.
+func TestLigInnerSourceOtherFamily(t *testing.T) {
+	for _, tc := range []struct{ eid, local string }{{"fd00:2::1", "127.0.0.1:4000"}, {"192.168.2.1", "[::1]:4000"}} {
+		eid := netip.MustParseAddr(tc.eid)
+		b, err := ligRequest(eid, netip.MustParseAddrPort(tc.local), 1)
+		if err != nil {
+			t.Skipf("%v (this host has no address of that family)", err)
+		}
+		var e lisp.ECM
+		if _, err := e.Decode(b); err != nil {
+			t.Fatal(err)
+		}
+		src := e.Inner.Src.Addr()
+		if src.Is4() != eid.Is4() || src.IsUnspecified() || !src.IsValid() {
+			t.Errorf("EID %v from %v: inner source %v", eid, tc.local, src)
+		}
+	}
+}
