@@ -2,7 +2,10 @@ package mapserver
 
 import (
 	"bytes"
+	"context"
+	"log/slog"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -204,5 +207,44 @@ func TestMapserverLimiterSpoofedSources(t *testing.T) {
 	}
 	if out := s.Handle(t0, legit, req, nil); len(out) != 1 {
 		t.Fatalf("a new source is refused after a spoofed flood: %v", s.Counters()[DropRateLimited])
+	}
+}
+
+// countHandler counts log records by message.
+type countHandler struct {
+	mu   sync.Mutex
+	msgs map[string]int
+}
+
+func (h *countHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *countHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	h.msgs[r.Message]++
+	h.mu.Unlock()
+	return nil
+}
+func (h *countHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *countHandler) WithGroup(string) slog.Handler      { return h }
+
+// TestMapserverLogsRegistrations (issue 18, item 9): accepted registrations are logged when
+// new or changed (not each refresh), and authentication failures are logged, at most 10 lines a
+// second in bursts of 20 however fast they come.
+func TestMapserverLogsRegistrations(t *testing.T) {
+	h := &countHandler{msgs: map[string]int{}}
+	s := testServer(t, func(c *Config) { c.Logger = slog.New(h); c.RatePerSource = 0 })
+	s.Handle(t0, etr1, signed(t, 1, lisp.AlgHMACSHA256, 32, "secret-x1", 0, "192.168.101.0/24"), nil)
+	s.Handle(t0.Add(time.Minute), etr1, signed(t, 2, lisp.AlgHMACSHA256, 32, "secret-x1", 0, "192.168.101.0/24"), nil)
+	if n := h.msgs["registration accepted"]; n != 1 {
+		t.Fatalf("%d lines for a registration and its refresh, want 1", n)
+	}
+	// 10 000 forged registrations within one second.
+	forged := signed(t, 3, lisp.AlgHMACSHA256, 32, "not-the-key", 0, "192.168.101.0/24")
+	for i := range 10000 {
+		s.Handle(t0.Add(2*time.Minute+time.Duration(i)*100*time.Microsecond), attacker, forged, nil)
+	}
+	n := h.msgs["map-register refused: authentication"]
+	t.Logf("10000 forged registrations in 1 s: %d log lines", n)
+	if n == 0 || n > 20+10+1 {
+		t.Fatalf("%d log lines for 10000 authentication failures in 1 s", n)
 	}
 }

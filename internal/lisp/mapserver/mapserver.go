@@ -163,10 +163,12 @@ type Server struct {
 	mu   sync.RWMutex
 	regs lpm.Table[*registration] // guarded by mu
 
-	limiter *limit.Limiter            // per source
-	replies *limit.Limiter            // per reply destination
-	counts  map[string]*atomic.Uint64 // fixed set of keys; values atomic
-	fwd     atomic.Uint32
+	limiter     *limit.Limiter // per source
+	replies     *limit.Limiter // per reply destination
+	logs        *limit.Limiter // log lines about outside events
+	logsDropped atomic.Uint64
+	counts      map[string]*atomic.Uint64 // fixed set of keys; values atomic
+	fwd         atomic.Uint32
 }
 
 // New checks cfg and returns a server.
@@ -186,6 +188,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.limiter = limit.New(cfg.RatePerSource, float64(cfg.BurstPerSource))
 	s.replies = limit.New(cfg.RatePerDestination, float64(cfg.BurstPerDestination))
+	s.logs = limit.New(10, 20)
 	for _, c := range cfg.Sites {
 		st := &site{Site: c, nonces: map[uint64]time.Time{}}
 		s.sites = append(s.sites, st)
@@ -284,6 +287,7 @@ func (s *Server) register(now time.Time, from netip.AddrPort, b []byte, out []Pa
 	key, ok := st.Keys[m.KeyID]
 	if !ok {
 		s.count(DropUnknownKeyID)
+		s.logLimited(now, slog.LevelWarn, "map-register refused: authentication", "site", st.Name, "from", from, "key_id", m.KeyID, "err", "unknown key ID")
 		return out
 	}
 	if err := lisp.Verify(msg, key); err != nil {
@@ -295,13 +299,13 @@ func (s *Server) register(now time.Time, from netip.AddrPort, b []byte, out []Pa
 		default:
 			s.count(DropBadAuth)
 		}
-		s.log.Debug("map-register refused: authentication", "site", st.Name, "from", from, "err", err)
+		s.logLimited(now, slog.LevelWarn, "map-register refused: authentication", "site", st.Name, "from", from, "key_id", m.KeyID, "err", err)
 		return out
 	}
 	for _, p := range prefixes {
 		if !st.owns(p) {
 			s.count(DropNotOwned)
-			s.log.Warn("map-register refused: prefix not owned by the site", "site", st.Name, "prefix", p, "from", from)
+			s.logLimited(now, slog.LevelWarn, "map-register refused: prefix not owned by the site", "site", st.Name, "prefix", p, "from", from)
 			return out
 		}
 	}
@@ -312,7 +316,7 @@ func (s *Server) register(now time.Time, from netip.AddrPort, b []byte, out []Pa
 	if m.Nonce != 0 && st.TimestampNonces {
 		if d := now.Sub(time.Unix(0, int64(m.Nonce))); d > s.cfg.ReplayWindow || d < -s.cfg.ReplayWindow {
 			s.count(DropStale)
-			s.log.Debug("map-register refused: nonce is not a current timestamp", "site", st.Name, "from", from, "age", d)
+			s.logLimited(now, slog.LevelWarn, "map-register refused: nonce is not a current timestamp (a replay, or clocks apart)", "site", st.Name, "from", from, "age", d)
 			return out
 		}
 	}
@@ -321,10 +325,12 @@ func (s *Server) register(now time.Time, from netip.AddrPort, b []byte, out []Pa
 		if t, seen := st.nonces[m.Nonce]; seen && now.Sub(t) < s.cfg.ReplayWindow {
 			s.mu.Unlock()
 			s.count(DropReplay)
+			s.logLimited(now, slog.LevelWarn, "map-register refused: nonce seen before (a replay)", "site", st.Name, "from", from)
 			return out
 		}
 		st.nonces[m.Nonce] = now
 	}
+	var changed []*registration
 	for i := range m.Records {
 		r := m.Records[i]
 		r.EID = lisp.AddrFrom(prefixes[i].Addr())
@@ -341,13 +347,25 @@ func (s *Server) register(now time.Time, from netip.AddrPort, b []byte, out []Pa
 		if m.Flags&lisp.RegTTLTimeout != 0 && r.TTL != 0xffffffff {
 			reg.expires = now.Add(time.Duration(r.TTL) * time.Minute)
 		}
-		if old, ok := s.regs.Get(prefixes[i]); ok {
+		old, ok := s.regs.Get(prefixes[i])
+		if ok {
 			reg.registered = old.registered
+		}
+		if !ok || old.etr != from || !slices.EqualFunc(old.record.Locators, r.Locators, sameLocator) {
+			changed = append(changed, reg)
 		}
 		s.regs.Insert(prefixes[i], reg)
 		s.count(CountRegistered)
 	}
 	s.mu.Unlock()
+	// New or changed registrations are logged (refreshes are not: one a minute per site).
+	for _, reg := range changed {
+		locs := make([]string, len(reg.record.Locators))
+		for j, l := range reg.record.Locators {
+			locs[j] = fmt.Sprintf("%v/%d/%d", l.Addr.IP, l.Priority, l.Weight)
+		}
+		s.logLimited(now, slog.LevelInfo, "registration accepted", "site", st.Name, "prefix", reg.prefix, "from", from, "locators", locs)
+	}
 	if m.Flags&lisp.RegWantNotify == 0 {
 		return out
 	}
@@ -376,6 +394,24 @@ func cloneLocators(ls []lisp.Locator) []lisp.Locator {
 		out[i].Addr.Raw = bytes.Clone(out[i].Addr.Raw)
 	}
 	return out
+}
+
+func sameLocator(a, b lisp.Locator) bool {
+	return a.Addr.IP == b.Addr.IP && a.Priority == b.Priority && a.Weight == b.Weight && a.Flags == b.Flags
+}
+
+// logLimited logs unless more than 10 lines a second (bursts of 20) went out already: the
+// events it reports (registrations, refused registrations) are triggered from outside. The
+// number of lines left out is reported with the next one.
+func (s *Server) logLimited(now time.Time, level slog.Level, msg string, args ...any) {
+	if !s.logs.Allow(netip.Addr{}, now) {
+		s.logsDropped.Add(1)
+		return
+	}
+	if n := s.logsDropped.Swap(0); n > 0 {
+		args = append(args, "log_lines_left_out", n)
+	}
+	s.log.Log(context.Background(), level, msg, args...)
 }
 
 func (st *site) owns(p netip.Prefix) bool {

@@ -56,18 +56,39 @@ func (x *XTR) control(now time.Time, i int, from netip.AddrPort, b []byte) {
 			x.count(DropControl)
 			return
 		}
+		// The first ITR-RLOC of the family of the uplink the request came in on; else the first
+		// one of a family another uplink has (a dual-stack xTR answers from that link).
 		var to netip.AddrPort
-		for _, a := range m.ITRRLOCs {
-			if (a.AFI == lisp.AFIIPv4 || a.AFI == lisp.AFIIPv6) && a.IP.Is4() == x.locals[i].Addr.Is4() {
-				to = netip.AddrPortFrom(a.IP, e.Inner.Src.Port())
+		ui := -1
+		for pass := range 2 {
+			for _, a := range m.ITRRLOCs {
+				if a.AFI != lisp.AFIIPv4 && a.AFI != lisp.AFIIPv6 {
+					continue
+				}
+				if pass == 0 && a.IP.Is4() == x.locals[i].Addr.Is4() {
+					to, ui = netip.AddrPortFrom(a.IP, e.Inner.Src.Port()), i
+				} else if pass == 1 {
+					if j := slices.IndexFunc(x.locals, func(l Loc) bool { return l.Addr.Is4() == a.IP.Is4() }); j >= 0 {
+						to, ui = netip.AddrPortFrom(a.IP, e.Inner.Src.Port()), j
+					}
+				}
+				if ui >= 0 {
+					break
+				}
+			}
+			if ui >= 0 {
 				break
 			}
 		}
-		if !to.IsValid() {
-			x.count(DropControl)
+		if ui < 0 {
+			if len(m.ITRRLOCs) > 0 {
+				x.count(DropITRRLOCFamily)
+			} else {
+				x.count(DropControl)
+			}
 			return
 		}
-		x.answer(now, i, &m, to, false, n+int(e.Inner.PayloadLen))
+		x.answer(now, ui, &m, to, false, n+int(e.Inner.PayloadLen))
 	case lisp.TypeMapNotify:
 		x.mapNotify(now, from, b)
 	default:
@@ -505,8 +526,18 @@ func (x *XTR) tick(now time.Time) {
 	}
 	for k := range x.o.MapServers {
 		r := &x.regs[k]
+		// Unconfirmed registrations are sent again after 1, 2 and 4 request timeouts (from the
+		// next RLOC each time), then only every RegisterInterval: never more than once a
+		// second, backing off, as RFC 9301 asks of retransmitted control messages.
 		unanswered := r.lastNotify.Before(r.sent)
-		if r.sent.IsZero() || now.Sub(r.sent) >= x.o.RegisterInterval || (unanswered && now.Sub(r.sent) >= x.o.RequestTimeout) {
+		periodic := r.sent.IsZero() || now.Sub(r.sent) >= x.o.RegisterInterval
+		retry := unanswered && r.retries < maxRegisterRetries && now.Sub(r.sent) >= max(x.o.RequestTimeout, time.Second)<<r.retries
+		if periodic || retry {
+			if periodic {
+				r.retries = 0
+			} else {
+				r.retries++
+			}
 			x.regTurn++
 			r.uplink = x.regTurn % len(x.o.Uplinks)
 			r.nonce, r.sent = x.registerNonceLocked(now), now
@@ -526,6 +557,10 @@ func (x *XTR) tick(now time.Time) {
 		x.register(r.k, r.ui, r.nonce)
 	}
 }
+
+// maxRegisterRetries is how many times an unconfirmed Map-Register is sent again before the
+// next periodic one.
+const maxRegisterRetries = 3
 
 // registerNonceLocked returns the nonce of a Map-Register sent at now: the time of sending in
 // Unix nanoseconds, strictly increasing, so that a map server with timestamp nonces (braid

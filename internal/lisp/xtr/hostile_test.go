@@ -318,3 +318,76 @@ func TestXtrAnswersBounded(t *testing.T) {
 		t.Fatalf("%d replies to one address in one second", got)
 	}
 }
+
+// forwardedECM is a Map-Request for eid as a map server forwards it, with the given ITR-RLOCs.
+func forwardedECM(eid netip.Addr, port uint16, itrs ...netip.Addr) []byte {
+	req := lisp.MapRequest{Nonce: 7, Records: []lisp.RequestRecord{{MaskLen: 32, EID: lisp.AddrFrom(eid)}}}
+	for _, a := range itrs {
+		req.ITRRLOCs = append(req.ITRRLOCs, lisp.AddrFrom(a))
+	}
+	src := netip.MustParseAddr("192.168.2.1")
+	if !eid.Is4() {
+		src = netip.MustParseAddr("fd00:2::1")
+	}
+	e := lisp.ECM{Inner: lisp.IPUDP{Src: netip.AddrPortFrom(src, port), Dst: netip.AddrPortFrom(eid, lisp.ControlPort), TTL: 64, PayloadLen: uint16(req.Len())}}
+	b := make([]byte, e.Len()+req.Len())
+	req.Encode(b[e.Len():])
+	e.Encode(b)
+	return b
+}
+
+// TestXtrForwardedRequestOtherFamily (issue 18, item 9): a forwarded Map-Request whose
+// ITR-RLOCs are all of the other family is counted as such on a single-stack xTR, and a
+// dual-stack xTR answers it from its link of that family.
+func TestXtrForwardedRequestOtherFamily(t *testing.T) {
+	x, rs := testXTR(t)
+	x.control(time.Now(), 0, rs.addr(), forwardedECM(netip.MustParseAddr("192.168.1.5"), 4342, netip.MustParseAddr("2001:db8::9")))
+	if c := x.Counters(); c[DropITRRLOCFamily] != 1 || c[DropControl] != 0 {
+		t.Fatalf("counters %v", c)
+	}
+
+	v6, err := net.ListenUDP("udp6", &net.UDPAddr{IP: net.IPv6loopback})
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	defer v6.Close()
+	itr, err := net.ListenUDP("udp6", &net.UDPAddr{IP: net.IPv6loopback})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer itr.Close()
+	x.o.Uplinks = append(x.o.Uplinks, &Uplink{Addr: netip.IPv6Loopback(), Control: v6, raw: -1})
+	x.locals = append(x.locals, Loc{Addr: netip.IPv6Loopback(), Priority: 1, Weight: 1})
+	x.o.Locators = append(x.o.Locators, Locator{Priority: 1, Weight: 1})
+	port := uint16(itr.LocalAddr().(*net.UDPAddr).Port)
+	// It arrives on the IPv4 uplink and names only an IPv6 ITR-RLOC.
+	x.control(time.Now(), 0, rs.addr(), forwardedECM(netip.MustParseAddr("192.168.1.5"), port, netip.IPv6Loopback()))
+	itr.SetReadDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, 1500)
+	n, from, err := itr.ReadFromUDPAddrPort(buf)
+	if err != nil {
+		t.Fatalf("no answer on the IPv6 link: %v (counters %v)", err, x.Counters())
+	}
+	var r lisp.MapReply
+	if _, err := r.Decode(buf[:n]); err != nil || r.Nonce != 7 || from.Addr() != netip.IPv6Loopback() {
+		t.Fatalf("answer %+v from %v: %v", r, from, err)
+	}
+}
+
+// TestXtrRegisterRetransmission (issue 18, item 9): without a Map-Notify, a Map-Register is
+// sent again after 1, 2 and 4 s, then only register_interval (60 s) after the last one (it was
+// sent every second, forever).
+func TestXtrRegisterRetransmission(t *testing.T) {
+	x, _ := testXTR(t)
+	start := time.Now()
+	for ms := 0; ms <= 66_900; ms += 100 {
+		x.tick(start.Add(time.Duration(ms) * time.Millisecond))
+	}
+	if got := x.Counters()[CountRegisters]; got != 4 {
+		t.Fatalf("%d Map-Registers in 67 s without a Map-Notify, want 4 (at 0 s and again after 1, 2, 4 s)", got)
+	}
+	x.tick(start.Add(67 * time.Second))
+	if got := x.Counters()[CountRegisters]; got != 5 {
+		t.Fatalf("%d Map-Registers at 67 s, want the periodic 5th", got)
+	}
+}

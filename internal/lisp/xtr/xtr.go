@@ -200,6 +200,7 @@ type probe struct {
 type registrationState struct {
 	nonce      uint64
 	sent       time.Time
+	retries    int // unconfirmed sends since the last periodic one
 	lastNotify time.Time
 	uplink     int
 }
@@ -244,6 +245,7 @@ const (
 	DropPendingFull      = "drop_too_many_resolutions"
 	DropCacheFull        = "drop_map_cache_full"
 	DropReplyRateLimited = "drop_reply_rate_limited"
+	DropITRRLOCFamily    = "drop_itr_rloc_other_family"
 	CountCacheEvicted    = "map_cache_evicted"
 	DropTooBig           = "drop_too_big"
 	CountCacheExpired    = "map_cache_expired"
@@ -254,7 +256,7 @@ var counterNames = []string{CountTxPackets, CountRxPackets, CountRequests, Count
 	CountRegisters, CountNotifies, CountProbesSent, CountProbeReplies, CountRequestsIn, DropNoMapping,
 	DropNegative, DropNoPath, DropQueueFull, DropNotIP, DropNotUnicast, DropOwnEID, DropDecap, DropNotOurEID, DropForeignEID, DropSend,
 	DropControl, DropUnexpected, DropNotifyAuth, DropReplyRecord, DropSpoofedSource, DropOuterSource,
-	DropPendingFull, DropCacheFull, CountCacheEvicted, DropReplyRateLimited, DropTooBig, CountCacheExpired, CountResolveFailed}
+	DropPendingFull, DropCacheFull, CountCacheEvicted, DropReplyRateLimited, DropITRRLOCFamily, DropTooBig, CountCacheExpired, CountResolveFailed}
 
 // New checks o and returns an xTR; Run starts it.
 func New(o Options) (*XTR, error) {
