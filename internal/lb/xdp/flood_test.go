@@ -49,6 +49,18 @@ func TestForgedFloodCannotEvict(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The pending table is full (read in batches, all of it) and holds no joined token.
+	pend, err := r.d.PendingTokens()
+	if err != nil || len(pend) < size*9/10 || len(pend) > size {
+		t.Fatalf("pending table: %d entries (%v), want about %d", len(pend), err, size)
+	}
+	seen := map[uint32]bool{}
+	for _, tk := range pend {
+		if tk.Joined || seen[tk.Token] || tk.Token == 0xbad4a582 || tk.Token == 0x3847c420 {
+			t.Fatalf("pending entry %+v (duplicate %v)", tk, seen[tk.Token])
+		}
+		seen[tk.Token] = true
+	}
 	owner := map[uint32]Token{}
 	for _, tk := range joined {
 		owner[tk.Token] = tk

@@ -625,14 +625,38 @@ func (d *Dataplane) Tokens() ([]Token, error) { return readTokens(d.objs.Tokens,
 // ones included until the LRU reuses their slots).
 func (d *Dataplane) PendingTokens() ([]Token, error) { return readTokens(d.objs.Pending, nil) }
 
+// readTokens reads a token table in batches (one system call per 4096 entries: the tables
+// hold up to hundreds of thousands under a flood, and the sweeper reads the joined one every
+// second), or entry by entry where the kernel has no batch operations.
 func readTokens(m *ebpf.Map, out []Token) ([]Token, error) {
+	add := func(k lbTokenKey, v lbTokenVal) {
+		out = append(out, Token{Service: k.Svc, Token: k.Token, Backend: v.Backend, V0: v.Flags&tokV0 != 0,
+			Closing: v.Flags&tokClosing != 0, Collided: v.Flags&tokCollided != 0, Joined: v.Flags&tokJoined != 0,
+			Created: v.Created, Active: v.Active})
+	}
+	keys := make([]lbTokenKey, 4096)
+	vals := make([]lbTokenVal, 4096)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := 0; i < n; i++ {
+			add(keys[i], vals[i])
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return out, nil
+		}
+		if errors.Is(err, ebpf.ErrNotSupported) && len(out) == 0 {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("xdp: tokens: %w", err)
+		}
+	}
 	var k lbTokenKey
 	var v lbTokenVal
 	it := m.Iterate()
 	for it.Next(&k, &v) {
-		out = append(out, Token{Service: k.Svc, Token: k.Token, Backend: v.Backend, V0: v.Flags&tokV0 != 0,
-			Closing: v.Flags&tokClosing != 0, Collided: v.Flags&tokCollided != 0, Joined: v.Flags&tokJoined != 0,
-			Created: v.Created, Active: v.Active})
+		add(k, v)
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("xdp: tokens: %w", err)
