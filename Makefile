@@ -2,7 +2,8 @@
 GO      ?= go
 BIN     := bin/braid
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X braid/internal/app.Version=$(VERSION)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)$(if $(findstring -dirty,$(VERSION)),-dirty)
+LDFLAGS := -s -w -X braid/internal/app.Version=$(VERSION) -X braid/internal/app.Commit=$(COMMIT)
 # Lab tests measure timing and throughput: run packages one at a time so they do not disturb
 # each other on a small machine.
 TESTFLAGS ?= -count=1 -p 1 -timeout 30m
