@@ -84,9 +84,10 @@
 //	                          # peer's authenticated packets to a new address (NAT rebinding).
 //	                          # Braid mode may leave it out on every path of a peer (a hub's
 //	                          # view of sites behind NAT): the peer's paths are then learned
-//	                          # from its authenticated packets on the uplinks named, one path
-//	                          # per uplink entry at most once, and its handshakes are answered
-//	                          # from any address (docs/tunnel.md, "Behind NAT")
+//	                          # from its authenticated packets on the uplinks named (each
+//	                          # once; weight applies to the paths learned there), and its
+//	                          # handshakes are answered from any address (docs/tunnel.md,
+//	                          # "Behind NAT")
 //	  weight = 0              # optional, 0..65535; 0 (default) = the uplink's weight
 //
 // In mode "mpt" the keys marked "braid mode" above are errors, and each peer may have these
