@@ -73,8 +73,9 @@
 //	                          # peer, so that NATs on the way keep its mapping (probes, every
 //	                          # probe_interval, usually send more often); 10ms..2m, default 10s
 //	max_paths = 16            # braid mode, peers whose paths are learned (no remote): at most
-//	                          # this many paths, 1..254 (default 16); a packet on one more is
-//	                          # dropped (drop_path_limit) and the log says so once
+//	                          # this many paths, 1..254 (default 16); a packet on one more
+//	                          # takes the place of a learned path on its uplink silent for a
+//	                          # minute, or else is dropped (drop_path_limit, logged once)
 //	  [[tunnel.peer.path]]    # one per (local uplink, remote address) pair, at least one;
 //	                          # at most 255 (braid) or 20 (mpt, MPT's limit) per peer
 //	  uplink = "fibre"        # name of a tunnel.uplink

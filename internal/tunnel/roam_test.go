@@ -517,3 +517,36 @@ func TestRoamSiteRestartsBehindNewMappings(t *testing.T) {
 		t.Errorf("handshakes_done %d (was %d), paths_learned %d, path_moves %d", c["handshakes_done"], hs, c["paths_learned"], c["path_moves"])
 	}
 }
+
+// At max_paths a new path of the peer is refused while the known ones live; once a learned
+// path has been silent for the reuse time, the new one takes its place (a peer that numbered
+// its paths anew, or lost an uplink for good, is not locked out).
+func TestRoamLearnedPathReused(t *testing.T) {
+	t.Cleanup(tunnel.SetReuseAfter(300 * time.Millisecond))
+	s := startRoam(t, roamOpts{hubPeer: func(pc *tunnel.PeerConfig) { pc.MaxPaths = 1 }})
+	var mu sync.Mutex
+	cut := natB // what the tap drops on its way to the hub
+	s.net.mu.Lock()
+	s.net.tap = func(from, to netip.AddrPort, b []byte) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return from.String() != cut
+	}
+	s.net.mu.Unlock()
+	defer func() { s.net.mu.Lock(); s.net.tap = nil; s.net.mu.Unlock() }()
+	roamWait(t, "the hub learns the path through NAT a", func() bool {
+		ps := hubPaths(s)
+		return len(ps) == 1 && ps[0].Remote == natA && ps[0].State == "up"
+	})
+	mu.Lock()
+	cut = natA
+	mu.Unlock()
+	roamWait(t, "the path through NAT b refused at max_paths", func() bool { return s.hub.Status().Counters["drop_path_limit"] > 0 })
+	roamWait(t, "the silent path reused for NAT b", func() bool {
+		ps := hubPaths(s)
+		return len(ps) == 1 && ps[0].Remote == natB && ps[0].State == "up"
+	})
+	if c := s.hub.Status().Counters; c["paths_learned"] != 1 || c["path_moves"] < 1 {
+		t.Errorf("paths_learned %d path_moves %d", c["paths_learned"], c["path_moves"])
+	}
+}
