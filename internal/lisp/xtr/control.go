@@ -528,7 +528,7 @@ func (x *XTR) tick(now time.Time) {
 		r := &x.regs[k]
 		// Unconfirmed registrations are sent again after 1, 2 and 4 request timeouts (from the
 		// next RLOC each time), then only every RegisterInterval: never more than once a
-		// second, backing off, as RFC 9301 asks of retransmitted control messages.
+		// second, backing off (RFC 9301's rule for retransmitted Map-Requests).
 		unanswered := r.lastNotify.Before(r.sent)
 		periodic := r.sent.IsZero() || now.Sub(r.sent) >= x.o.RegisterInterval
 		retry := unanswered && r.retries < maxRegisterRetries && now.Sub(r.sent) >= max(x.o.RequestTimeout, time.Second)<<r.retries
