@@ -251,14 +251,10 @@ func (x *XTR) mapReply(now time.Time, from netip.AddrPort, m *lisp.MapReply) {
 	src := from.Addr().Unmap()
 	resolver := x.fromResolver(src)
 	x.mu.Lock()
-	var e *entry
-	x.cache.All(func(_ netip.Prefix, c *entry) bool {
-		if c.nonce == m.Nonce && (c.pending || c.tries < 0) {
-			e = c
-			return false
-		}
-		return true
-	})
+	e := x.byNonce[m.Nonce] // a map, not a walk of the cache: replies cost the same however big it is
+	if e != nil && !(e.pending || e.tries < 0) {
+		e = nil
+	}
 	if e == nil {
 		x.mu.Unlock()
 		x.count(DropUnexpected)
@@ -476,7 +472,7 @@ func (x *XTR) tick(now time.Time) {
 			}
 			e.tries++
 			e.sent = now
-			e.nonce = randomNonce()
+			x.setNonceLocked(e, randomNonce())
 			requests = append(requests, requestJob{e.query, e.srcEID, e.nonce, e.tries})
 		case !now.Before(e.expires):
 			gone = append(gone, p)
@@ -488,7 +484,7 @@ func (x *XTR) tick(now time.Time) {
 			if e.tries >= 0 && e.expires.Sub(now) < min(ttl/10, time.Minute) && e.used.Load() {
 				e.tries = -1 // refreshing: the nonce below matches the reply
 				e.query = p.Addr()
-				e.nonce = randomNonce()
+				x.setNonceLocked(e, randomNonce())
 				requests = append(requests, requestJob{p.Addr(), netip.Addr{}, e.nonce, 0})
 			}
 			for _, pr := range e.pairs {

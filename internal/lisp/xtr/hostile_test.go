@@ -391,3 +391,32 @@ func TestXtrRegisterRetransmission(t *testing.T) {
 		t.Fatalf("%d Map-Registers at 67 s, want the periodic 5th", got)
 	}
 }
+
+// TestXtrJunkRepliesCheap (issue 18, items 5 and 8): Map-Replies with wrong nonces are matched
+// through an index, not a walk of the map-cache, so a flood of them costs the same with a full
+// cache as with an empty one.
+func TestXtrJunkRepliesCheap(t *testing.T) {
+	x, rs := testXTR(t)
+	now := time.Now()
+	x.mu.Lock()
+	for i := range 65536 {
+		r := record(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24).String(), 10, "10.0.3.1")
+		x.installLocked(now, &r)
+	}
+	x.mu.Unlock()
+	junk := replyBytes(&lisp.MapReply{Nonce: 1, Records: []lisp.Record{record("10.0.0.0/24", 10, "10.0.3.1")}})
+	start := time.Now()
+	const n = 20000
+	for i := range n {
+		junk[4] = byte(i)
+		x.control(now, 0, rs.addr(), junk)
+	}
+	d := time.Since(start)
+	t.Logf("%d junk replies with 65536 cache entries: %v (%v each)", n, d.Round(time.Millisecond), d/n)
+	if x.Counters()[DropUnexpected] != n {
+		t.Fatalf("counters %v", x.Counters())
+	}
+	if d > 2*time.Second {
+		t.Fatalf("%d junk replies took %v", n, d)
+	}
+}

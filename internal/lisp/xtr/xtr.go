@@ -179,8 +179,9 @@ type XTR struct {
 	probes   map[uint64]probe    // outstanding RLOC-probes by nonce; guarded by mu
 	regs     []registrationState // per map-server; guarded by mu
 	regTurn  int
-	regNonce uint64 // last Map-Register nonce; guarded by mu
-	pending  int    // pending entries in cache; guarded by mu
+	regNonce uint64            // last Map-Register nonce; guarded by mu
+	pending  int               // pending entries in cache; guarded by mu
+	byNonce  map[uint64]*entry // entries with a request outstanding, by its nonce; guarded by mu
 
 	replies *limit.Limiter // per reply destination
 	counts  map[string]*atomic.Uint64
@@ -274,7 +275,7 @@ func New(o Options) (*XTR, error) {
 		return nil, errors.New("xtr: no map-resolver")
 	}
 	o.Locators = slices.Clone(o.Locators) // SetLocators changes them
-	x := &XTR{o: o, log: o.Logger, pairs: map[pairKey]*pair{}, probes: map[uint64]probe{}, counts: map[string]*atomic.Uint64{},
+	x := &XTR{o: o, log: o.Logger, pairs: map[pairKey]*pair{}, probes: map[uint64]probe{}, byNonce: map[uint64]*entry{}, counts: map[string]*atomic.Uint64{},
 		regs: make([]registrationState, len(o.MapServers)), replies: limit.New(o.RatePerDestination, float64(o.BurstPerDestination))}
 	for _, n := range counterNames {
 		x.counts[n] = new(atomic.Uint64)
@@ -402,14 +403,14 @@ func (x *XTR) installLocked(now time.Time, r *lisp.Record) (queued, verified [][
 	// delivered when their outer source is a locator of the new mapping.
 	var gone []netip.Prefix
 	var held []heldPacket
-	x.cache.All(func(q netip.Prefix, old *entry) bool {
-		if old.pending && p.Contains(q.Addr()) && q.Bits() >= p.Bits() {
+	// Pending entries are all in byNonce (at most MaxPending): no walk of the whole cache.
+	for _, old := range x.byNonce {
+		if q := old.prefix; old.pending && p.Contains(q.Addr()) && q.Bits() >= p.Bits() {
 			queued = append(queued, old.queue...)
 			held = append(held, old.held...)
 			gone = append(gone, q)
 		}
-		return true
-	})
+	}
 	for _, q := range gone {
 		x.cacheDeleteLocked(q)
 	}
@@ -443,14 +444,27 @@ func (x *XTR) verifyHeld(e *entry, held []heldPacket) (ok [][]byte) {
 	return ok
 }
 
-// cacheDeleteLocked removes the entry of p, keeping the pending accounting right.
+// cacheDeleteLocked removes the entry of p, keeping the pending accounting and the nonce
+// index right.
 func (x *XTR) cacheDeleteLocked(p netip.Prefix) {
 	if old, ok := x.cache.Get(p); ok {
 		if old.pending {
 			x.pending--
 		}
+		if x.byNonce[old.nonce] == old {
+			delete(x.byNonce, old.nonce)
+		}
 		x.cache.Delete(p)
 	}
+}
+
+// setNonceLocked gives entry e (in the cache) the nonce of a new request.
+func (x *XTR) setNonceLocked(e *entry, n uint64) {
+	if x.byNonce[e.nonce] == e {
+		delete(x.byNonce, e.nonce)
+	}
+	e.nonce = n
+	x.byNonce[n] = e
 }
 
 // roomForPendingLocked reports whether another resolution may start: at most MaxPending
