@@ -420,3 +420,19 @@ func TestXtrJunkRepliesCheap(t *testing.T) {
 		t.Fatalf("%d junk replies took %v", n, d)
 	}
 }
+
+// TestXtrDecapAllocs: the ETR's source checks allocate nothing per packet.
+func TestXtrDecapAllocs(t *testing.T) {
+	x, _ := testXTR(t)
+	rec := record("192.168.2.0/24", 10, "10.0.3.1")
+	x.mu.Lock()
+	x.installLocked(time.Now(), &rec)
+	x.mu.Unlock()
+	pkt := ipUDP(t, "192.168.2.5:53", "192.168.1.1:53")
+	from := netip.MustParseAddr("10.0.3.1")
+	now := time.Now()
+	allocs := testing.AllocsPerRun(100, func() { x.decap(now, 0, from, pkt) })
+	if allocs != 0 || x.Counters()[CountRxPackets] == 0 {
+		t.Fatalf("%v allocations per packet (%d delivered)", allocs, x.Counters()[CountRxPackets])
+	}
+}
