@@ -436,3 +436,35 @@ func TestXtrDecapAllocs(t *testing.T) {
 		t.Fatalf("%v allocations per packet (%d delivered)", allocs, x.Counters()[CountRxPackets])
 	}
 }
+
+// TestXtrHeldBytesBounded (issue 18, item 8): big packets from many unresolved sources are held
+// up to MaxHeldBytes in all, and the budget comes back when the resolutions end.
+func TestXtrHeldBytesBounded(t *testing.T) {
+	x, _ := testXTR(t)
+	x.o.MaxHeldBytes = 64 << 10
+	now := time.Now()
+	big := make([]byte, 8000)
+	for i := range 200 {
+		src := netip.AddrFrom4([4]byte{10, 200, byte(i), 1})
+		u := lisp.IPUDP{Src: netip.AddrPortFrom(src, 53), Dst: netip.MustParseAddrPort("192.168.1.1:53"), TTL: 64, PayloadLen: uint16(len(big))}
+		pkt := make([]byte, u.Len()+len(big))
+		u.Encode(pkt)
+		x.decap(now, 0, attacker.Addr(), pkt)
+	}
+	x.mu.RLock()
+	held := x.heldBytes
+	x.mu.RUnlock()
+	if held > 64<<10 || held == 0 {
+		t.Fatalf("%d bytes held, want at most %d", held, 64<<10)
+	}
+	// The resolutions give up (nobody answers): everything held is freed.
+	for s := 1; s <= 5; s++ {
+		x.tick(now.Add(time.Duration(s) * 1100 * time.Millisecond))
+	}
+	x.mu.RLock()
+	held, pending := x.heldBytes, x.pending
+	x.mu.RUnlock()
+	if held != 0 || pending != 0 {
+		t.Fatalf("after the resolutions failed: %d bytes held, %d pending", held, pending)
+	}
+}
