@@ -468,3 +468,19 @@ func TestXtrHeldBytesBounded(t *testing.T) {
 		t.Fatalf("after the resolutions failed: %d bytes held, %d pending", held, pending)
 	}
 }
+
+// TestXtrECMOnlyFromMapServers (issue 18, item 7): the ETR answers forwarded Map-Requests only
+// when a map server it registers with forwarded them; from anyone else an ECM is a way to
+// make it send replies to an address of the sender's choosing.
+func TestXtrECMOnlyFromMapServers(t *testing.T) {
+	x, rs := testXTR(t)
+	ecm := forwardedECM(netip.MustParseAddr("192.168.1.5"), 4342, netip.MustParseAddr("127.0.0.1"))
+	x.control(time.Now(), 0, attacker, ecm)
+	if c := x.Counters(); c[DropECMSource] != 1 || c[CountRequestsIn] != 0 {
+		t.Fatalf("ECM from a stranger: %v", c)
+	}
+	x.control(time.Now(), 0, rs.addr(), ecm)
+	if c := x.Counters(); c[CountRequestsIn] != 1 {
+		t.Fatalf("ECM from the map server not answered: %v", c)
+	}
+}

@@ -253,6 +253,7 @@ const (
 	DropCacheFull        = "drop_map_cache_full"
 	DropReplyRateLimited = "drop_reply_rate_limited"
 	DropITRRLOCFamily    = "drop_itr_rloc_other_family"
+	DropECMSource        = "drop_ecm_not_from_map_server"
 	CountCacheEvicted    = "map_cache_evicted"
 	DropTooBig           = "drop_too_big"
 	CountCacheExpired    = "map_cache_expired"
@@ -263,7 +264,7 @@ var counterNames = []string{CountTxPackets, CountRxPackets, CountRequests, Count
 	CountRegisters, CountNotifies, CountProbesSent, CountProbeReplies, CountRequestsIn, DropNoMapping,
 	DropNegative, DropNoPath, DropQueueFull, DropNotIP, DropNotUnicast, DropOwnEID, DropDecap, DropNotOurEID, DropForeignEID, DropSend,
 	DropControl, DropUnexpected, DropNotifyAuth, DropReplyRecord, DropSpoofedSource, DropOuterSource,
-	DropPendingFull, DropCacheFull, CountCacheEvicted, DropReplyRateLimited, DropITRRLOCFamily, DropTooBig, CountCacheExpired, CountResolveFailed}
+	DropPendingFull, DropCacheFull, CountCacheEvicted, DropReplyRateLimited, DropITRRLOCFamily, DropECMSource, DropTooBig, CountCacheExpired, CountResolveFailed}
 
 // New checks o and returns an xTR; Run starts it.
 func New(o Options) (*XTR, error) {
