@@ -116,8 +116,12 @@ func TestUnjoinedTokensExpire(t *testing.T) {
 
 // TestSYNFloodKeepsEstablished floods the balancer with spoofed SYNs, four times the size of
 // the connection tables, after a connection and its join subflow were established and the
-// Maglev table changed (so that hashing the join again would send it elsewhere): the
-// established flows stay in the connection table and keep their backend.
+// Maglev table changed (so that hashing them again would send them elsewhere): the
+// established flows stay in the connection table and keep their backend. Each spoofed SYN is
+// sent twice, as a retransmission would be: the kernel's LRU keeps entries looked up since
+// their insertion apart from those never looked up, so SYNs sent once would not have evicted
+// established flows from the former single table, but SYNs sent twice did (the first subflow
+// then went to backend 1, the join to backend 3, instead of 0).
 func TestSYNFloodKeepsEstablished(t *testing.T) {
 	const size = 1 << 12
 	r := newRigSized(t, 4, Options{Conns: size, Embryonic: size, Tokens: size, Pending: size}, nil)
@@ -145,7 +149,9 @@ func TestSYNFloodKeepsEstablished(t *testing.T) {
 	}
 	for i := 0; i < 4*size; i++ {
 		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(1 + i%200), byte(i >> 8), byte(i), 9}), uint16(i))
-		r.run(packet{Src: src, Dst: vip4, Flags: tcpSYN, Opts: synCapable(1)})
+		syn := packet{Src: src, Dst: vip4, Flags: tcpSYN, Opts: synCapable(1)}
+		r.run(syn)
+		r.run(syn)
 	}
 	flows, err := r.d.Flows()
 	if err != nil {

@@ -686,19 +686,11 @@ type Flow struct {
 // Flows returns both connection tables.
 func (d *Dataplane) Flows() ([]Flow, error) {
 	var out []Flow
-	for _, m := range []*ebpf.Map{d.objs.Conns, d.objs.Embryonic} {
-		var k lbFlow
-		var v lbConn
-		it := m.Iterate()
-		for it.Next(&k, &v) {
-			out = append(out, Flow{Src: flowAddr(k.Src, k.Family, k.Sport), Dst: flowAddr(k.Dst, k.Family, k.Dport),
-				Backend: v.Backend, Embryonic: m == d.objs.Embryonic, Join: v.Flags&connJoin != 0})
-		}
-		if err := it.Err(); err != nil {
-			return nil, fmt.Errorf("xdp: flows: %w", err)
-		}
-	}
-	return out, nil
+	err := d.eachFlow(func(k *lbFlow, v *lbConn, embryonic bool) {
+		out = append(out, Flow{Src: flowAddr(k.Src, k.Family, k.Sport), Dst: flowAddr(k.Dst, k.Family, k.Dport),
+			Backend: v.Backend, Embryonic: embryonic, Join: v.Flags&connJoin != 0})
+	})
+	return out, err
 }
 
 const connJoin = 1 << 4
@@ -713,41 +705,76 @@ func flowAddr(a [16]byte, family uint8, port uint16) netip.AddrPort {
 	return netip.AddrPortFrom(netip.AddrFrom16(a), pt)
 }
 
-// ConnsPerBackend counts the connection table's flows per backend.
-func (d *Dataplane) ConnsPerBackend() (map[uint32]int, error) {
-	out := map[uint32]int{}
+// eachFlow calls fn on every entry of the connection and embryonic tables, read in batches
+// (a flood fills them with hundreds of thousands of entries, and status reads them), or entry
+// by entry where the kernel has no batch operations.
+func (d *Dataplane) eachFlow(fn func(k *lbFlow, v *lbConn, embryonic bool)) error {
+	keys := make([]lbFlow, 4096)
+	vals := make([]lbConn, 4096)
 	for _, m := range []*ebpf.Map{d.objs.Conns, d.objs.Embryonic} {
+		emb := m == d.objs.Embryonic
+		var cursor ebpf.MapBatchCursor
+		batched := true
+		for seen := 0; ; {
+			n, err := m.BatchLookup(&cursor, keys, vals, nil)
+			for i := 0; i < n; i++ {
+				fn(&keys[i], &vals[i], emb)
+			}
+			seen += n
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				break
+			}
+			if errors.Is(err, ebpf.ErrNotSupported) && seen == 0 {
+				batched = false
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("xdp: flows: %w", err)
+			}
+		}
+		if batched {
+			continue
+		}
 		var k lbFlow
 		var v lbConn
 		it := m.Iterate()
 		for it.Next(&k, &v) {
-			out[v.Backend]++
+			fn(&k, &v, emb)
 		}
 		if err := it.Err(); err != nil {
-			return nil, fmt.Errorf("xdp: conns: %w", err)
+			return fmt.Errorf("xdp: flows: %w", err)
 		}
 	}
-	return out, nil
+	return nil
+}
+
+// ConnsPerBackend counts the flows of both connection tables per backend.
+func (d *Dataplane) ConnsPerBackend() (map[uint32]int, error) {
+	out := map[uint32]int{}
+	err := d.eachFlow(func(_ *lbFlow, v *lbConn, _ bool) { out[v.Backend]++ })
+	return out, err
 }
 
 // DropFlowsOf removes the flows pinned to backend i (a backend that was removed).
 func (d *Dataplane) DropFlowsOf(i uint32) error {
-	for _, m := range []*ebpf.Map{d.objs.Conns, d.objs.Embryonic} {
-		var k lbFlow
-		var v lbConn
-		var del []lbFlow
-		it := m.Iterate()
-		for it.Next(&k, &v) {
-			if v.Backend == i {
-				del = append(del, k)
+	var del, delEmb []lbFlow
+	err := d.eachFlow(func(k *lbFlow, v *lbConn, emb bool) {
+		if v.Backend == i {
+			if emb {
+				delEmb = append(delEmb, *k)
+			} else {
+				del = append(del, *k)
 			}
 		}
-		if err := it.Err(); err != nil {
-			return fmt.Errorf("xdp: conns: %w", err)
-		}
-		for j := range del {
-			m.Delete(&del[j])
-		}
+	})
+	if err != nil {
+		return err
+	}
+	for j := range del {
+		d.objs.Conns.Delete(&del[j])
+	}
+	for j := range delEmb {
+		d.objs.Embryonic.Delete(&delEmb[j])
 	}
 	return nil
 }

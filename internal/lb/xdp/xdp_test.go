@@ -918,4 +918,3 @@ func TestDecapRestoresFrame(t *testing.T) {
 		t.Fatalf("plain TCP through decap: %d %v", ret, err)
 	}
 }
-

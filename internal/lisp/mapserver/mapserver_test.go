@@ -419,7 +419,7 @@ func FuzzMapserverHandle(f *testing.F) {
 // from 10 000 registered prefixes (proxy replies), without sockets.
 func BenchmarkMapserverRequest(b *testing.B) {
 	cfg := Defaults()
-	cfg.RatePerSource = 0
+	cfg.RatePerSource, cfg.RatePerDestination = 0, 0
 	site := Site{Name: "s", Keys: map[uint8][]byte{0: []byte("k")}, ProxyReply: true}
 	var recs []lisp.Record
 	for n := range 10000 {

@@ -44,7 +44,13 @@ func (x *XTR) control(now time.Time, i int, from netip.AddrPort, b []byte) {
 		// An RLOC-probe, or another request sent straight to us: answer the sender.
 		x.answer(now, i, &m, from, m.Flags&lisp.ReqProbe != 0, len(b))
 	case lisp.TypeECM:
-		// A Map-Request a map-server forwarded: answer the ITR at its first ITR-RLOC.
+		// A Map-Request a map-server forwarded: answer the ITR at its first ITR-RLOC. Only a
+		// map server the site registers with has its mapping to forward requests for, so an
+		// ECM from anywhere else is someone using the ETR to reflect replies.
+		if !x.fromMapServer(from.Addr()) {
+			x.count(DropECMSource)
+			return
+		}
 		var e lisp.ECM
 		n, err := e.Decode(b)
 		if err != nil {
@@ -204,6 +210,16 @@ const (
 	minReplyBits6 = 16
 )
 
+// fromMapServer reports whether a is the address of a map-server the site registers with.
+func (x *XTR) fromMapServer(a netip.Addr) bool {
+	for _, ms := range x.o.MapServers {
+		if ms.Addr.Addr().Unmap() == a {
+			return true
+		}
+	}
+	return false
+}
+
 // fromResolver reports whether a is one of the configured map-resolvers' addresses.
 func (x *XTR) fromResolver(a netip.Addr) bool {
 	for _, r := range x.o.Resolvers {
@@ -251,14 +267,10 @@ func (x *XTR) mapReply(now time.Time, from netip.AddrPort, m *lisp.MapReply) {
 	src := from.Addr().Unmap()
 	resolver := x.fromResolver(src)
 	x.mu.Lock()
-	var e *entry
-	x.cache.All(func(_ netip.Prefix, c *entry) bool {
-		if c.nonce == m.Nonce && (c.pending || c.tries < 0) {
-			e = c
-			return false
-		}
-		return true
-	})
+	e := x.byNonce[m.Nonce] // a map, not a walk of the cache: replies cost the same however big it is
+	if e != nil && !(e.pending || e.tries < 0) {
+		e = nil
+	}
 	if e == nil {
 		x.mu.Unlock()
 		x.count(DropUnexpected)
@@ -476,7 +488,7 @@ func (x *XTR) tick(now time.Time) {
 			}
 			e.tries++
 			e.sent = now
-			e.nonce = randomNonce()
+			x.setNonceLocked(e, randomNonce())
 			requests = append(requests, requestJob{e.query, e.srcEID, e.nonce, e.tries})
 		case !now.Before(e.expires):
 			gone = append(gone, p)
@@ -488,7 +500,7 @@ func (x *XTR) tick(now time.Time) {
 			if e.tries >= 0 && e.expires.Sub(now) < min(ttl/10, time.Minute) && e.used.Load() {
 				e.tries = -1 // refreshing: the nonce below matches the reply
 				e.query = p.Addr()
-				e.nonce = randomNonce()
+				x.setNonceLocked(e, randomNonce())
 				requests = append(requests, requestJob{p.Addr(), netip.Addr{}, e.nonce, 0})
 			}
 			for _, pr := range e.pairs {
@@ -528,7 +540,7 @@ func (x *XTR) tick(now time.Time) {
 		r := &x.regs[k]
 		// Unconfirmed registrations are sent again after 1, 2 and 4 request timeouts (from the
 		// next RLOC each time), then only every RegisterInterval: never more than once a
-		// second, backing off, as RFC 9301 asks of retransmitted control messages.
+		// second, backing off (RFC 9301's rule for retransmitted Map-Requests).
 		unanswered := r.lastNotify.Before(r.sent)
 		periodic := r.sent.IsZero() || now.Sub(r.sent) >= x.o.RegisterInterval
 		retry := unanswered && r.retries < maxRegisterRetries && now.Sub(r.sent) >= max(x.o.RequestTimeout, time.Second)<<r.retries

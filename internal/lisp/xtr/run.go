@@ -321,11 +321,14 @@ func (x *XTR) miss(now time.Time, f *flow, pkt []byte) {
 			nonce: randomNonce(), sent: now}
 		x.cacheDeleteLocked(e.prefix) // an expired entry of the same prefix
 		x.cache.Insert(e.prefix, e)
+		x.byNonce[e.nonce] = e
 		x.pending++
 		start = true
 	}
-	if len(e.queue) < x.o.QueuePerEID {
+	if len(e.queue) < x.o.QueuePerEID && x.heldBytes+len(pkt) <= x.o.MaxHeldBytes {
 		e.queue = append(e.queue, append([]byte(nil), pkt...))
+		e.bytes += len(pkt)
+		x.heldBytes += len(pkt)
 	} else {
 		x.count(DropQueueFull)
 	}
@@ -438,11 +441,14 @@ func (x *XTR) holdForVerification(now time.Time, from netip.Addr, f *flow, inner
 			nonce: randomNonce(), sent: now}
 		x.cacheDeleteLocked(e.prefix) // an expired entry of the same prefix
 		x.cache.Insert(e.prefix, e)
+		x.byNonce[e.nonce] = e
 		x.pending++
 		start = true
 	}
-	if len(e.held) < x.o.QueuePerEID {
+	if len(e.held) < x.o.QueuePerEID && x.heldBytes+len(inner) <= x.o.MaxHeldBytes {
 		e.held = append(e.held, heldPacket{from, append([]byte(nil), inner...)})
+		e.bytes += len(inner)
+		x.heldBytes += len(inner)
 	} else {
 		x.count(DropQueueFull)
 	}
