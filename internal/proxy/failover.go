@@ -145,8 +145,6 @@ func (p *Proxy) failover(ctx context.Context, c *pmnl.Client) {
 								"unacked", s.TCP.Unacked, "last_ack", s.TCP.LastAckRecv)
 						}
 					}
-				case failRemark:
-					p.setBackup(ctx, c, full.Info.Token, s, true)
 				case failRestore:
 					if p.setBackup(ctx, c, full.Info.Token, s, p.backupAddr(s.Local.Addr())) {
 						delete(marked, a.key)
@@ -221,7 +219,6 @@ const (
 	failRestore                     // set it back
 	failClose                       // close it (SUBFLOW_DESTROY)
 	failAbort                       // reset a live subflow whose unsent queue would hold back the re-sent data
-	failRemark                      // set a dead subflow, still waiting to be closed, to backup again
 )
 
 type failAction struct {
@@ -309,11 +306,6 @@ func failoverDecide(now time.Time, conn uint64, subs []info.Subflow, marked map[
 		case dead[i] && isMarked && now.Sub(since) >= destroyAfter && alive > 0:
 			if !held && (!waitSuspect || now.Sub(since) >= suspectWait) {
 				deadClose = append(deadClose, failAction{failClose, k, s})
-			} else if s.Flags&info.SubflowBackupLocal == 0 {
-				// Set active again by the path manager's policy (rbpm sends its own wish again
-				// when the kernel's flag differs for a second): the scheduler would queue data
-				// on the dead path, where it waits until the close.
-				out = append(out, failAction{failRemark, k, s})
 			}
 		case dead[i] && !isMarked && alive > 0:
 			out = append(out, failAction{failBackup, k, s})
