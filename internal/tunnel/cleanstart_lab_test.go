@@ -49,19 +49,7 @@ func startTogether(t *testing.T, l *lab.Lab, mutate func(side int, o *tunnel.Opt
 	errs := make([]error, 2)
 	start := make(chan struct{})
 	for i, ep := range eps {
-		other := eps[1-i]
-		peer := tunnel.PeerConfig{Name: "peer", PublicKey: other.priv.Public(),
-			Routes: []netip.Prefix{netip.PrefixFrom(other.inner4, 32)}}
-		var locals []netip.Addr
-		for _, lk := range l.Links() {
-			local, remote := lk.Spec.A, lk.Spec.B
-			if i == 1 {
-				local, remote = remote, local
-			}
-			la, ra := pickFamily(local.Addrs, 4), pickFamily(remote.Addrs, 4)
-			locals = append(locals, la)
-			peer.Paths = append(peer.Paths, tunnel.PathConfig{Uplink: la.String(), Remote: netip.AddrPortFrom(ra, scenario.TunnelPort)})
-		}
+		peer, locals := sidePeer(l, eps, i, 4)
 		wg.Go(func() {
 			<-start
 			tn, stop, err := scenario.StartTunnel(context.Background(), ep.host,

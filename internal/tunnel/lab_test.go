@@ -56,19 +56,8 @@ func startTunnels(t *testing.T, l *lab.Lab, outer int, mutate func(side int, o *
 	t.Helper()
 	eps := newEndpoints(t, l)
 	for i, ep := range eps {
-		other := eps[1-i]
-		peer := tunnel.PeerConfig{Name: "peer", PublicKey: other.priv.Public(),
-			Routes: []netip.Prefix{netip.PrefixFrom(other.inner4, 32), netip.PrefixFrom(other.inner6, 128)}}
-		var locals []netip.Addr
-		for _, lk := range l.Links() {
-			local, remote := lk.Spec.A, lk.Spec.B
-			if i == 1 {
-				local, remote = remote, local
-			}
-			la, ra := pickFamily(local.Addrs, outer), pickFamily(remote.Addrs, outer)
-			locals = append(locals, la)
-			peer.Paths = append(peer.Paths, tunnel.PathConfig{Uplink: la.String(), Remote: netip.AddrPortFrom(ra, scenario.TunnelPort)})
-		}
+		peer, locals := sidePeer(l, eps, i, outer)
+		peer.Routes = append(peer.Routes, netip.PrefixFrom(eps[1-i].inner6, 128))
 		var adjust []func(*tunnel.Options)
 		if mutate != nil {
 			adjust = append(adjust, func(o *tunnel.Options) { mutate(i, o) })
@@ -87,6 +76,26 @@ func startTunnels(t *testing.T, l *lab.Lab, outer int, mutate func(side int, o *
 		})
 	}
 	return eps
+}
+
+// sidePeer is side i's view of the other side of eps: a peer with a path over every link of l
+// (outer addresses of the given family), routing the other's inner IPv4 address, and the local
+// addresses of those paths.
+func sidePeer(l *lab.Lab, eps [2]*endpoint, i, outer int) (tunnel.PeerConfig, []netip.Addr) {
+	other := eps[1-i]
+	peer := tunnel.PeerConfig{Name: "peer", PublicKey: other.priv.Public(),
+		Routes: []netip.Prefix{netip.PrefixFrom(other.inner4, 32)}}
+	var locals []netip.Addr
+	for _, lk := range l.Links() {
+		local, remote := lk.Spec.A, lk.Spec.B
+		if i == 1 {
+			local, remote = remote, local
+		}
+		la, ra := pickFamily(local.Addrs, outer), pickFamily(remote.Addrs, outer)
+		locals = append(locals, la)
+		peer.Paths = append(peer.Paths, tunnel.PathConfig{Uplink: la.String(), Remote: netip.AddrPortFrom(ra, scenario.TunnelPort)})
+	}
+	return peer, locals
 }
 
 func pickFamily(ps []netip.Prefix, family int) netip.Addr {

@@ -18,19 +18,8 @@ import (
 // function that stops it.
 func startSide(t *testing.T, l *lab.Lab, eps [2]*endpoint, i int, mutate func(o *tunnel.Options)) func() error {
 	t.Helper()
-	ep, other := eps[i], eps[1-i]
-	peer := tunnel.PeerConfig{Name: "peer", PublicKey: other.priv.Public(),
-		Routes: []netip.Prefix{netip.PrefixFrom(other.inner4, 32)}}
-	var locals []netip.Addr
-	for _, lk := range l.Links() {
-		local, remote := lk.Spec.A, lk.Spec.B
-		if i == 1 {
-			local, remote = remote, local
-		}
-		la, ra := pickFamily(local.Addrs, 4), pickFamily(remote.Addrs, 4)
-		locals = append(locals, la)
-		peer.Paths = append(peer.Paths, tunnel.PathConfig{Uplink: la.String(), Remote: netip.AddrPortFrom(ra, scenario.TunnelPort)})
-	}
+	ep := eps[i]
+	peer, locals := sidePeer(l, eps, i, 4)
 	var adjust []func(*tunnel.Options)
 	if mutate != nil {
 		adjust = append(adjust, mutate)
