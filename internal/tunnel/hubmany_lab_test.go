@@ -2,8 +2,8 @@ package tunnel_test
 
 import (
 	"bytes"
-	"encoding/binary"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
