@@ -8,9 +8,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
 	"os/signal"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -178,7 +181,92 @@ func indexOf(s []string, v string) int {
 	return -1
 }
 
-// signalContext is cancelled on SIGINT or SIGTERM.
+// signalContext is cancelled on SIGINT or SIGTERM. SIGHUP, the daemons' "reload", never
+// stops a role: it runs what the role registered with onHangup, and otherwise logs that the
+// role cannot reload yet.
 func signalContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	h := &hangup{log: slog.New(slog.NewTextHandler(os.Stderr, nil))}
+	ctx = context.WithValue(ctx, hangupKey{}, h)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-hup:
+				h.fire()
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(hup)
+		stop()
+		<-done
+	}
+}
+
+// hangup is what SIGHUP does in a role.
+type hangup struct {
+	mu     sync.Mutex
+	role   string       // for the log, when the role has no reload
+	log    *slog.Logger // the role's
+	file   string       // the site file the role started with ("" when none)
+	reload func()
+}
+
+type hangupKey struct{}
+
+func (h *hangup) fire() {
+	h.mu.Lock()
+	reload, role, log := h.reload, h.role, h.log
+	h.mu.Unlock()
+	if reload != nil {
+		reload()
+		return
+	}
+	if role == "" {
+		role = "this command"
+	}
+	log.Warn("SIGHUP: reload is not supported for " + role + " yet; still running with the configuration it started with")
+}
+
+func hangupOf(ctx context.Context) *hangup {
+	h, _ := ctx.Value(hangupKey{}).(*hangup)
+	return h
+}
+
+// setDaemon tells ctx's SIGHUP handler (signalContext) the role's name, logger and site file.
+func setDaemon(ctx context.Context, role string, log *slog.Logger, file string) {
+	if h := hangupOf(ctx); h != nil {
+		h.mu.Lock()
+		h.role, h.log, h.file = role, log, file
+		h.mu.Unlock()
+	}
+}
+
+// onHangup makes SIGHUP run reload, given the site file the role started with ("" when the
+// context did not come from a daemon's signalContext).
+func onHangup(ctx context.Context, reload func(file string)) {
+	h := hangupOf(ctx)
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	file := h.file
+	h.reload = func() { reload(file) }
+	h.mu.Unlock()
+}
+
+// daemonFile is the site file of the daemon that ctx belongs to ("" when unknown).
+func daemonFile(ctx context.Context) string {
+	if h := hangupOf(ctx); h != nil {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.file
+	}
+	return ""
 }

@@ -222,8 +222,10 @@ func (t *Tunnel) Reload(c Config) (Change, error) {
 			return Change{}, fmt.Errorf("tunnel: uplink %s: MTU %d outside 0..65535", u.Name, u.MTU)
 		}
 		if u.MTU > t.pktSize-64 {
-			// The receive buffers were sized at start for the largest uplink MTU.
-			return Change{}, fmt.Errorf("%w: uplink %s has MTU %d, more than the tunnel's buffers (%d)", ErrReloadNeedsRestart, u.Name, u.MTU, t.pktSize-64)
+			// The buffers were sized at start for the largest uplink then: the uplink's paths
+			// are probed up to that.
+			t.log.Warn("reload: an uplink's MTU is larger than any at start: its paths use at most the largest then", "uplink", u.Name, "mtu", u.MTU, "max", t.pktSize-64)
+			u.MTU = t.pktSize - 64
 		}
 		old := t.uplinks[u.Name]
 		switch {
