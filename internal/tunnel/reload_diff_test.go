@@ -86,3 +86,52 @@ func TestReloadDiffPaths(t *testing.T) {
 		})
 	}
 }
+
+type nopDev struct{}
+
+func (nopDev) Read(b []byte) (int, error)  { select {} }
+func (nopDev) Write(b []byte) (int, error) { return len(b), nil }
+func (nopDev) Close() error                { return nil }
+
+type nopConn struct{}
+
+func (nopConn) ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error) { select {} }
+func (nopConn) Send(b []byte, dst netip.AddrPort) error                   { return nil }
+func (nopConn) Close() error                                              { return nil }
+
+// The lookups the packet loops make in the table a reload replaces allocate nothing, before
+// and after a reload.
+func TestReloadTableLookupsAllocate(t *testing.T) {
+	k, _ := session.GenerateKey()
+	pk, _ := session.GenerateKey()
+	peerCfg := func(name, route string) PeerConfig {
+		return PeerConfig{Name: name, PublicKey: pk.Public(), Routes: []netip.Prefix{netip.MustParsePrefix(route)},
+			Paths: []PathConfig{{Uplink: "u", Remote: netip.MustParseAddrPort("192.0.2.1:4754")}}}
+	}
+	ups := []Uplink{{Name: "u", Conn: nopConn{}}}
+	tn, err := New(Options{PrivateKey: k, Device: nopDev{}, Uplinks: ups, Peers: []PeerConfig{peerCfg("a", "10.1.0.0/16")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, src := netip.MustParseAddr("10.2.0.1"), netip.MustParseAddr("10.2.0.9")
+	check := func(when string) {
+		t.Helper()
+		var p *peer
+		if n := testing.AllocsPerRun(1000, func() {
+			if p = tn.lookup(dst); p != nil {
+				p.accepts(src)
+				p.pathList()
+			}
+		}); n != 0 {
+			t.Errorf("%s: %v allocations per lookup", when, n)
+		}
+	}
+	check("before")
+	if _, err := tn.Reload(Config{Uplinks: ups, Peers: []PeerConfig{peerCfg("a", "10.1.0.0/16"), peerCfg("b", "10.2.0.0/16")}}); err != nil {
+		t.Fatal(err)
+	}
+	if p := tn.lookup(dst); p == nil || p.name != "b" {
+		t.Fatalf("10.2.0.1 goes to %v after the reload, want b", p)
+	}
+	check("after")
+}
