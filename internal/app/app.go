@@ -181,12 +181,18 @@ func indexOf(s []string, v string) int {
 	return -1
 }
 
-// signalContext is cancelled on SIGINT or SIGTERM. SIGHUP, the daemons' "reload", never
-// stops a role: it runs what the role registered with onHangup, and otherwise logs that the
-// role cannot reload yet.
+// signalContext is cancelled on SIGINT, SIGTERM or SIGHUP: for commands that run in the
+// foreground (a closed terminal stops them). Daemons use daemonContext.
 func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+}
+
+// daemonContext is cancelled on SIGINT or SIGTERM. SIGHUP, the daemons' "reload", never stops
+// the role: it runs what the role registered with onHangup, and otherwise logs on log that
+// role cannot reload yet. file is the site file the role started with.
+func daemonContext(role string, log *slog.Logger, file string) (context.Context, context.CancelFunc) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	h := &hangup{log: slog.New(slog.NewTextHandler(os.Stderr, nil))}
+	h := &hangup{role: role, log: log, file: file}
 	ctx = context.WithValue(ctx, hangupKey{}, h)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -213,7 +219,7 @@ func signalContext() (context.Context, context.CancelFunc) {
 type hangup struct {
 	mu     sync.Mutex
 	role   string       // for the log, when the role has no reload
-	log    *slog.Logger // the role's
+	log    *slog.Logger // the role's; nil: the default logger
 	file   string       // the site file the role started with ("" when none)
 	reload func()
 }
@@ -228,8 +234,8 @@ func (h *hangup) fire() {
 		reload()
 		return
 	}
-	if role == "" {
-		role = "this command"
+	if log == nil {
+		log = slog.Default()
 	}
 	log.Warn("SIGHUP: reload is not supported for " + role + " yet; still running with the configuration it started with")
 }
@@ -239,17 +245,8 @@ func hangupOf(ctx context.Context) *hangup {
 	return h
 }
 
-// setDaemon tells ctx's SIGHUP handler (signalContext) the role's name, logger and site file.
-func setDaemon(ctx context.Context, role string, log *slog.Logger, file string) {
-	if h := hangupOf(ctx); h != nil {
-		h.mu.Lock()
-		h.role, h.log, h.file = role, log, file
-		h.mu.Unlock()
-	}
-}
-
-// onHangup makes SIGHUP run reload, given the site file the role started with ("" when the
-// context did not come from a daemon's signalContext).
+// onHangup makes SIGHUP run reload, given the site file the role started with; nothing when
+// ctx is not a daemonContext.
 func onHangup(ctx context.Context, reload func(file string)) {
 	h := hangupOf(ctx)
 	if h == nil {

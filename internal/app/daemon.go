@@ -53,9 +53,8 @@ func runDaemon[C any](e env, role, doc string, args []string, load func(file str
 			defer cleanup()
 		}
 	}
-	ctx, cancel := signalContext()
+	ctx, cancel := daemonContext("braid "+role, log, *file)
 	defer cancel()
-	setDaemon(ctx, "braid "+role, log, *file)
 	if err := serve(ctx, cfg, log); err != nil {
 		fmt.Fprintf(e.stderr, "braid %s: %v\n", role, err)
 		return exitError

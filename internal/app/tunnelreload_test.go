@@ -14,14 +14,13 @@ import (
 	"braid/internal/tunnel/session"
 )
 
-// SIGHUP stops no role: it runs the role's reload, or logs that there is none.
+// SIGHUP stops no daemon: it runs the role's reload, or logs that there is none.
 func TestSignalHangupDoesNotStop(t *testing.T) {
-	ctx, cancel := signalContext()
-	defer cancel()
 	var sb strings.Builder
 	lw := &lockedWriter{w: &sb}
 	logged := func() string { lw.mu.Lock(); defer lw.mu.Unlock(); return sb.String() }
-	setDaemon(ctx, "braid test", slog.New(slog.NewTextHandler(lw, nil)), "site.toml")
+	ctx, cancel := daemonContext("braid test", slog.New(slog.NewTextHandler(lw, nil)), "site.toml")
+	defer cancel()
 	hup := func() {
 		t.Helper()
 		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
