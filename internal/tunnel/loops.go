@@ -47,7 +47,7 @@ func (t *Tunnel) readDevice() error {
 		bufs[i] = make([]byte, size)
 	}
 	dl, _ := t.o.Device.(deadliner)
-	queue := dl != nil && t.plans()
+	queue := dl != nil && t.queueing
 	var (
 		free     [][]byte // buffers back from the send queues
 		active   []*peer  // peers with packets queued
@@ -129,11 +129,6 @@ func (t *Tunnel) readDevice() error {
 			return nil
 		}
 	}
-}
-
-// plans reports whether the tunnel's scheduler plans a send queue.
-func (t *Tunnel) plans() bool {
-	return plans(t.o.Scheduler)
 }
 
 // plans reports whether the scheduler of that name plans a send queue (reloads keep it so).

@@ -205,7 +205,7 @@ func (t *Tunnel) Reload(c Config) (Change, error) {
 	if _, err := newScheduler(c.Scheduler); err != nil {
 		return ch, err
 	}
-	if plans(c.Scheduler) != plans(t.o.Scheduler) {
+	if plans(c.Scheduler) != t.queueing {
 		return ch, fmt.Errorf("%w: scheduler %q to %q (one plans a send queue, the other does not)", ErrReloadNeedsRestart, schedOrPaced(t.o.Scheduler), schedOrPaced(c.Scheduler))
 	}
 	ch.Scheduler = c.Scheduler != t.o.Scheduler
@@ -486,6 +486,17 @@ func (t *Tunnel) retire(p *peer) {
 func (p *peer) pathLocked(id int) *peerPath {
 	for _, pp := range p.paths {
 		if int(pp.id)+1 == id {
+			return pp
+		}
+	}
+	return nil
+}
+
+// pathByID returns the path of ours whose ID is id (as our packets carry it), nil if none;
+// without p.mu. IDs are indices into the paths until a reload removes one.
+func (p *peer) pathByID(id uint8) *peerPath {
+	for _, pp := range p.pathList() {
+		if pp.id == id {
 			return pp
 		}
 	}

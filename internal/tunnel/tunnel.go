@@ -159,6 +159,8 @@ type Tunnel struct {
 	reloadMu sync.Mutex
 	uplinks  map[string]*uplink
 	running  bool // Run has started the uplinks' readers
+	// queueing: the scheduler plans a send queue (a reload keeps it so)
+	queueing bool
 	// errc takes the first error of a loop (the device's or an uplink's reader).
 	errc chan error
 
@@ -297,6 +299,7 @@ func New(o Options) (*Tunnel, error) {
 	if _, err := newScheduler(o.Scheduler); err != nil {
 		return nil, err
 	}
+	t.queueing = plans(o.Scheduler)
 	now := t.now()
 	var peers []*peer
 	for _, pc := range o.Peers {
