@@ -91,6 +91,7 @@ type resolverResult struct {
 func resolver(w io.Writer, prefixes int, clients []int, dur time.Duration, runs int) {
 	cfg := mapserver.Defaults()
 	cfg.RatePerSource = 0
+	cfg.RatePerDestination = 0 // every client is on 127.0.0.1
 	cfg.Logger = nil
 	var eids []netip.Addr
 	var regs [][]byte

@@ -250,7 +250,7 @@ func paperLinks(ctx context.Context, w io.Writer, bin string, runs int, dur time
 		"way) and LTE %.0f Mbit/s (%v one way), queues of one bandwidth-delay product; one download (%v; steady\n"+
 		"rate, the median of 1 s samples after the first). The ratio is to the better of the wired-alone rows. Then\n"+
 		"a download of %v with the wired uplink cut from %v to %v (100 ms samples): the longest gap below 1/10 of\n"+
-		"the rate before the cut, the median rate while cut, and when a wired subflow carried data again after\n"+
+		"the rate before the cut, the mean rate while cut, and when a wired subflow carried data again after\n"+
 		"the restore. Medians of %d runs.\n\n",
 		runs, float64(paperWired.Rate)/1e6, paperWired.Delay, float64(paperLTE.Rate)/1e6, paperLTE.Delay, dur, cutDur, cutAt, restoreAt, runs)
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)

@@ -61,7 +61,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		usage(stdout)
 		return exitOK
 	case "version", "--version":
-		fmt.Fprintf(stdout, "braid %s\n", Version)
+		printVersion(stdout)
 		return exitOK
 	}
 	c, ok := commands[args[0]]
@@ -89,7 +89,7 @@ Commands:
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprint(w, `  version    print the version
+	fmt.Fprint(w, `  version    print the version, the commit and the Go version
 
 Run 'braid help <command>' or 'braid <command> --help' for a command's manual.
 `)

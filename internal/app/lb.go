@@ -56,9 +56,14 @@ anywhere; they decapsulate with an ipip/ip6tnl device and hold the VIP).
 
 A live token is never overwritten: a second backend claiming it is a collision, counted, and
 with collision = "drop" its joins are dropped. Tokens are learned only on flows whose MP_CAPABLE
-SYN the balancer placed, at most learn_rate per second per client address and global_rate per
-second per CPU; they expire after token_idle without traffic, token_closing after the client's
-DATA_FIN, at once on the client's MP_FASTCLOSE, and with their backend.
+SYN the balancer placed, at most learn_rate per second per client /24 or /64, into a pending
+table (an LRU: forged handshakes push out only other pending tokens) where a token steers joins
+for token_unjoined; its first join moves it to the joined table, which nothing evicts, at most
+global_rate per second over all CPUs. Joined tokens expire after token_idle without traffic
+(token_closing when the table is 3/4 full), token_closing after the client's DATA_FIN, at once
+on the client's MP_FASTCLOSE, and with their backend. Flows seen only by their SYN wait in an
+embryonic table, so a SYN flood evicts no established flow. IPv4 fragments and IPv6 extension
+headers addressed to a VIP are dropped. docs/lb.md: "Security: floods and spoofing".
 
 Weight 0 drains a backend: its connections and every subflow they add stay, new connections go
 elsewhere. Adding a backend moves no established connection. A backend with a 'health' address
@@ -124,7 +129,7 @@ func lbCheck(e env, args []string) int {
 func lbPlaneConfig(cfg *config.LB, srcMAC net.HardwareAddr) xdp.Config {
 	c := xdp.Config{Aware: cfg.Aware, HashAddrs: cfg.Hash == "addresses", CollideDrop: cfg.Collision == "drop",
 		HashSeed: cfg.HashSeed, LearnRate: cfg.LearnRate, LearnBurst: cfg.LearnBurst, GlobalRate: cfg.GlobalRate,
-		GlobalBurst: cfg.GlobalBurst, Src4: cfg.EncapSource4, Src6: cfg.EncapSource6, SrcMAC: srcMAC}
+		GlobalBurst: cfg.GlobalBurst, UnjoinedAfter: cfg.TokenUnjoined, Src4: cfg.EncapSource4, Src6: cfg.EncapSource6, SrcMAC: srcMAC}
 	if cfg.Mode == "ipip" {
 		c.Mode = xdp.ModeIPIP
 	}
@@ -169,13 +174,13 @@ func serveLB(ctx context.Context, cfg *config.LB, log *slog.Logger) error {
 		}
 		specs = append(specs, s)
 	}
-	d, err := xdp.Load(xdp.Options{Conns: cfg.ConnTable, Tokens: cfg.TokenTable})
+	d, err := xdp.Load(xdp.Options{Conns: cfg.ConnTable, Embryonic: cfg.EmbryonicTable, Tokens: cfg.TokenTable, Pending: cfg.PendingTable})
 	if err != nil {
 		return err
 	}
 	defer d.Close()
 	l, err := lb.New(d, lb.Options{Services: cfg.Services, Plane: lbPlaneConfig(cfg, src),
-		TokenIdle: cfg.TokenIdle, TokenClosing: cfg.TokenClosing, Sweep: cfg.Sweep,
+		TokenIdle: cfg.TokenIdle, TokenClosing: cfg.TokenClosing, Sweep: cfg.Sweep, TokenTable: cfg.TokenTable,
 		HealthInterval: cfg.HealthInterval, HealthTimeout: cfg.HealthTimeout, Rise: cfg.Rise, Fall: cfg.Fall,
 		Logger: log}, specs)
 	if err != nil {
@@ -384,12 +389,15 @@ func printLBTokens(w io.Writer, st lb.Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "TOKEN\tSERVICE\tBACKEND\tVERSION\tAGE\tIDLE\tFLAGS")
 	for _, t := range st.Tokens {
-		flags := "-"
+		flags := "pending"
+		if t.Joined {
+			flags = "joined"
+		}
 		switch {
 		case t.Collided:
-			flags = "collided"
+			flags += ",collided"
 		case t.Closing:
-			flags = "closing"
+			flags += ",closing"
 		}
 		fmt.Fprintf(tw, "%s\t%v\t%s\tv%d\t%v\t%v\t%s\n", t.Token, t.Service, t.Backend, t.Version,
 			time.Duration(t.AgeMS)*time.Millisecond, time.Duration(t.IdleMS)*time.Millisecond, flags)

@@ -139,16 +139,17 @@ func lig(eid netip.Addr, res netip.AddrPort, src netip.Addr, count int, timeout 
 }
 
 // ligRequest is an ECM Map-Request for eid with local as the only ITR-RLOC (replies come back
-// to local's port). The inner header goes from local to the EID, as LIG sends it; without an
-// address of the EID's family, from the first address of that family, :: or 0.0.0.0.
+// to local's port). The inner header goes from local to the EID, as LIG sends it; when the
+// EID's family differs from local's, from an address of this host of the EID's family
+// (innerSource), never 0.0.0.0 or ::, which map servers and ETRs may drop as a bogus source.
 func ligRequest(eid netip.Addr, local netip.AddrPort, nonce uint64) ([]byte, error) {
 	req := lisp.MapRequest{Nonce: nonce, ITRRLOCs: []lisp.Addr{lisp.AddrFrom(local.Addr())},
 		Records: []lisp.RequestRecord{{MaskLen: uint8(eid.BitLen()), EID: lisp.AddrFrom(eid)}}}
 	innerSrc := local.Addr()
 	if innerSrc.Is4() != eid.Is4() {
-		innerSrc = netip.IPv6Unspecified()
-		if eid.Is4() {
-			innerSrc = netip.IPv4Unspecified()
+		var err error
+		if innerSrc, err = innerSource(eid); err != nil {
+			return nil, err
 		}
 	}
 	e := lisp.ECM{Inner: lisp.IPUDP{Src: netip.AddrPortFrom(innerSrc, local.Port()), Dst: netip.AddrPortFrom(eid, lisp.ControlPort), TTL: 64, PayloadLen: uint16(req.Len())}}
@@ -158,6 +159,45 @@ func ligRequest(eid netip.Addr, local netip.AddrPort, nonce uint64) ([]byte, err
 		return nil, fmt.Errorf("cannot encode a request for %v", eid)
 	}
 	return b, nil
+}
+
+// innerSource is the address of this host of eid's family for the inner header of a request:
+// the one the system routes toward eid, else the first such address of an interface (global
+// before loopback).
+func innerSource(eid netip.Addr) (netip.Addr, error) {
+	if c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(eid, lisp.ControlPort))); err == nil {
+		a := c.LocalAddr().(*net.UDPAddr).AddrPort().Addr()
+		c.Close()
+		if a.Unmap().Is4() == eid.Is4() && !a.IsUnspecified() {
+			return a.Unmap(), nil
+		}
+	}
+	addrs, _ := net.InterfaceAddrs()
+	var loop netip.Addr
+	for _, ia := range addrs {
+		p, err := netip.ParsePrefix(ia.String())
+		if err != nil {
+			continue
+		}
+		a := p.Addr().Unmap()
+		if a.Is4() != eid.Is4() || a.IsUnspecified() || a.IsLinkLocalUnicast() {
+			continue
+		}
+		if !a.IsLoopback() {
+			return a, nil
+		}
+		if !loop.IsValid() {
+			loop = a
+		}
+	}
+	if loop.IsValid() {
+		return loop, nil
+	}
+	fam := "IPv6"
+	if eid.Is4() {
+		fam = "IPv4"
+	}
+	return netip.Addr{}, fmt.Errorf("no %s address on this host for the inner header of a request for %v", fam, eid)
 }
 
 func printLig(w io.Writer, eid netip.Addr, r ligResult) {

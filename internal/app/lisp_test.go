@@ -47,11 +47,11 @@ map_resolvers = ["10.0.9.1:4342"]
   address = "10.0.1.1"
   [[xtr.map_server]]
   address = "10.0.9.1:4342"
-  key = "k"
+  key = "k-0123456789abcdef"
 [mapserver]
   [[mapserver.site]]
   name = "s1"
-  key = "k"
+  key = "k-0123456789abcdef"
   eid_prefixes = ["192.168.1.0/24"]
 `)
 	if code, out, errOut := run("xtr", "check", "--config", file); code != exitOK || !strings.Contains(out, "1 RLOCs") {
@@ -145,4 +145,25 @@ func hasRow(out string, fields ...string) bool {
 		}
 	}
 	return false
+}
+
+// TestLigInnerSourceOtherFamily (issue 18, item 9): asking for an EID of the other family than
+// the resolver's, lig puts an address of this host of the EID's family in the inner header,
+// not 0.0.0.0 or ::.
+func TestLigInnerSourceOtherFamily(t *testing.T) {
+	for _, tc := range []struct{ eid, local string }{{"fd00:2::1", "127.0.0.1:4000"}, {"192.168.2.1", "[::1]:4000"}} {
+		eid := netip.MustParseAddr(tc.eid)
+		b, err := ligRequest(eid, netip.MustParseAddrPort(tc.local), 1)
+		if err != nil {
+			t.Skipf("%v (this host has no address of that family)", err)
+		}
+		var e lisp.ECM
+		if _, err := e.Decode(b); err != nil {
+			t.Fatal(err)
+		}
+		src := e.Inner.Src.Addr()
+		if src.Is4() != eid.Is4() || src.IsUnspecified() || !src.IsValid() {
+			t.Errorf("EID %v from %v: inner source %v", eid, tc.local, src)
+		}
+	}
 }

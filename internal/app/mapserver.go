@@ -104,6 +104,7 @@ func startMapserver(cfg *config.Mapserver, log *slog.Logger) (*mapserverRun, err
 	mc.MapServer, mc.MapResolver, mc.Forward = cfg.MapServer, cfg.MapResolver, cfg.Forward
 	mc.RegistrationTimeout, mc.NegativeTTL, mc.UnregisteredTTL = cfg.RegistrationTimeout, cfg.NegativeTTL, cfg.UnregisteredTTL
 	mc.RatePerSource, mc.BurstPerSource, mc.Logger = cfg.RatePerSource, cfg.BurstPerSource, log
+	mc.RatePerDestination, mc.BurstPerDestination, mc.MaxAmplification = cfg.RatePerDestination, cfg.BurstPerDestination, cfg.MaxAmplification
 	for _, s := range cfg.Sites {
 		mc.Sites = append(mc.Sites, mapserver.Site{Name: s.Name, Keys: map[uint8][]byte{s.KeyID: []byte(s.Key)}, Prefixes: s.Prefixes, ProxyReply: s.ProxyReply,
 			TimestampNonces: s.Replay != "window"})

@@ -373,8 +373,8 @@ func serveProxy(ctx context.Context, cfg *config.Proxy, log *slog.Logger) (err e
 		}()
 	}
 	o.Failover = cfg.PathManager == "braid"
-	o.FailoverMaxBacklog = proxy.DefaultFailoverMaxBacklog
-	o.SendBacklog = proxy.DefaultSendBacklog
+	o.FailoverMaxBacklog = cfg.ResetBacklog
+	o.SendBacklog = cfg.SendBacklog
 	for _, u := range ups {
 		if u.Backup {
 			o.BackupAddrs = append(o.BackupAddrs, u.Addr)

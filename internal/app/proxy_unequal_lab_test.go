@@ -20,19 +20,20 @@ import (
 
 // TestProxyRBPMUnequalPaths runs braid proxy with pm_policy = "rbpm" on the federation paper's
 // links (wired 40 Mbit/s at 60 ms one way, LTE 10 Mbit/s at 80 ms, queues of one
-// bandwidth-delay product) and checks what docs/proxy.md used to list as a known limit: one
-// download over both uplinks (the better of two when the first falls short) gets at least 1.05
-// times the wired path alone (plain TCP,
-// measured in the same lab; 1.10-1.29 in the runs made here), a cut of the wired uplink stalls it for
-// less than 2.5 s (the longest run of 100 ms samples below 1/10 of the rate before the cut:
-// 0.4-2.2 s here, the issue's goal of 1 s is not met in every run; see docs/proxy.md, "Unequal
-// paths"), and a wired subflow carries data within 2 s of the uplink's restore (0.1-0.8 s here).
-// Before the proxies chose their congestion control, left dead-path judgement to the failover
-// monitor, closed dead subflows at once and probed idle ones, the same download got 0.4-1.0 of
-// the wired path, stalled 2-3 s on the cut, and the wired path carried nothing 3-4 s after its
-// restore. It also checks that the rbpm policy is the one running (on these links it demotes
-// nothing: their base RTTs differ by less than 2x). In about one run in ten here the download
-// got no more than the wired path (38.5 against 38.6 Mbit/s), for a reason not yet found.
+// bandwidth-delay product) and checks issue 16's goals: one download over both uplinks (the
+// better of two when the first falls short) gets at least 1.05 times the wired path alone
+// (plain TCP, measured in the same lab; 1.19-1.27 in the runs made here), a cut of the wired
+// uplink 4 s into a download stalls it for less than 1 s (the longest run of 100 ms samples
+// below 1/10 of the mean rate of the 2 s before the cut), and a wired subflow carries data within
+// 2 s of the uplink's restore (0.2-0.6 s here). It also checks that the rbpm policy is the one
+// running (on these links it demotes nothing: their base RTTs differ by less than 2x).
+//
+// The gap, measured here with this test (2-core VM, Linux 6.18): 0.7, 0.5, 0.5, 0.9, 0.8 and
+// 0.5 s in six runs; with the code before the send backlog and the failover's resets and single
+// close, 1.4, 0.6 and 1.1 s (and 0.7-2.1 s with the cut 3 s into the download). What it was
+// made of and what was changed: docs/proxy.md, "Unequal paths". In about one run in ten the
+// first download got no more than the wired path (38.5 against 38.6 Mbit/s), for a reason not
+// yet found.
 func TestProxyRBPMUnequalPaths(t *testing.T) {
 	labtest.Require(t)
 	self, _ := os.Executable()
@@ -86,8 +87,8 @@ func TestProxyRBPMUnequalPaths(t *testing.T) {
 	if both.Steady < 1.05*alone.Steady {
 		t.Errorf("one download through the proxies over both uplinks got %.1f Mbit/s, less than 1.05 times the wired path alone (%.1f Mbit/s)", both.Steady/1e6, alone.Steady/1e6)
 	}
-	if cut.Gap >= 2500*time.Millisecond {
-		t.Errorf("a cut of the wired uplink stalled the download for %v (bound: under 2.5 s)", cut.Gap)
+	if cut.Gap >= time.Second {
+		t.Errorf("a cut of the wired uplink stalled the download for %v (bound: under 1 s)", cut.Gap)
 	}
 	if cut.SubflowBack < 0 || cut.SubflowBack > 2*time.Second {
 		t.Errorf("a wired subflow carried data again %v after the restore (-1: not within the run; bound: 2 s)", cut.SubflowBack)

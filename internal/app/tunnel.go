@@ -454,6 +454,8 @@ func (s tunnelSource) WriteMetrics(w *metrics.Writer) {
 			func(p tunnel.PeerStatus) (float64, bool) { return float64(p.SendQueueBytes), true }},
 		{"braid_tunnel_peer_send_queue_packets", "Packets waiting in the peer's send queue for a path.", metrics.Gauge,
 			func(p tunnel.PeerStatus) (float64, bool) { return float64(p.SendQueuePackets), true }},
+		{"braid_tunnel_peer_send_queue_drops_total", "Packets to the peer dropped because its send queue was full while another peer's was not.", metrics.Counter,
+			func(p tunnel.PeerStatus) (float64, bool) { return float64(p.SendQueueDrops), true }},
 		{"braid_tunnel_peer_reorder_hold_seconds", "How long the peer's reorder buffer holds a packet behind a gap now.", metrics.Gauge,
 			func(p tunnel.PeerStatus) (float64, bool) { return p.ReorderHold.Seconds(), p.Reorder != nil }},
 		{"braid_tunnel_peer_reorder_lost_total", "Gaps the peer's reorder buffer gave up on: losses the inner flows saw.", metrics.Counter,

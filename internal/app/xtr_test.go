@@ -34,7 +34,7 @@ func TestXtrCommand(t *testing.T) {
 	var msText strings.Builder
 	fmt.Fprintf(&msText, "[mapserver]\nlisten = %q\nmetrics = %q\n", scenario.LispMapServer, config.DefaultMapserverMetrics)
 	for _, s := range scenario.LispSites {
-		fmt.Fprintf(&msText, "[[mapserver.site]]\nname = %q\nkey = %q\neid_prefixes = [%q, %q]\n", s.Name, s.Key, s.EIDs[0], s.EIDs[1])
+		fmt.Fprintf(&msText, "[[mapserver.site]]\nname = %q\nkey = %q\neid_prefixes = [%q, %q]\n", s.Name, longKey(s.Key), s.EIDs[0], s.EIDs[1])
 	}
 	os.WriteFile(ms, []byte(msText.String()), 0o600)
 	logs := map[string]*strings.Builder{}
@@ -81,7 +81,7 @@ placement = true
 		for j, r := range s.RLOCs {
 			text += fmt.Sprintf("[[xtr.rloc]]\naddress = %q\ninterface = %q\npriority = 1\nweight = 50\n", r, s.Ifaces[j])
 		}
-		text += fmt.Sprintf("[[xtr.map_server]]\naddress = %q\nkey = %q\nalgorithm = \"hmac-sha%d\"\n", scenario.LispMapServer, s.Key, []int{1, 256}[i])
+		text += fmt.Sprintf("[[xtr.map_server]]\naddress = %q\nkey = %q\nalgorithm = \"hmac-sha%d\"\n", scenario.LispMapServer, longKey(s.Key), []int{1, 256}[i])
 		os.WriteFile(file, []byte(text), 0o600)
 		for _, k := range []string{"ipv4/conf/all/rp_filter", "ipv4/conf/default/rp_filter"} {
 			if err := l.Host(s.Router).NS.Sysctl(k, "0"); err != nil {
@@ -231,3 +231,6 @@ func waitCapturing(t *testing.T, from *lab.Host, pcap string, stderr fmt.Stringe
 	}
 	t.Fatalf("tshark did not start capturing within 10 s (no privilege to capture?): %s", stderr)
 }
+
+// longKey makes a scenario key as long as the configuration wants (config.MinLispKey).
+func longKey(k string) string { return k + "-0123456789" }

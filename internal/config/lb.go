@@ -27,12 +27,22 @@ type LB struct {
 	Control      string           // control socket; "" for none
 	HashSeed     uint32
 
-	LearnRate, LearnBurst   uint32 // token learnings per second and burst, per client address
-	GlobalRate, GlobalBurst uint32 // ... per CPU, over all clients
-	TokenIdle               time.Duration
-	TokenClosing            time.Duration
-	Sweep                   time.Duration
-	ConnTable, TokenTable   uint32
+	// Token learnings per second and burst per client /24 (IPv4) or /64 (IPv6); promotions
+	// (a token's first join) have a budget of the same size apart.
+	LearnRate, LearnBurst uint32
+	// Promotions to the joined token table per second and burst, all CPUs together.
+	GlobalRate, GlobalBurst uint32
+	// FloodRate is the rate of forged learnings (per second) that the pending table is sized
+	// to outlast: a legitimate token stays for TokenUnjoined under such a flood, twice over.
+	FloodRate     uint32
+	TokenUnjoined time.Duration // a token never joined steers no join after this long
+	TokenIdle     time.Duration
+	TokenClosing  time.Duration
+	Sweep         time.Duration
+	// ConnTable: flows past their SYN; EmbryonicTable: flows seen only by their SYN;
+	// TokenTable: joined tokens; PendingTable: tokens never joined. The token tables default
+	// to the sizes the rates call for (LBTokenSizes).
+	ConnTable, EmbryonicTable, TokenTable, PendingTable uint32
 
 	HealthInterval, HealthTimeout time.Duration
 	Rise, Fall                    int
@@ -62,10 +72,34 @@ const (
 func LBDefaults() LB {
 	return LB{Attach: "auto", Mode: "mac", Aware: true, Hash: "5-tuple", Collision: "keep",
 		Metrics: DefaultLBMetrics, Control: DefaultLBControl, HashSeed: 0x6272646c,
-		LearnRate: 100, LearnBurst: 200, GlobalRate: 20000, GlobalBurst: 40000,
-		TokenIdle: 10 * time.Minute, TokenClosing: 30 * time.Second, Sweep: time.Second,
-		ConnTable: 1 << 20, TokenTable: 1 << 18,
+		LearnRate: 100, LearnBurst: 200, GlobalRate: 2000, GlobalBurst: 4000, FloodRate: 20000,
+		TokenUnjoined: 10 * time.Second, TokenIdle: 10 * time.Minute, TokenClosing: 30 * time.Second, Sweep: time.Second,
+		ConnTable: 1 << 20, EmbryonicTable: 1 << 18, TokenTable: 1 << 18, PendingTable: 1 << 19,
 		HealthInterval: time.Second, HealthTimeout: 500 * time.Millisecond, Rise: 2, Fall: 3}
+}
+
+// LBTokenSizes returns the token table sizes that lb's rates call for, powers of two:
+//
+//   - pending: a flood of FloodRate forged learnings per second pushes a pending token out of
+//     the LRU after pending/FloodRate seconds; that is at least twice TokenUnjoined.
+//   - joined: forged joins promote at most GlobalRate tokens per second; above 3/4 of the table
+//     the sweeper removes tokens idle for TokenClosing, so a promotion flood holds about
+//     GlobalRate x TokenClosing entries; that is at most half of 3/4 of the table.
+//
+// The defaults (FloodRate 20 000/s, TokenUnjoined 10 s; GlobalRate 2 000/s, TokenClosing
+// 30 s) give 524 288 and 262 144 entries (160 000 rounded up).
+func LBTokenSizes(lb *LB) (pending, joined uint32) {
+	p := 2 * float64(lb.FloodRate) * lb.TokenUnjoined.Seconds()
+	j := 2 * float64(lb.GlobalRate) * lb.TokenClosing.Seconds() * 4 / 3
+	return pow2(p), pow2(j)
+}
+
+func pow2(x float64) uint32 {
+	n := uint32(1024)
+	for float64(n) < x && n < 1<<26 {
+		n <<= 1
+	}
+	return n
 }
 
 type lbSite struct {
@@ -95,11 +129,15 @@ type fileLB struct {
 	LearnBurst     *int64          `toml:"learn_burst"`
 	GlobalRate     *int64          `toml:"global_rate"`
 	GlobalBurst    *int64          `toml:"global_burst"`
+	FloodRate      *int64          `toml:"flood_rate"`
+	TokenUnjoined  any             `toml:"token_unjoined"`
 	TokenIdle      any             `toml:"token_idle"`
 	TokenClosing   any             `toml:"token_closing"`
 	Sweep          any             `toml:"sweep"`
 	ConnTable      *int64          `toml:"conn_table"`
+	EmbryonicTable *int64          `toml:"embryonic_table"`
 	TokenTable     *int64          `toml:"token_table"`
+	PendingTable   *int64          `toml:"pending_table"`
 	HealthInterval any             `toml:"health_interval"`
 	HealthTimeout  any             `toml:"health_timeout"`
 	Rise           *int64          `toml:"rise"`
@@ -181,17 +219,23 @@ func LoadLB(filename string, data []byte, env Env) (*LB, error) {
 	u32("learn_burst", fl.LearnBurst, 1, 1e7, &lb.LearnBurst)
 	u32("global_rate", fl.GlobalRate, 0, 1e6, &lb.GlobalRate)
 	u32("global_burst", fl.GlobalBurst, 1, 1e7, &lb.GlobalBurst)
+	u32("flood_rate", fl.FloodRate, 1, 1e8, &lb.FloodRate)
 	u32("conn_table", fl.ConnTable, 1024, 1<<26, &lb.ConnTable)
-	u32("token_table", fl.TokenTable, 1024, 1<<24, &lb.TokenTable)
+	u32("embryonic_table", fl.EmbryonicTable, 1024, 1<<26, &lb.EmbryonicTable)
 	var rise, fall uint32 = uint32(lb.Rise), uint32(lb.Fall)
 	u32("rise", fl.Rise, 1, 100, &rise)
 	u32("fall", fl.Fall, 1, 100, &fall)
 	lb.Rise, lb.Fall = int(rise), int(fall)
+	l.duration(obj, "lb.token_unjoined", "token_unjoined", fl.TokenUnjoined, &lb.TokenUnjoined)
 	l.duration(obj, "lb.token_idle", "token_idle", fl.TokenIdle, &lb.TokenIdle)
 	l.duration(obj, "lb.token_closing", "token_closing", fl.TokenClosing, &lb.TokenClosing)
 	l.duration(obj, "lb.sweep", "sweep", fl.Sweep, &lb.Sweep)
 	l.duration(obj, "lb.health_interval", "health_interval", fl.HealthInterval, &lb.HealthInterval)
 	l.duration(obj, "lb.health_timeout", "health_timeout", fl.HealthTimeout, &lb.HealthTimeout)
+	// The token tables follow the rates unless set.
+	lb.PendingTable, lb.TokenTable = LBTokenSizes(&lb)
+	u32("token_table", fl.TokenTable, 1024, 1<<24, &lb.TokenTable)
+	u32("pending_table", fl.PendingTable, 1024, 1<<26, &lb.PendingTable)
 
 	for i, s := range fl.Service {
 		p := fmt.Sprintf("lb.service[%d]", i)
@@ -296,10 +340,22 @@ func (lb *LB) check(c *checker, env Env) {
 	for _, d := range []struct {
 		key string
 		v   time.Duration
-	}{{"token_idle", lb.TokenIdle}, {"token_closing", lb.TokenClosing}, {"sweep", lb.Sweep},
+	}{{"token_unjoined", lb.TokenUnjoined}, {"token_idle", lb.TokenIdle}, {"token_closing", lb.TokenClosing}, {"sweep", lb.Sweep},
 		{"health_interval", lb.HealthInterval}, {"health_timeout", lb.HealthTimeout}} {
 		if d.v <= 0 {
 			c.report(obj, d.key+" must be positive", "lb."+d.key, "lb")
+		}
+	}
+	// Tables smaller than the rates need (without the factor 2 of headroom) are refused.
+	if lb.TokenUnjoined > 0 && lb.TokenClosing > 0 {
+		pending, joined := LBTokenSizes(lb)
+		if lb.PendingTable < pending/2 {
+			c.report(obj, fmt.Sprintf("pending_table %d: flood_rate %d/s would push a token out before token_unjoined %s; want at least %d (default %d)",
+				lb.PendingTable, lb.FloodRate, lb.TokenUnjoined, pending/2, pending), "lb.pending_table", "lb")
+		}
+		if lb.TokenTable < joined/2 {
+			c.report(obj, fmt.Sprintf("token_table %d: global_rate %d/s of forged joins kept for token_closing %s would leave no headroom; want at least %d (default %d)",
+				lb.TokenTable, lb.GlobalRate, lb.TokenClosing, joined/2, joined), "lb.token_table", "lb")
 		}
 	}
 	if lb.Mode == "ipip" {

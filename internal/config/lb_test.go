@@ -100,3 +100,37 @@ bogus = 1
 		t.Errorf("missing interface: %v", err)
 	}
 }
+
+// TestLBTokenSizes: the token tables follow the rates unless set, and tables too small for
+// the rates are refused with the size they need.
+func TestLBTokenSizes(t *testing.T) {
+	const head = "[lb]\ninterface = \"wan0\"\n"
+	const tail = "\n[[lb.service]]\nvip = \"203.0.113.80:443\"\n[[lb.backend]]\nname = \"web1\"\nmac = \"02:00:00:00:00:01\"\n"
+	lb, err := LoadLB("site.toml", []byte(head+tail), newEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := LBDefaults()
+	if lb.PendingTable != 1<<19 || lb.TokenTable != 1<<18 || d.PendingTable != lb.PendingTable || d.TokenTable != lb.TokenTable ||
+		lb.TokenUnjoined != 10*time.Second || lb.EmbryonicTable != 1<<18 {
+		t.Fatalf("defaults: pending %d, joined %d, embryonic %d, unjoined %s", lb.PendingTable, lb.TokenTable, lb.EmbryonicTable, lb.TokenUnjoined)
+	}
+	// Twice the flood rate: twice the pending table; a higher promotion rate: a larger joined table.
+	lb, err = LoadLB("site.toml", []byte(head+"flood_rate = 40000\nglobal_rate = 10000\ntoken_unjoined = \"10s\"\n"+tail), newEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lb.PendingTable != 1<<20 || lb.TokenTable != 1<<20 {
+		t.Fatalf("from the rates: pending %d, joined %d", lb.PendingTable, lb.TokenTable)
+	}
+	// Explicit sizes win, unless too small.
+	lb, err = LoadLB("site.toml", []byte(head+"pending_table = 300000\ntoken_table = 150000\nembryonic_table = 4096\n"+tail), newEnv())
+	if err != nil || lb.PendingTable != 300000 || lb.TokenTable != 150000 || lb.EmbryonicTable != 4096 {
+		t.Fatalf("explicit sizes: %v %+v", err, lb)
+	}
+	_, err = LoadLB("site.toml", []byte(head+"pending_table = 100000\ntoken_table = 50000\n"+tail), newEnv())
+	if err == nil || !strings.Contains(err.Error(), "pending_table 100000") || !strings.Contains(err.Error(), "want at least 262144") ||
+		!strings.Contains(err.Error(), "token_table 50000") {
+		t.Fatalf("too small tables: %v", err)
+	}
+}

@@ -4,7 +4,10 @@ import (
 	"cmp"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"braid/internal/config/tomlfile"
@@ -21,10 +24,14 @@ import (
 //	unregistered_ttl = 1        # minutes, negative replies for a site that is not registered
 //	rate_per_source = 1000      # messages per second from one address; 0 = no limit
 //	burst_per_source = 1000
+//	rate_per_destination = 100  # Map-Replies per second to one address; 0 = no limit
+//	burst_per_destination = 200
+//	max_amplification = 3       # a reply is at most this many times its request; 0 = no bound
 //	metrics = "127.0.0.1:9474"  # status and Prometheus endpoint; "" disables it
 //	  [[mapserver.site]]
 //	  name = "site1"
-//	  key = "secret"            # the site's shared key (key ID key_id, default 0)
+//	  key = "secret"            # the site's shared key (key ID key_id, default 0), at least
+//	                            # 16 bytes; or key_file = "site1.key" (relative to this file)
 //	  key_id = 0
 //	  eid_prefixes = ["192.168.1.0/24", "fd00:1::/64"]
 //	  proxy_reply = false       # answer for the site even when its registrations do not ask
@@ -54,10 +61,10 @@ import (
 //	  weight = 50
 //	  [[xtr.map_server]]
 //	  address = "10.0.9.1:4342"
-//	  key = "secret"
+//	  key = "secret"            # at least 16 bytes; or key_file = "..."
 //	  key_id = 0
-//	  algorithm = "hmac-sha1"   # hmac-sha1 (default, what deployed map servers accept) or
-//	                            # hmac-sha256
+//	  algorithm = "hmac-sha256" # hmac-sha256 (default, RFC 9301's mandatory one) or hmac-sha1
+//	                            # (what some deployed map servers accept only)
 //	  auth_length = 0           # digest bytes sent: 0 = the full digest (20 or 32), or the
 //	                            # truncated 12 (sha1) or 16 (sha256)
 //	  proxy_reply = false       # ask the map server to answer for this site
@@ -72,6 +79,9 @@ type Mapserver struct {
 	UnregisteredTTL        uint32
 	RatePerSource          float64
 	BurstPerSource         int
+	RatePerDestination     float64
+	BurstPerDestination    int
+	MaxAmplification       float64
 	Metrics                string
 	Sites                  []LispSite
 }
@@ -92,7 +102,8 @@ type LispSite struct {
 func MapserverDefaults() Mapserver {
 	return Mapserver{MapServer: true, MapResolver: true, Listen: netip.MustParseAddrPort("0.0.0.0:4342"),
 		RegistrationTimeout: 3 * time.Minute, NegativeTTL: 15, UnregisteredTTL: 1, RatePerSource: 1000,
-		BurstPerSource: 1000, Metrics: DefaultMapserverMetrics}
+		BurstPerSource: 1000, RatePerDestination: 100, BurstPerDestination: 200, MaxAmplification: 3,
+		Metrics: DefaultMapserverMetrics}
 }
 
 // XTR is the configuration of `braid xtr`.
@@ -157,6 +168,9 @@ type fileMapserver struct {
 	UnregisteredTTL     *int64         `toml:"unregistered_ttl"`
 	RatePerSource       *float64       `toml:"rate_per_source"`
 	BurstPerSource      *int64         `toml:"burst_per_source"`
+	RatePerDest         *float64       `toml:"rate_per_destination"`
+	BurstPerDest        *int64         `toml:"burst_per_destination"`
+	MaxAmplification    *float64       `toml:"max_amplification"`
 	Metrics             *string        `toml:"metrics"`
 	Site                []fileLispSite `toml:"site"`
 }
@@ -164,6 +178,7 @@ type fileMapserver struct {
 type fileLispSite struct {
 	Name        string  `toml:"name"`
 	Key         string  `toml:"key"`
+	KeyFile     string  `toml:"key_file"`
 	KeyID       *int64  `toml:"key_id"`
 	EIDPrefixes any     `toml:"eid_prefixes"`
 	ProxyReply  bool    `toml:"proxy_reply"`
@@ -199,6 +214,7 @@ type fileRLOC struct {
 type fileMapServer struct {
 	Address    string  `toml:"address"`
 	Key        string  `toml:"key"`
+	KeyFile    string  `toml:"key_file"`
 	KeyID      *int64  `toml:"key_id"`
 	Algorithm  *string `toml:"algorithm"`
 	AuthLength *int64  `toml:"auth_length"`
@@ -235,6 +251,40 @@ func finish(filename string, ix *tomlfile.Index, issues []issue) error {
 	}
 	slices.SortStableFunc(issues, func(a, b issue) int { return cmp.Compare(a.err.Line, b.err.Line) })
 	return joinIssues(issues)
+}
+
+// MinLispKey is the shortest LISP authentication key taken, in bytes: shorter shared secrets
+// can be guessed offline from one captured Map-Register.
+const MinLispKey = 16
+
+// lispKey returns the key of key = "..." or of the file key_file names (relative to the site
+// file's directory; one trailing newline is not part of the key), and checks its length.
+func (l *loader) lispKey(filename, obj, path, key, keyFile string) string {
+	switch {
+	case key != "" && keyFile != "":
+		l.fail(obj, path+".key_file", "key and key_file are both set: use one")
+		return key
+	case keyFile != "":
+		f := keyFile
+		if !filepath.IsAbs(f) {
+			f = filepath.Join(filepath.Dir(filename), f)
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			l.fail(obj, path+".key_file", "key_file: %v", err)
+			return ""
+		}
+		key = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+		if len(key) < MinLispKey {
+			l.fail(obj, path+".key_file", "the key in %s is %d bytes: at least %d (for example: head -c 24 /dev/urandom | base64 > %s)", keyFile, len(key), MinLispKey, keyFile)
+		}
+		return key
+	case key == "":
+		l.fail(obj, path+".key", "key or key_file is required: registrations are authenticated with it")
+	case len(key) < MinLispKey:
+		l.fail(obj, path+".key", "key is %d bytes: at least %d (for example the output of: head -c 24 /dev/urandom | base64)", len(key), MinLispKey)
+	}
+	return key
 }
 
 // LoadMapserver reads the [mapserver] section of the site file data (named filename in errors)
@@ -306,6 +356,24 @@ func LoadMapserver(filename string, data []byte) (*Mapserver, error) {
 		}
 		m.BurstPerSource = int(*fm.BurstPerSource)
 	}
+	if fm.RatePerDest != nil {
+		if *fm.RatePerDest < 0 {
+			l.fail(obj, "mapserver.rate_per_destination", "rate_per_destination %g is negative", *fm.RatePerDest)
+		}
+		m.RatePerDestination = *fm.RatePerDest
+	}
+	if fm.BurstPerDest != nil {
+		if *fm.BurstPerDest < 1 || *fm.BurstPerDest > 1<<20 {
+			l.fail(obj, "mapserver.burst_per_destination", "burst_per_destination %d outside 1..1048576", *fm.BurstPerDest)
+		}
+		m.BurstPerDestination = int(*fm.BurstPerDest)
+	}
+	if fm.MaxAmplification != nil {
+		if a := *fm.MaxAmplification; a != 0 && a < 1 {
+			l.fail(obj, "mapserver.max_amplification", "max_amplification %g: at least 1 (a reply as long as its request), or 0 for no bound", a)
+		}
+		m.MaxAmplification = *fm.MaxAmplification
+	}
 	if fm.Metrics != nil {
 		m.Metrics = *fm.Metrics
 		if m.Metrics != "" {
@@ -331,9 +399,7 @@ func LoadMapserver(filename string, data []byte) (*Mapserver, error) {
 			l.fail(so, p+".name", "name %q is used by another site", fs.Name)
 		}
 		names[fs.Name] = true
-		if fs.Key == "" {
-			l.fail(so, p+".key", "key is required: the site's registrations are authenticated with it")
-		}
+		s.Key = l.lispKey(filename, so, p, fs.Key, fs.KeyFile)
 		l.byteRange(so, p+".key_id", "key_id", fs.KeyID, 0, 255, &s.KeyID)
 		s.Prefixes = l.prefixes(so, p+".eid_prefixes", "eid_prefixes", fs.EIDPrefixes)
 		if len(s.Prefixes) == 0 {
@@ -468,10 +534,8 @@ func LoadXTR(filename string, data []byte, env Env) (*XTR, error) {
 	for i, fm := range fx.MapServer {
 		p := fmt.Sprintf("xtr.map_server[%d]", i)
 		mo := fmt.Sprintf("map_server %d", i+1)
-		ms := LispMapServer{Address: l.addrPort(mo, p+".address", "address", fm.Address), Key: fm.Key, Algorithm: "hmac-sha1", ProxyReply: fm.ProxyReply}
-		if fm.Key == "" {
-			l.fail(mo, p+".key", "key is required")
-		}
+		ms := LispMapServer{Address: l.addrPort(mo, p+".address", "address", fm.Address), Algorithm: "hmac-sha256", ProxyReply: fm.ProxyReply}
+		ms.Key = l.lispKey(filename, mo, p, fm.Key, fm.KeyFile)
 		l.byteRange(mo, p+".key_id", "key_id", fm.KeyID, 0, 255, &ms.KeyID)
 		if fm.Algorithm != nil {
 			ms.Algorithm = *fm.Algorithm

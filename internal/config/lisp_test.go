@@ -3,6 +3,7 @@ package config
 import (
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -30,7 +31,7 @@ func TestLispConfigExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !m.MapServer || !m.MapResolver || len(m.Sites) != 2 || m.Sites[1].Key != "site2-secret" || m.Listen.Port() != 4342 ||
+	if !m.MapServer || !m.MapResolver || len(m.Sites) != 2 || m.Sites[1].Key != "site2-secret-0123456789" || m.Listen.Port() != 4342 ||
 		m.Sites[0].Replay != "timestamp" {
 		t.Errorf("mapserver %+v", m)
 	}
@@ -59,7 +60,7 @@ down_after = "1s"
 			`x.toml:6: xtr: down_after 1s: at least 2 × probe_interval = 2s`,
 			`x.toml:9: rloc 1: interface "eth9" does not exist on this machine`,
 			`x.toml:10: rloc 1: priority 300 outside 0..255`,
-			`x.toml:11: map_server 1: key is required`,
+			`x.toml:11: map_server 1: key or key_file is required`,
 			`x.toml:13: map_server 1: algorithm "md5": want hmac-sha1 or hmac-sha256`,
 		}},
 		{"mapserver", `
@@ -67,7 +68,7 @@ down_after = "1s"
 roles = ["map-resolver"]
   [[mapserver.site]]
   name = "a"
-  key = "k"
+  key = "short"
   eid_prefixes = ["10.1.0.1/24"]
   [[mapserver.site]]
   name = "a"
@@ -75,6 +76,7 @@ roles = ["map-resolver"]
   replay = "never"
 `, []string{
 			`x.toml:3: mapserver: a map-resolver without the map-server role needs forward = [map servers]`,
+			`x.toml:6: site a: key is 5 bytes: at least 16`,
 			`x.toml:7: site a: 10.1.0.1/24 has host bits set (did you mean 10.1.0.0/24?)`,
 			`x.toml:9: site a: name "a" is used by another site`,
 			`x.toml:10: site a: 10.1.0.0/24 is also configured for site a`,
@@ -98,5 +100,50 @@ roles = ["map-resolver"]
 				}
 			}
 		})
+	}
+}
+
+// TestLispKeyFile: keys can live in their own file (relative to the site file), the default
+// algorithm is HMAC-SHA-256, and short keys are refused wherever they come from.
+func TestLispKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "good.key"), []byte("0123456789abcdefXYZ\n"), 0o600)
+	os.WriteFile(filepath.Join(dir, "short.key"), []byte("0123\n"), 0o600)
+	text := func(kf string) []byte {
+		return []byte(`
+[xtr]
+eid_prefixes = ["192.168.1.0/24"]
+map_resolvers = ["10.0.9.1:4342"]
+  [[xtr.rloc]]
+  address = "10.0.1.1"
+  [[xtr.map_server]]
+  address = "10.0.9.1:4342"
+  key_file = "` + kf + `"
+[mapserver]
+  [[mapserver.site]]
+  name = "s1"
+  key_file = "` + kf + `"
+  eid_prefixes = ["192.168.1.0/24"]
+`)
+	}
+	site := filepath.Join(dir, "site.toml")
+	x, err := LoadXTR(site, text("good.key"), lispEnv{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x.MapServers[0].Key != "0123456789abcdefXYZ" || x.MapServers[0].Algorithm != "hmac-sha256" {
+		t.Errorf("map server %+v", x.MapServers[0])
+	}
+	m, err := LoadMapserver(site, text("good.key"))
+	if err != nil || m.Sites[0].Key != "0123456789abcdefXYZ" {
+		t.Fatalf("mapserver: %v %+v", err, m)
+	}
+	_, err = LoadMapserver(site, text("short.key"))
+	if err == nil || !strings.Contains(err.Error(), "the key in short.key is 4 bytes: at least 16") {
+		t.Errorf("short key file: %v", err)
+	}
+	_, err = LoadXTR(site, text("missing.key"), lispEnv{})
+	if err == nil || !strings.Contains(err.Error(), "key_file") {
+		t.Errorf("missing key file: %v", err)
 	}
 }

@@ -38,6 +38,10 @@ import (
 //	connect_timeout = "5s"      # to a peer, and from the far proxy to the destination
 //	header_timeout = "5s"       # a request must arrive whole within this once it has begun
 //	drain_timeout = "30s"       # on SIGTERM, existing connections get this long to finish
+//	send_backlog = "100ms"      # the relay holds what the MPTCP subflows have queued and not
+//	                            # sent to this much of their delivery rate ("0": kernel's limit)
+//	reset_backlog = "100ms"     # on a failover, live subflows with more unsent data than this
+//	                            # are reset, so that the dead path's data goes first ("0": off)
 //	fwmark = 0x1b5              # marks packets to the proxy's sockets (TPROXY, transparent)
 //	route_table = 4755          # the policy-routing table that delivers them locally
 //	metrics = "127.0.0.1:9478"  # status and Prometheus endpoint; "" disables it
@@ -75,6 +79,8 @@ type Proxy struct {
 	ConnectTimeout time.Duration
 	HeaderTimeout  time.Duration
 	DrainTimeout   time.Duration
+	SendBacklog    time.Duration // 0: no bound but the kernel's
+	ResetBacklog   time.Duration // 0: live subflows are not reset on a failover
 	FwMark         uint32
 	RouteTable     int
 	Metrics        string
@@ -112,7 +118,8 @@ var (
 // ProxyDefaults returns the defaults, without key, uplinks or tenants.
 func ProxyDefaults() Proxy {
 	return Proxy{Mode: "tproxy", PathManager: "braid", PMPolicy: "fullmesh", Pool: 4, PoolIdle: time.Minute, ConnectTimeout: 5 * time.Second,
-		HeaderTimeout: 5 * time.Second, DrainTimeout: 30 * time.Second, FwMark: 0x1b5, RouteTable: 4755, Metrics: DefaultProxyMetrics}
+		HeaderTimeout: 5 * time.Second, DrainTimeout: 30 * time.Second, SendBacklog: 100 * time.Millisecond,
+		ResetBacklog: 100 * time.Millisecond, FwMark: 0x1b5, RouteTable: 4755, Metrics: DefaultProxyMetrics}
 }
 
 type proxySite struct {
@@ -136,6 +143,8 @@ type fileProxy struct {
 	ConnectTimeout any          `toml:"connect_timeout"`
 	HeaderTimeout  any          `toml:"header_timeout"`
 	DrainTimeout   any          `toml:"drain_timeout"`
+	SendBacklog    any          `toml:"send_backlog"`
+	ResetBacklog   any          `toml:"reset_backlog"`
 	FwMark         *int64       `toml:"fwmark"`
 	RouteTable     *int64       `toml:"route_table"`
 	Metrics        *string      `toml:"metrics"`
@@ -229,6 +238,8 @@ func LoadProxy(filename string, data []byte, env Env) (*Proxy, error) {
 	l.duration(obj, "proxy.connect_timeout", "connect_timeout", fp.ConnectTimeout, &p.ConnectTimeout)
 	l.duration(obj, "proxy.header_timeout", "header_timeout", fp.HeaderTimeout, &p.HeaderTimeout)
 	l.duration(obj, "proxy.drain_timeout", "drain_timeout", fp.DrainTimeout, &p.DrainTimeout)
+	l.duration(obj, "proxy.send_backlog", "send_backlog", fp.SendBacklog, &p.SendBacklog)
+	l.duration(obj, "proxy.reset_backlog", "reset_backlog", fp.ResetBacklog, &p.ResetBacklog)
 	switch {
 	case fp.PrivateKey != nil && fp.PrivateKeyFile != nil:
 		l.fail(obj, "proxy.private_key", "give private_key or private_key_file, not both")
@@ -393,6 +404,14 @@ func (p *Proxy) check(c *checker, prefix string, env Env, keyUnread bool) {
 	}{{"pool_idle", p.PoolIdle}, {"connect_timeout", p.ConnectTimeout}, {"header_timeout", p.HeaderTimeout}, {"drain_timeout", p.DrainTimeout}} {
 		if d.v <= 0 {
 			c.report(obj, d.key+" must be positive", "proxy."+d.key, "proxy")
+		}
+	}
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{{"send_backlog", p.SendBacklog}, {"reset_backlog", p.ResetBacklog}} {
+		if d.v < 0 || d.v > 10*time.Second {
+			c.report(obj, d.key+" outside 0..10s", "proxy."+d.key, "proxy")
 		}
 	}
 	if p.PathManager != "none" && len(p.Uplinks) == 0 {

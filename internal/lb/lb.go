@@ -31,6 +31,7 @@ type Plane interface {
 	Counters() (xdp.Counters, error)
 	BackendStats(i uint32) (xdp.BackendStats, error)
 	Tokens() ([]xdp.Token, error)
+	PendingTokens() ([]xdp.Token, error)
 	DeleteToken(service, token uint32) error
 	ConnsPerBackend() (map[uint32]int, error)
 	DropFlowsOf(i uint32) error
@@ -53,6 +54,10 @@ type Options struct {
 	TokenIdle    time.Duration // a token without activity for this long is removed
 	TokenClosing time.Duration // a token whose client sent DATA_FIN, idle for this long, is removed
 	Sweep        time.Duration // how often tokens are swept
+	// TokenTable is the joined token table's size: above 3/4 of it (the headroom kept for
+	// legitimate joins), the sweeper removes joined tokens idle for TokenClosing already.
+	// 0: no such rule.
+	TokenTable uint32
 
 	HealthInterval time.Duration
 	HealthTimeout  time.Duration
@@ -92,6 +97,7 @@ type LB struct {
 	used     [xdp.MaxBackends]bool
 	swept    uint64 // tokens removed by the sweeper
 	removed  uint64 // tokens removed with their backend
+	pressure uint64 // sweeps that found the joined token table above 3/4
 }
 
 // New configures plane with the services and backends.
@@ -228,7 +234,11 @@ func (l *LB) RemoveBackend(name string) error {
 	if err != nil {
 		return err
 	}
-	for _, t := range toks {
+	pend, err := l.plane.PendingTokens()
+	if err != nil {
+		return err
+	}
+	for _, t := range append(toks, pend...) {
 		if t.Backend == b.index {
 			l.plane.DeleteToken(t.Service, t.Token)
 			l.removed++
@@ -350,7 +360,9 @@ func (l *LB) CheckHealth(ctx context.Context) {
 	}
 }
 
-// Sweep removes expired tokens and those of backends that are gone; it returns how many.
+// Sweep removes expired joined tokens and those of backends that are gone; it returns how
+// many. Pending tokens need no sweeping: the data plane ignores them once older than
+// Plane.UnjoinedAfter, and its LRU reuses their slots.
 func (l *LB) Sweep() (int, error) {
 	toks, err := l.plane.Tokens()
 	if err != nil {
@@ -359,6 +371,12 @@ func (l *LB) Sweep() (int, error) {
 	now := l.o.Mono()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	idleLimit := l.o.TokenIdle
+	if l.o.TokenTable > 0 && uint64(len(toks)) > uint64(l.o.TokenTable)*3/4 {
+		// Under pressure, keep the headroom: idle tokens go first.
+		idleLimit = min(idleLimit, l.o.TokenClosing)
+		l.pressure++
+	}
 	n := 0
 	for _, t := range toks {
 		idle := time.Duration(0)
@@ -366,7 +384,7 @@ func (l *LB) Sweep() (int, error) {
 			idle = time.Duration(now - t.Active)
 		}
 		gone := int(t.Backend) >= len(l.used) || !l.used[t.Backend]
-		if gone || idle > l.o.TokenIdle || t.Closing && idle > l.o.TokenClosing {
+		if gone || idle > idleLimit || t.Closing && idle > l.o.TokenClosing {
 			if err := l.plane.DeleteToken(t.Service, t.Token); err != nil {
 				return n, err
 			}
@@ -402,6 +420,7 @@ type TokenStatus struct {
 	Version  int            `json:"version"`
 	Closing  bool           `json:"closing,omitempty"`
 	Collided bool           `json:"collided,omitempty"`
+	Joined   bool           `json:"joined,omitempty"` // in the joined table (else pending)
 	AgeMS    int64          `json:"age_ms"`
 	IdleMS   int64          `json:"idle_ms"`
 }
@@ -416,6 +435,9 @@ type Status struct {
 	Counters      map[string]uint64 `json:"counters"`
 	TokensSwept   uint64            `json:"tokens_swept"`
 	TokensRemoved uint64            `json:"tokens_removed_with_backend"`
+	TokensJoined  int               `json:"tokens_joined"`  // entries of the joined table
+	TokensPending int               `json:"tokens_pending"` // pending tokens not yet expired
+	TokenPressure uint64            `json:"token_pressure_sweeps"`
 	Tokens        []TokenStatus     `json:"tokens,omitempty"`
 }
 
@@ -441,10 +463,21 @@ func (l *LB) Status(withTokens bool) (Status, error) {
 	if err != nil {
 		return st, err
 	}
+	pend, err := l.plane.PendingTokens()
+	if err != nil {
+		return st, err
+	}
+	st.TokensJoined = len(toks)
 	now := l.o.Mono()
+	for _, t := range pend {
+		if l.o.Plane.UnjoinedAfter == 0 || now-t.Created <= uint64(l.o.Plane.UnjoinedAfter) {
+			toks = append(toks, t)
+			st.TokensPending++
+		}
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	st.TokensSwept, st.TokensRemoved = l.swept, l.removed
+	st.TokensSwept, st.TokensRemoved, st.TokenPressure = l.swept, l.removed, l.pressure
 	perBackend := map[uint32]int{}
 	names := map[uint32]string{}
 	for name, b := range l.backends {
@@ -458,7 +491,7 @@ func (l *LB) Status(withTokens bool) (Status, error) {
 				v = 0
 			}
 			ts := TokenStatus{Token: fmt.Sprintf("%08x", t.Token), Backend: names[t.Backend], Version: v,
-				Closing: t.Closing, Collided: t.Collided, AgeMS: msSince(now, t.Created), IdleMS: msSince(now, t.Active)}
+				Closing: t.Closing, Collided: t.Collided, Joined: t.Joined, AgeMS: msSince(now, t.Created), IdleMS: msSince(now, t.Active)}
 			if int(t.Service) < len(l.o.Services) {
 				ts.Service = l.o.Services[t.Service]
 			}

@@ -60,7 +60,8 @@ func (f *fakePlane) Tokens() ([]xdp.Token, error) {
 	}
 	return out, nil
 }
-func (f *fakePlane) DeleteToken(s, t uint32) error { delete(f.tokens, [2]uint32{s, t}); return nil }
+func (f *fakePlane) PendingTokens() ([]xdp.Token, error) { return nil, nil }
+func (f *fakePlane) DeleteToken(s, t uint32) error       { delete(f.tokens, [2]uint32{s, t}); return nil }
 func (f *fakePlane) ConnsPerBackend() (map[uint32]int, error) {
 	m := map[uint32]int{}
 	for k, v := range f.flows {
@@ -162,6 +163,35 @@ func TestSweep(t *testing.T) {
 	}
 	if _, ok := f.tokens[[2]uint32{0, 5}]; !ok {
 		t.Fatal("recently closing token swept")
+	}
+}
+
+// TestSweepKeepsHeadroom: with the joined token table above 3/4 of its size, the sweeper
+// removes tokens idle for TokenClosing already, so that a table filled by forged joins makes
+// room again while tokens in use stay.
+func TestSweepKeepsHeadroom(t *testing.T) {
+	f := newFake()
+	clock := uint64(1e12)
+	l, err := New(f, Options{Services: vips[:1], Mono: func() uint64 { return clock }, TokenIdle: time.Minute,
+		TokenClosing: 5 * time.Second, TokenTable: 8}, []BackendSpec{spec("a", 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := uint32(0); i < 6; i++ { // 6 of 8: at 3/4, no pressure yet
+		f.tokens[[2]uint32{0, i}] = xdp.Token{Token: i, Active: clock - uint64(10*time.Second)}
+	}
+	if n, _ := l.Sweep(); n != 0 {
+		t.Fatalf("swept %d below the pressure mark", n)
+	}
+	f.tokens[[2]uint32{0, 6}] = xdp.Token{Token: 6, Active: clock - uint64(time.Second)} // in use
+	if n, _ := l.Sweep(); n != 6 {
+		t.Fatalf("swept %d above 3/4, want the 6 idle ones", n)
+	}
+	if _, ok := f.tokens[[2]uint32{0, 6}]; !ok {
+		t.Fatal("a token in use was swept")
+	}
+	if st, _ := l.Status(false); st.TokenPressure != 1 {
+		t.Fatalf("pressure sweeps %d", st.TokenPressure)
 	}
 }
 

@@ -52,6 +52,9 @@ func (l *LB) WriteMetrics(w *metrics.Writer) {
 		w.Sample("braid_lb_"+i.String()+"_total", metrics.Counter, counterHelp[i], float64(st.Counters[i.String()]))
 	}
 	w.Sample("braid_lb_tokens_swept_total", metrics.Counter, "Tokens expired by the control plane.", float64(st.TokensSwept))
+	w.Sample("braid_lb_tokens_joined", metrics.Gauge, "Entries of the joined token table.", float64(st.TokensJoined))
+	w.Sample("braid_lb_tokens_pending", metrics.Gauge, "Pending (never joined, not expired) tokens.", float64(st.TokensPending))
+	w.Sample("braid_lb_token_pressure_sweeps_total", metrics.Counter, "Sweeps that found the joined token table above 3/4 full.", float64(st.TokenPressure))
 	w.Sample("braid_lb_tokens_removed_with_backend_total", metrics.Counter, "Tokens removed with their backend.", float64(st.TokensRemoved))
 	type g struct {
 		name, help string

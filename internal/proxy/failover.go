@@ -62,8 +62,8 @@ import (
 const (
 	failoverPoll    = 25 * time.Millisecond
 	deadAckAge      = 150 * time.Millisecond
-	destroyAfter    = 0 // the poll after the one that set it to backup
-	reinjectHold    = time.Second
+	destroyAfter    = 0               // the poll after the one that set it to backup
+	reinjectHold    = 5 * time.Second // at most
 	suspectWait     = 100 * time.Millisecond
 	peerSilentAfter = 2500 * time.Millisecond
 
@@ -129,7 +129,11 @@ func (p *Proxy) failover(ctx context.Context, c *pmnl.Client) {
 					busy[k] = now.Add(-s.TCP.LastDataSent)
 				}
 			}
-			for _, a := range failoverDecide(now, cn.id, full.Subflows, marked, closed, busy, p.o.FailoverMaxBacklog, passes[cn.id]) {
+			maxBacklog := p.o.FailoverMaxBacklog
+			if diag == nil {
+				maxBacklog = 0 // no resets: a dead subflow is closed instead
+			}
+			for _, a := range failoverDecide(now, cn.id, full.Subflows, marked, closed, busy, maxBacklog, passes[cn.id]) {
 				s := a.sub
 				switch a.kind {
 				case failBackup:
@@ -151,6 +155,12 @@ func (p *Proxy) failover(ctx context.Context, c *pmnl.Client) {
 					}
 				case failAbort:
 					err := p.abortSubflow(diag, s)
+					if errors.Is(err, info.ErrNoDestroy) {
+						p.log.Warn("failover: the kernel does not let subflows be reset; dead subflows are closed instead", "err", err)
+						diag.Close()
+						diag = nil
+						continue
+					}
 					closed[a.key] = true
 					if err == nil {
 						passes[cn.id] = now
@@ -231,8 +241,9 @@ type failAction struct {
 // unsent data would take longer than maxBacklog to send at their delivery rate are reset, all
 // but the one that would send its own first (see above). Only one close is made per failover
 // (the resets, or else one dead subflow), and no dead subflow is closed within reinjectHold of
-// the last close made on the connection (lastPass): each makes the kernel re-send the same
-// data. Live subflows are reset only on a connection's first failover in 3 reinjectHolds.
+// the last close made on the connection (lastPass) while the live subflows still hold more
+// unsent data than the backlog allowed: each close makes the kernel re-send the same data. Live
+// subflows are reset only on a connection's first failover in 3 reinjectHolds.
 func failoverDecide(now time.Time, conn uint64, subs []info.Subflow, marked map[subflowKey]time.Time, closed map[subflowKey]bool, busy map[subflowKey]time.Time, maxBacklog time.Duration, lastPass time.Time) []failAction {
 	if len(subs) < 2 {
 		return nil
@@ -260,7 +271,21 @@ func failoverDecide(now time.Time, conn uint64, subs []info.Subflow, marked map[
 		}
 	}
 	var out, deadClose []failAction
-	held := !lastPass.IsZero() && now.Sub(lastPass) < reinjectHold
+	// After a close, the live subflows hold what it re-sent: closing another dead subflow
+	// before they have sent it would queue all of it again (on the paper's links, 2 MB: 2 s
+	// without progress). So the other dead subflows wait until the live ones' unsent data is
+	// down to the backlog allowed, or reinjectHold.
+	backlogLimit := maxBacklog
+	if backlogLimit <= 0 {
+		backlogLimit = DefaultFailoverMaxBacklog
+	}
+	var liveBacklog time.Duration
+	for i, s := range subs {
+		if _, isMarked := marked[subflowKey{conn, s.Local, s.Remote}]; s.TCP.State == tcpEstablished && !dead[i] && !silent[i] && !isMarked {
+			liveBacklog = max(liveBacklog, drainTime(s))
+		}
+	}
+	held := !lastPass.IsZero() && now.Sub(lastPass) < reinjectHold && liveBacklog > backlogLimit
 	// A close re-sends over every subflow not set to backup: one that is about to be found
 	// dead too (the other subflow over a cut path, whose last acknowledgement came a little
 	// later) would take the re-sent data and hold it. So the close waits, up to suspectWait,
@@ -294,9 +319,9 @@ func failoverDecide(now time.Time, conn uint64, subs []info.Subflow, marked map[
 		// close right after the first queues the same data again, and the receiver waits for
 		// the copy to pass (0.8 s of nothing on the paper's links, with two wired subflows and
 		// a reset). So one close per failover: the reset of the backlogged subflows if any,
-		// else one dead subflow; the other dead ones stay backup, closed after reinjectHold
-		// (the silent rule waits as well), and without resetting live subflows again: those
-		// the first close found hold only what was re-sent, which must not be sent a third time.
+		// else one dead subflow; the other dead ones stay backup, closed once the live ones
+		// have sent what the first close re-sent (held, above; the silent rule waits as well),
+		// and without resetting live subflows again.
 		var aborts []failAction
 		if maxBacklog > 0 && (lastPass.IsZero() || now.Sub(lastPass) > 3*reinjectHold) {
 			aborts = backlogAborts(conn, subs, dead, silent, closed, maxBacklog)
@@ -314,19 +339,7 @@ func failoverDecide(now time.Time, conn uint64, subs []info.Subflow, marked map[
 // queue (tcpi_notsent_bytes) takes longer than maxBacklog to send at their delivery rate, all
 // but the one whose queue drains first, so that at least one live subflow is kept.
 func backlogAborts(conn uint64, subs []info.Subflow, dead, silent []bool, closed map[subflowKey]bool, maxBacklog time.Duration) []failAction {
-	drain := func(s info.Subflow) time.Duration {
-		if s.TCP.NotsentBytes == 0 {
-			return 0
-		}
-		rate := s.TCP.DeliveryRate
-		if rate == 0 {
-			rate = s.TCP.PacingRate
-		}
-		if rate == 0 {
-			return time.Hour
-		}
-		return time.Duration(float64(s.TCP.NotsentBytes) / float64(rate) * float64(time.Second))
-	}
+	drain := drainTime
 	keep, live := -1, 0
 	for i, s := range subs {
 		if s.TCP.State != tcpEstablished || dead[i] || silent[i] || closed[subflowKey{conn, s.Local, s.Remote}] {
@@ -351,6 +364,21 @@ func backlogAborts(conn uint64, subs []info.Subflow, dead, silent []bool, closed
 		}
 	}
 	return out
+}
+
+// drainTime is how long a subflow takes to send its unsent data at its delivery rate.
+func drainTime(s info.Subflow) time.Duration {
+	if s.TCP.NotsentBytes == 0 {
+		return 0
+	}
+	rate := s.TCP.DeliveryRate
+	if rate == 0 {
+		rate = s.TCP.PacingRate
+	}
+	if rate == 0 {
+		return time.Hour
+	}
+	return time.Duration(float64(s.TCP.NotsentBytes) / float64(rate) * float64(time.Second))
 }
 
 // abortSubflow resets a subflow through sock_diag. Subflows this proxy opened are bound to

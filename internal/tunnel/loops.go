@@ -68,8 +68,9 @@ func (t *Tunnel) readDevice() error {
 			if err == nil {
 				k, err = readSome(bd, t.o.Device, bufs, sizes)
 			}
-		case anyFull(active):
-			// The device's own queue holds the rest meanwhile.
+		case len(active) > 0 && allFull(t.peerList()):
+			// The device's own queue holds the rest meanwhile, and pushes back on the
+			// senders (a local one through TCP small queues; routed ones by its drops).
 			sleep(wake - now)
 		case wake > now:
 			deadline = true
@@ -95,6 +96,14 @@ func (t *Tunnel) readDevice() error {
 			}
 			p, wire := t.classify(bufs[i], sizes[i])
 			if p == nil {
+				continue
+			}
+			if p.q.full() {
+				// One peer's queue is full while another's is not (allFull above): its
+				// packet is dropped rather than the device left unread, so that one peer
+				// (a flood, a path that stalled) cannot stall the others.
+				p.queueDrops.Add(1)
+				t.stats.DropQueueFull.Add(1)
 				continue
 			}
 			if len(p.q.pkts) == 0 {
@@ -138,13 +147,15 @@ func plans(name string) bool {
 	return err == nil && ok
 }
 
-func anyFull(ps []*peer) bool {
+// allFull reports whether every peer's send queue is full: the device reader then waits
+// instead of reading. (With one peer, the branch site's case, that is whenever its queue is.)
+func allFull(ps []*peer) bool {
 	for _, p := range ps {
-		if p.q.full() {
-			return true
+		if !p.q.full() {
+			return false
 		}
 	}
-	return false
+	return len(ps) > 0
 }
 
 // classify checks the inner packet at b[headroom:headroom+n], clamps the MSS of a TCP SYN, and

@@ -91,6 +91,7 @@ type peer struct {
 	q             txQueue      // packets waiting to be sent (the device reader's only)
 	// the send queue's depth as of the device reader's last change, for the status
 	queuedBytes, queuedPackets atomic.Int64
+	queueDrops                 atomic.Uint64 // packets dropped because the queue was full
 	rtx                        *recovery
 	// rxPath follows the numbering of each of the peer's paths (by the peer's path ID), to
 	// see losses (recovery.go); guarded by mu.

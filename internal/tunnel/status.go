@@ -32,6 +32,7 @@ type Counters struct {
 	DropHandshake      atomic.Uint64 // handshake message refused
 	DropDevice         atomic.Uint64 // the device refused a write
 	DropTooBig         atomic.Uint64 // a packet from the device larger than the tunnel MTU
+	DropQueueFull      atomic.Uint64 // a peer's send queue was full while another's was not
 
 	DropVersion atomic.Uint64 // handshake refused: no protocol version both sides speak
 	// A packet from an address that is none of the peer's paths that did not open: replayed
@@ -80,7 +81,10 @@ type PeerStatus struct {
 	// SendQueuePackets and SendQueueBytes (on the wire) wait in the peer's send queue for a
 	// path (the default scheduler's queue; txqueue.go).
 	SendQueuePackets, SendQueueBytes int
-	Scheduler                        string
+	// SendQueueDrops are the peer's packets dropped because its send queue was full while
+	// another peer's was not (the device reader reads on for the others).
+	SendQueueDrops uint64
+	Scheduler      string
 	// PeerBufferFree is the free room of the peer's reorder buffer, bytes, as its latest
 	// feedback reported it (the buffer-aware schedulers' available buffer); -1 while unknown
 	// or when the peer does not reorder.
@@ -145,7 +149,8 @@ func (t *Tunnel) Status() Status {
 	st := Status{PublicKey: t.pub.String(), Uptime: time.Since(t.start), Counters: t.stats.snapshot(), MTU: int(t.mtu.Load())}
 	for _, p := range t.peerList() {
 		ps := PeerStatus{Name: p.name, PeerBufferFree: -1,
-			SendQueuePackets: int(p.queuedPackets.Load()), SendQueueBytes: int(p.queuedBytes.Load())}
+			SendQueuePackets: int(p.queuedPackets.Load()), SendQueueBytes: int(p.queuedBytes.Load()),
+			SendQueueDrops: p.queueDrops.Load()}
 		if cur := p.cur.Load(); cur != nil {
 			ps.Session, ps.SessionAge, ps.Cipher = true, time.Duration(now-cur.created), t.cipherName(cur.s)
 			ps.Protocol = int(cur.s.Version)
@@ -232,6 +237,7 @@ func (c *Counters) snapshot() map[string]uint64 {
 		"drop_auth": c.DropAuth.Load(), "drop_cleartext": c.DropCleartext.Load(), "drop_unknown_path": c.DropUnknownPath.Load(),
 		"drop_bad_inner": c.DropBadInner.Load(), "drop_spoofed": c.DropSpoofed.Load(),
 		"drop_handshake": c.DropHandshake.Load(), "drop_device": c.DropDevice.Load(), "drop_too_big": c.DropTooBig.Load(),
+		"drop_queue_full": c.DropQueueFull.Load(),
 		"handshakes_sent": c.HandshakesSent.Load(), "handshakes_done": c.HandshakesDone.Load(),
 		"handshake_copies": c.HandshakeCopies.Load(), "drop_early": c.DropEarly.Load(),
 		"drop_version": c.DropVersion.Load(), "drop_replay_new_source": c.DropReplayNewSource.Load(),

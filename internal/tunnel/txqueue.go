@@ -17,9 +17,12 @@ import (
 // holds almost nothing (docs/scheduling.md, "Unequal paths").
 //
 // The queue is bounded in time: it takes packets while what it holds would drain, at the
-// paths' rates, within the spread of the paths' one-way delays plus queueSlack. Beyond that
-// the reader stops reading the device, whose own queue then fills and drops, which the
-// inner flows see as congestion.
+// paths' rates, within the spread of the paths' one-way delays plus queueSlack. When every
+// peer with packets queued is at its bound, the reader stops reading the device, whose own
+// queue then fills and drops (or, for a sender on this host, holds it back through TCP small
+// queues), which the inner flows see as congestion. When only some are, their packets are
+// dropped (drop_queue_full) and the reader reads on for the others: at a hub, one peer whose
+// paths stall or whose sites flood cannot stall the rest.
 
 // planner is a scheduler that plans a queue (sched.Paced).
 type planner interface {

@@ -92,7 +92,7 @@ func TestAMPTCPClaims(t *testing.T) {
 
 func TestFedClaims(t *testing.T) {
 	good := FedRows{TCP: 36e6, Proxied: 37e6, MPTCP4: 44e6, FreshTCP: 250 * time.Millisecond, FreshMPTCP4: 255 * time.Millisecond}
-	cut := CutResult{Before: 44e6, During: 9e6, After: 43e6, Gap: time.Second, SubflowBack: 300 * time.Millisecond}
+	cut := CutResult{Before: 44e6, During: 9e6, After: 43e6, Gap: 600 * time.Millisecond, SubflowBack: 300 * time.Millisecond}
 	if c := fedClaims(good, cut); c.Err() != nil {
 		t.Fatalf("good run: %v", c.Err())
 	}
@@ -102,7 +102,7 @@ func TestFedClaims(t *testing.T) {
 		"proxy slows TCP down":              func(r *FedRows, _ *CutResult) { r.Proxied = 30e6 },
 		"new connection adds a round trip":  func(r *FedRows, _ *CutResult) { r.FreshMPTCP4 = 390 * time.Millisecond },
 		"LTE does not carry during the cut": func(_ *FedRows, c *CutResult) { c.During = 1e6 },
-		"transfer stalls":                   func(_ *FedRows, c *CutResult) { c.Gap = 5 * time.Second },
+		"transfer stalls":                   func(_ *FedRows, c *CutResult) { c.Gap = time.Second },
 		"wired subflow never back":          func(_ *FedRows, c *CutResult) { c.SubflowBack = -1 },
 		"rate does not come back":           func(_ *FedRows, c *CutResult) { c.After = 20e6 },
 	} {

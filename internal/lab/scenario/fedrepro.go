@@ -90,20 +90,26 @@ func runFederation(ctx context.Context, w io.Writer, o Options) error {
 		return err
 	}
 	cutAt, restoreAt := fig/3, 2*fig/3
-	res, err := f.CutDuring(ctx, fig, time.Second, cutAt, restoreAt)
+	// Sampled every 100 ms, so that the stall is measured as the issue states it (the longest
+	// run of 100 ms samples below 1/10 of the rate before the cut); printed per second.
+	res, err := f.CutDuring(ctx, fig, 100*time.Millisecond, cutAt, restoreAt)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "Figure 5: one download over MPTCP-4, the wired uplink cut at %v and restored at %v (1 s samples):\n", cutAt, restoreAt)
-	for _, s := range res.Samples {
-		bar := int(s.BitsPerSecond / 1e6)
-		fmt.Fprintf(w, "  %5.0f s %8s  %s\n", s.At.Seconds(), rateText(uint64(s.BitsPerSecond)), bars(bar))
+	fmt.Fprintf(w, "Figure 5: one download over MPTCP-4, the wired uplink cut at %v and restored at %v (means of 1 s):\n", cutAt, restoreAt)
+	for i := 0; i+10 <= len(res.Samples); i += 10 {
+		var sum float64
+		for _, s := range res.Samples[i : i+10] {
+			sum += s.BitsPerSecond
+		}
+		bar := int(sum / 10 / 1e6)
+		fmt.Fprintf(w, "  %5.0f s %8s  %s\n", res.Samples[i+9].At.Seconds(), rateText(uint64(sum/10)), bars(bar))
 	}
 	back := "not within the run"
 	if res.SubflowBack >= 0 {
 		back = res.SubflowBack.Round(10 * time.Millisecond).String()
 	}
-	fmt.Fprintf(w, "before the cut %s, during %s, after %s; longest gap below 1/10 of the rate: %v; a wired subflow carried data again %s after the restore.\n",
+	fmt.Fprintf(w, "before the cut %s, during %s, after %s; longest gap (100 ms samples below 1/10 of the rate before): %v; a wired subflow carried data again %s after the restore.\n",
 		rateText(uint64(res.Before)), rateText(uint64(res.During)), rateText(uint64(res.After)), res.Gap, back)
 	fmt.Fprintf(w, "(paper: the rate drops to the LTE link's and comes back; no interruption of the transfer.)\n")
 	c := fedClaims(FedRows{TCP: rows[0].tput, Proxied: rows[1].tput, MPTCP4: rows[3].tput, FreshTCP: rows[0].fresh, FreshMPTCP4: rows[3].fresh}, res)
@@ -129,7 +135,8 @@ type FedRows struct {
 //   - Figure 5: cutting the wired uplink leaves the LTE one carrying (at least half its rate;
 //     no upper bound: data that came over the wired path before the cut and waited for a
 //     gap to be filled is delivered during it),
-//     the transfer is never stalled for more than 3 s, a wired subflow carries data again
+//     the transfer is never stalled for 1 s or more (issue 16: 100 ms samples below 1/10 of
+//     the rate before the cut, for less than 1 s), a wired subflow carries data again
 //     after the restore, and the rate comes back to at least 0.8 of what it was.
 func fedClaims(r FedRows, cut CutResult) *Claims {
 	c := &Claims{}
@@ -139,7 +146,7 @@ func fedClaims(r FedRows, cut CutResult) *Claims {
 	rtt := 2 * fedWired.Delay
 	c.AtMost("new connection through the proxies, added time (paper: +140 ms)", ms(r.FreshMPTCP4-r.FreshTCP), ms(rtt/2), "%.1f ms")
 	c.AtLeast("wired uplink cut: rate over the LTE uplink", cut.During/1e6, 0.5*float64(fedLTE.Rate)/1e6, "%.1f Mbit/s")
-	c.AtMost("wired uplink cut: longest stall of the transfer", cut.Gap.Seconds(), 3, "%.1f s")
+	c.AtMost("wired uplink cut: longest stall of the transfer (under 1 s)", cut.Gap.Seconds(), 0.9, "%.1f s")
 	back := "not within the run"
 	if cut.SubflowBack >= 0 {
 		back = "after " + cut.SubflowBack.Round(10*time.Millisecond).String()

@@ -136,8 +136,8 @@ type CutResult struct {
 	Gap         time.Duration // longest stretch with less than 1/10 of the goodput before the cut
 	SubflowBack time.Duration // from the restore to a subflow over wan0 receiving data again; -1: never
 	Before      float64       // goodput before the cut (its mean over the last beforeWindow), bit/s
-	During      float64       // median goodput while cut
-	After       float64       // median goodput from 2 s after the restore
+	During      float64       // mean goodput while cut
+	After       float64       // mean goodput from 2 s after the restore
 	Start       time.Time     // when the first sample's interval began
 	CutTime     time.Time     // when wan0 was cut
 }
@@ -241,7 +241,8 @@ func (f *FedLab) CutDuring(ctx context.Context, dur, interval, cutAt, restoreAt 
 			after = append(after, s.BitsPerSecond)
 		}
 	}
-	res.During, res.After = Median(during), Median(after)
+	// Means, not medians: over unequal paths 100 ms samples alternate between 0 and bursts.
+	res.During, res.After = mean(during), mean(after)
 	if beforeN > 0 {
 		res.Before = beforeSum / float64(beforeN)
 	}
@@ -319,4 +320,15 @@ func (f *FedLab) WaitIdle(ctx context.Context) {
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && !f.Idle(ctx); {
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+func mean(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	var sum float64
+	for _, x := range v {
+		sum += x
+	}
+	return sum / float64(len(v))
 }

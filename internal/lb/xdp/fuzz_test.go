@@ -74,7 +74,8 @@ func FuzzOptions(f *testing.F) {
 			tok := mptcpopt.Token(in.ReceiverKey, in.Version)
 			var found bool
 			ts, _ := d.Tokens()
-			for _, x := range ts {
+			pend, _ := d.PendingTokens()
+			for _, x := range append(ts, pend...) {
 				found = found || x.Token == tok
 			}
 			if !found {

@@ -14,6 +14,14 @@
  *    microseconds later is already steered; a live token is never overwritten;
  *  - an MP_JOIN SYN goes to the backend that owns its token; a join with an unknown token is
  *    dropped and counted (hashing it would earn an RST that the client never retries);
+ *  - a token learned waits in the pending table (an LRU, so that forged handshakes only push
+ *    out other pending tokens, oldest first) until a join uses it or it is older than
+ *    lb_config.unjoined_ns; the first join moves it to the joined table (a plain hash: nothing
+ *    evicts it), within per-prefix and global rate limits;
+ *  - a SYN's flow waits in the embryonic table (an LRU of its own) until its next packet, so
+ *    that a SYN flood evicts no established flow from the connection table;
+ *  - IPv4 fragments and IPv6 packets with extension headers addressed to a VIP are dropped:
+ *    TCP needs neither, and neither can be steered (a later fragment has no ports);
  *  - stateless services map (VIP, port) to one backend with no per-connection state, for
  *    backends that announce their own port and refuse joins to the VIP (MPTCP's C flag).
  * Backends share the VIP and answer the client directly; the balancer forwards by rewriting
@@ -54,6 +62,13 @@ enum {
 	C_DROP_NO_BACKEND,
 	C_DROP_ENCAP,
 	C_STATELESS_FWD,
+	C_DROP_FRAGMENT,
+	C_DROP_EXT_HEADER,
+	C_TOKEN_PROMOTED,
+	C_PROMOTE_LIMITED,
+	C_PROMOTE_FULL,
+	C_TOKEN_EXPIRED,
+	C_CONN_ESTABLISHED,
 	C_NUM
 };
 
@@ -71,14 +86,15 @@ struct lb_config {
 	__u32 flags;
 	__u32 mode;
 	__u32 hash_seed;
-	__u32 learn_rate;  /* token learnings per second per client address; 0: no limit */
+	__u32 learn_rate;  /* learnings (and, apart, promotions) per second per /24 or /64; 0: none */
 	__u32 learn_burst;
-	__u32 global_rate; /* token learnings per second per CPU; 0: no limit */
+	__u32 global_rate; /* promotions to the joined table per second on this CPU; 0: no limit */
 	__u32 global_burst;
 	__u32 src4;        /* outer source of IPv4 encapsulation (network order) */
 	__u8 src6[16];     /* outer source of IPv6 encapsulation */
 	__u8 src_mac[6];   /* source MAC of forwarded frames */
 	__u8 pad[2];
+	__u64 unjoined_ns; /* a pending token older than this steers no join; 0: no limit */
 };
 
 /* backend flags */
@@ -138,6 +154,7 @@ struct token_key {
 #define TOK_V0 (1 << 0)
 #define TOK_CLOSING (1 << 1)  /* the client sent DATA_FIN */
 #define TOK_COLLIDED (1 << 2) /* another backend claimed the same token */
+#define TOK_JOINED (1 << 3)   /* a join used it: it lives in the joined table */
 
 struct token_val {
 	__u32 backend;
@@ -193,6 +210,7 @@ struct {
 	__uint(max_entries, MAX_BACKENDS);
 } backends SEC(".maps");
 
+/* Flows past their SYN: established first subflows and joins. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct flow);
@@ -200,14 +218,41 @@ struct {
 	__uint(max_entries, 1 << 20);
 } conns SEC(".maps");
 
-/* A plain hash, not an LRU: forged handshakes cannot evict a live token; they can only fill
- * free slots, at the learning rate limit, and the control plane expires idle tokens. */
+/* Flows seen only by their SYN, and flows placed mid-flow: a SYN flood churns this table and
+ * never the connection table. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct flow);
+	__type(value, struct conn);
+	__uint(max_entries, 1 << 20);
+} embryonic SEC(".maps");
+
+/* Joined tokens: a plain hash, not an LRU, so that nothing forged evicts them; entries come
+ * only from promotions (rate-limited) and the control plane expires idle ones. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct token_key);
 	__type(value, struct token_val);
 	__uint(max_entries, 1 << 18);
 } tokens SEC(".maps");
+
+/* Tokens learned and not yet joined: an LRU, so that a flood of forged handshakes pushes out
+ * the oldest pending tokens instead of filling the table. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct token_key);
+	__type(value, struct token_val);
+	__uint(max_entries, 1 << 18);
+} pending SEC(".maps");
+
+/* The VIP addresses (svc_key with port 0): fragments and extension headers to them are
+ * dropped. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct svc_key);
+	__type(value, __u32);
+	__uint(max_entries, 2 * MAX_SERVICES + 1024);
+} vips SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -522,23 +567,39 @@ static __always_inline int take(struct bucket *b, __u64 now, __u32 rate, __u32 b
 	return 1;
 }
 
-static __always_inline int learn_allowed(const struct lb_config *cfg, const struct flow *f, __u64 now)
+/* LIMIT_LEARN and LIMIT_PROMOTE: the two uses of a prefix's buckets (svc_key.pad). */
+#define LIMIT_LEARN 0
+#define LIMIT_PROMOTE 1
+
+/* prefix_allowed spends one from the bucket of f's source /24 (IPv4) or /64 (IPv6): one
+ * attacker's prefix, however many addresses it spoofs inside it, shares one budget. */
+static __always_inline int prefix_allowed(const struct lb_config *cfg, const struct flow *f, __u64 now, __u8 kind)
 {
-	if (cfg->learn_rate) {
-		struct svc_key k = {};
-		__builtin_memcpy(k.addr, f->src, 16);
-		k.family = f->family;
-		struct bucket *b = bpf_map_lookup_elem(&learn_limit, &k);
-		if (!b) {
-			struct bucket nb = {.last = now, .credit = (__u64)cfg->learn_burst * 1000000000ULL};
-			bpf_map_update_elem(&learn_limit, &k, &nb, BPF_ANY);
-			b = bpf_map_lookup_elem(&learn_limit, &k);
-			if (!b)
-				return 0;
-		}
-		if (!take(b, now, cfg->learn_rate, cfg->learn_burst))
+	if (!cfg->learn_rate)
+		return 1;
+	struct svc_key k = {};
+	if (f->family == 4)
+		__builtin_memcpy(k.addr, f->src, 3);
+	else
+		__builtin_memcpy(k.addr, f->src, 8);
+	k.family = f->family;
+	k.pad = kind;
+	struct bucket *b = bpf_map_lookup_elem(&learn_limit, &k);
+	if (!b) {
+		struct bucket nb = {.last = now, .credit = (__u64)cfg->learn_burst * 1000000000ULL};
+		bpf_map_update_elem(&learn_limit, &k, &nb, BPF_ANY);
+		b = bpf_map_lookup_elem(&learn_limit, &k);
+		if (!b)
 			return 0;
 	}
+	return take(b, now, cfg->learn_rate, cfg->learn_burst);
+}
+
+/* promote_allowed: a join may move its token to the joined table. */
+static __always_inline int promote_allowed(const struct lb_config *cfg, const struct flow *f, __u64 now)
+{
+	if (!prefix_allowed(cfg, f, now, LIMIT_PROMOTE))
+		return 0;
 	if (cfg->global_rate) {
 		__u32 zero = 0;
 		struct bucket *b = bpf_map_lookup_elem(&global_limit, &zero);
@@ -554,7 +615,28 @@ static __always_inline int learn_allowed(const struct lb_config *cfg, const stru
 	return 1;
 }
 
-/* learn records the server's token of the connection whose first subflow is c. */
+static __always_inline int expired(const struct lb_config *cfg, const struct token_val *v, __u64 now)
+{
+	return cfg->unjoined_ns && now - v->created > cfg->unjoined_ns;
+}
+
+/* find_token looks in the joined table, then in the pending one (*in_pending set), where an
+ * expired token counts as absent. */
+static __always_inline struct token_val *find_token(const struct lb_config *cfg, const struct token_key *k,
+						    __u64 now, int *in_pending)
+{
+	*in_pending = 0;
+	struct token_val *v = bpf_map_lookup_elem(&tokens, k);
+	if (v)
+		return v;
+	v = bpf_map_lookup_elem(&pending, k);
+	if (!v || expired(cfg, v, now))
+		return 0;
+	*in_pending = 1;
+	return v;
+}
+
+/* learn records the server's token of the connection whose first subflow is c, as pending. */
 static __always_inline void learn(const struct lb_config *cfg, struct conn *c, const struct flow *f,
 				  const struct mp_info *mi, __u64 now)
 {
@@ -564,34 +646,44 @@ static __always_inline void learn(const struct lb_config *cfg, struct conn *c, c
 	}
 	if (c->flags & CONN_LEARNED)
 		return;
-	if (!learn_allowed(cfg, f, now)) {
+	if (!prefix_allowed(cfg, f, now, LIMIT_LEARN)) {
 		count(C_LEARN_LIMITED);
 		return;
 	}
 	int v0 = mi->bits & MP_V0;
 	__u32 token = token_of(mi->key_hi, mi->key_lo, v0);
 	struct token_key k = {.svc = c->svc, .token = token};
-	struct token_val v = {.backend = c->backend, .flags = v0 ? TOK_V0 : 0, .created = now, .active = now};
 	c->flags |= CONN_LEARNED | (v0 ? CONN_V0 : 0);
 	c->token = token;
 	c->refreshed = now;
-	long err = bpf_map_update_elem(&tokens, &k, &v, BPF_NOEXIST);
-	if (err == 0) {
-		count(C_TOKEN_LEARNED);
+	int in_pending;
+	struct token_val *old = find_token(cfg, &k, now, &in_pending);
+	if (old) {
+		if (old->backend == c->backend) {
+			count(C_TOKEN_REPEAT);
+			return;
+		}
+		count(C_TOKEN_COLLISION);
+		if (cfg->flags & CFG_COLLIDE_DROP)
+			old->flags |= TOK_COLLIDED;
 		return;
 	}
-	struct token_val *old = bpf_map_lookup_elem(&tokens, &k);
-	if (!old) {
+	struct token_val v = {.backend = c->backend, .flags = v0 ? TOK_V0 : 0, .created = now, .active = now};
+	/* an LRU: when full, the least recently used pending tokens make room */
+	if (bpf_map_update_elem(&pending, &k, &v, BPF_ANY)) {
 		count(C_TOKEN_FULL);
 		return;
 	}
-	if (old->backend == c->backend) {
-		count(C_TOKEN_REPEAT);
-		return;
-	}
-	count(C_TOKEN_COLLISION);
-	if (cfg->flags & CFG_COLLIDE_DROP)
-		old->flags |= TOK_COLLIDED;
+	count(C_TOKEN_LEARNED);
+}
+
+/* forget removes a token from the table it is in. */
+static __always_inline void forget(const struct token_key *k, int in_pending)
+{
+	if (in_pending)
+		bpf_map_delete_elem(&pending, k);
+	else
+		bpf_map_delete_elem(&tokens, k);
 }
 
 /* ---- forwarding ---- */
@@ -680,6 +772,22 @@ static __always_inline int forward(struct xdp_md *ctx, const struct lb_config *c
 	return XDP_TX;
 }
 
+/* is_vip: is addr (4 or 16 bytes at a, by family) the address of a service? */
+static __always_inline int is_vip(const void *a, __u8 family)
+{
+	struct svc_key k = {};
+	__builtin_memcpy(k.addr, a, family == 4 ? 4 : 16);
+	k.family = family;
+	return bpf_map_lookup_elem(&vips, &k) != 0;
+}
+
+/* IPv6 extension headers (RFC 8200 and the IANA list), AH included. */
+static __always_inline int ipv6_ext(__u8 nh)
+{
+	return nh == 0 || nh == 43 || nh == 44 || nh == 60 || nh == 51 || nh == 135 || nh == 139 ||
+	       nh == 140 || nh == 253 || nh == 254;
+}
+
 static __always_inline __u32 maglev_pick(const struct lb_config *cfg, const struct svc *s, const struct flow *f)
 {
 	__u32 h = flow_hash(f, cfg->hash_seed, cfg->flags & CFG_HASH_ADDRS);
@@ -704,8 +812,20 @@ int braid_lb(struct xdp_md *ctx)
 	}
 	if (eth->h_proto == bswap16(ETH_P_IP)) {
 		struct iphdr *ip = (void *)(eth + 1);
-		if ((void *)(ip + 1) > end || (ip->ihl_version >> 4) != 4 || (ip->ihl_version & 0xf) < 5 ||
-		    ip->protocol != IPPROTO_TCP || (ip->frag_off & bswap16(0x3fff))) {
+		if ((void *)(ip + 1) > end || (ip->ihl_version >> 4) != 4 || (ip->ihl_version & 0xf) < 5) {
+			count(C_PASS_OTHER);
+			return XDP_PASS;
+		}
+		if (ip->frag_off & bswap16(0x3fff)) {
+			/* a fragment (MF set or an offset): to a VIP, dropped */
+			if (is_vip(&ip->daddr, 4)) {
+				count(C_DROP_FRAGMENT);
+				return XDP_DROP;
+			}
+			count(C_PASS_OTHER);
+			return XDP_PASS;
+		}
+		if (ip->protocol != IPPROTO_TCP) {
 			count(C_PASS_OTHER);
 			return XDP_PASS;
 		}
@@ -715,7 +835,16 @@ int braid_lb(struct xdp_md *ctx)
 		f.family = 4;
 	} else if (eth->h_proto == bswap16(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
-		if ((void *)(ip6 + 1) > end || ip6->nexthdr != IPPROTO_TCP) {
+		if ((void *)(ip6 + 1) > end) {
+			count(C_PASS_OTHER);
+			return XDP_PASS;
+		}
+		if (ip6->nexthdr != IPPROTO_TCP) {
+			/* extension headers (the fragment header among them) to a VIP: dropped */
+			if (ipv6_ext(ip6->nexthdr) && is_vip(ip6->daddr, 6)) {
+				count(C_DROP_EXT_HEADER);
+				return XDP_DROP;
+			}
 			count(C_PASS_OTHER);
 			return XDP_PASS;
 		}
@@ -786,12 +915,24 @@ int braid_lb(struct xdp_md *ctx)
 	int syn = (tflags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
 	__u64 now = bpf_ktime_get_coarse_ns();
 	struct conn *c = bpf_map_lookup_elem(&conns, &f);
+	if (!c) {
+		c = bpf_map_lookup_elem(&embryonic, &f);
+		/* the packet after a SYN: the flow is established (as far as a balancer that never
+		 * sees the server's answers can tell) and moves to the connection table */
+		if (c && !syn && (c->flags & (CONN_SYN | CONN_JOIN))) {
+			bpf_map_update_elem(&conns, &f, c, BPF_ANY);
+			bpf_map_delete_elem(&embryonic, &f);
+			c = bpf_map_lookup_elem(&conns, &f);
+			count(C_CONN_ESTABLISHED);
+		}
+	}
 	struct backend *be = 0;
 	if (c) {
 		be = bpf_map_lookup_elem(&backends, &c->backend);
 		if (!be || !(be->flags & BE_PRESENT)) {
 			/* its backend was removed: place the flow again */
 			bpf_map_delete_elem(&conns, &f);
+			bpf_map_delete_elem(&embryonic, &f);
 			c = 0;
 		}
 	}
@@ -805,17 +946,18 @@ int braid_lb(struct xdp_md *ctx)
 			}
 			if (c->flags & (CONN_LEARNED | CONN_JOIN)) {
 				struct token_key tk = {.svc = c->svc, .token = c->token};
+				int inp;
 				if ((bits & MP_FASTCLOSE) && (c->flags & CONN_LEARNED)) {
 					/* the client's MP_FASTCLOSE carries the server's key */
 					__u32 t = token_of(mi.fc_hi, mi.fc_lo, c->flags & CONN_V0);
 					struct token_key fk = {.svc = c->svc, .token = t};
-					struct token_val *tv = bpf_map_lookup_elem(&tokens, &fk);
+					struct token_val *tv = find_token(cfg, &fk, now, &inp);
 					if (tv && tv->backend == c->backend) {
-						bpf_map_delete_elem(&tokens, &fk);
+						forget(&fk, inp);
 						count(C_TOKEN_FASTCLOSE);
 					}
 				} else if (bits & MP_DATA_FIN) {
-					struct token_val *tv = bpf_map_lookup_elem(&tokens, &tk);
+					struct token_val *tv = find_token(cfg, &tk, now, &inp);
 					if (tv && tv->backend == c->backend && !(tv->flags & TOK_CLOSING)) {
 						tv->flags |= TOK_CLOSING;
 						tv->active = now;
@@ -823,7 +965,7 @@ int braid_lb(struct xdp_md *ctx)
 					}
 				} else if (now - c->refreshed > 1000000000ULL) {
 					c->refreshed = now;
-					struct token_val *tv = bpf_map_lookup_elem(&tokens, &tk);
+					struct token_val *tv = find_token(cfg, &tk, now, &inp);
 					if (tv && tv->backend == c->backend)
 						tv->active = now;
 				}
@@ -840,18 +982,45 @@ int braid_lb(struct xdp_md *ctx)
 		}
 		struct token_key tk = {.svc = s->id, .token = mi.token};
 		struct token_val *tv = bpf_map_lookup_elem(&tokens, &tk);
-		if (!tv) {
-			count(C_DROP_JOIN_UNKNOWN);
-			return XDP_DROP;
+		if (tv) {
+			if (tv->flags & TOK_COLLIDED) {
+				count(C_DROP_JOIN_COLLIDED);
+				return XDP_DROP;
+			}
+			nc.backend = tv->backend;
+			tv->active = now;
+		} else {
+			tv = bpf_map_lookup_elem(&pending, &tk);
+			if (tv && expired(cfg, tv, now)) {
+				bpf_map_delete_elem(&pending, &tk);
+				count(C_TOKEN_EXPIRED);
+				tv = 0;
+			}
+			if (!tv) {
+				count(C_DROP_JOIN_UNKNOWN);
+				return XDP_DROP;
+			}
+			if (tv->flags & TOK_COLLIDED) {
+				count(C_DROP_JOIN_COLLIDED);
+				return XDP_DROP;
+			}
+			/* the first join: the token moves to the joined table, where no flood evicts it */
+			nc.backend = tv->backend;
+			tv->active = now;
+			if (!promote_allowed(cfg, &f, now)) {
+				count(C_PROMOTE_LIMITED);
+			} else if (bpf_map_update_elem(&tokens, &tk, tv, BPF_NOEXIST)) {
+				count(C_PROMOTE_FULL);
+			} else {
+				bpf_map_delete_elem(&pending, &tk);
+				tv = bpf_map_lookup_elem(&tokens, &tk);
+				if (tv)
+					tv->flags |= TOK_JOINED;
+				count(C_TOKEN_PROMOTED);
+			}
 		}
-		if (tv->flags & TOK_COLLIDED) {
-			count(C_DROP_JOIN_COLLIDED);
-			return XDP_DROP;
-		}
-		nc.backend = tv->backend;
 		nc.flags = CONN_JOIN;
 		nc.token = tk.token;
-		tv->active = now;
 		count(C_JOIN_STEERED);
 		struct be_stats *st = bpf_map_lookup_elem(&backend_stats, &nc.backend);
 		if (st)
@@ -876,7 +1045,9 @@ int braid_lb(struct xdp_md *ctx)
 				count(C_LEARN_NO_FLOW);
 		}
 	}
-	bpf_map_update_elem(&conns, &f, &nc, BPF_ANY);
+	/* new flows start embryonic; a flow placed mid-flow stays there (Maglev places it
+	 * again the same way if a flood pushes it out, unless the table changed) */
+	bpf_map_update_elem(&embryonic, &f, &nc, BPF_ANY);
 	return forward(ctx, cfg, nc.backend, 0, f.family == 6);
 }
 

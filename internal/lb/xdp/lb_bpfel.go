@@ -68,6 +68,7 @@ type lbLbConfig struct {
 	Src6        [16]uint8
 	SrcMac      [6]uint8
 	Pad         [2]uint8
+	UnjoinedNs  uint64
 }
 
 type lbSvc struct {
@@ -108,13 +109,16 @@ const (
 	lbMapConns          = "conns"
 	lbMapCounters       = "counters"
 	lbMapDecapCount     = "decap_count"
+	lbMapEmbryonic      = "embryonic"
 	lbMapGlobalLimit    = "global_limit"
 	lbMapLearnLimit     = "learn_limit"
 	lbMapMaglev         = "maglev"
+	lbMapPending        = "pending"
 	lbMapServices       = "services"
 	lbMapSinkCount      = "sink_count"
 	lbMapStateless      = "stateless"
 	lbMapTokens         = "tokens"
+	lbMapVips           = "vips"
 	lbProgBraidBaseline = "braid_baseline"
 	lbProgBraidDecap    = "braid_decap"
 	lbProgBraidLb       = "braid_lb"
@@ -179,13 +183,16 @@ type lbMapSpecs struct {
 	Conns        *ebpf.MapSpec `ebpf:"conns"`
 	Counters     *ebpf.MapSpec `ebpf:"counters"`
 	DecapCount   *ebpf.MapSpec `ebpf:"decap_count"`
+	Embryonic    *ebpf.MapSpec `ebpf:"embryonic"`
 	GlobalLimit  *ebpf.MapSpec `ebpf:"global_limit"`
 	LearnLimit   *ebpf.MapSpec `ebpf:"learn_limit"`
 	Maglev       *ebpf.MapSpec `ebpf:"maglev"`
+	Pending      *ebpf.MapSpec `ebpf:"pending"`
 	Services     *ebpf.MapSpec `ebpf:"services"`
 	SinkCount    *ebpf.MapSpec `ebpf:"sink_count"`
 	Stateless    *ebpf.MapSpec `ebpf:"stateless"`
 	Tokens       *ebpf.MapSpec `ebpf:"tokens"`
+	Vips         *ebpf.MapSpec `ebpf:"vips"`
 }
 
 // lbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -220,13 +227,16 @@ type lbMaps struct {
 	Conns        *ebpf.Map `ebpf:"conns"`
 	Counters     *ebpf.Map `ebpf:"counters"`
 	DecapCount   *ebpf.Map `ebpf:"decap_count"`
+	Embryonic    *ebpf.Map `ebpf:"embryonic"`
 	GlobalLimit  *ebpf.Map `ebpf:"global_limit"`
 	LearnLimit   *ebpf.Map `ebpf:"learn_limit"`
 	Maglev       *ebpf.Map `ebpf:"maglev"`
+	Pending      *ebpf.Map `ebpf:"pending"`
 	Services     *ebpf.Map `ebpf:"services"`
 	SinkCount    *ebpf.Map `ebpf:"sink_count"`
 	Stateless    *ebpf.Map `ebpf:"stateless"`
 	Tokens       *ebpf.Map `ebpf:"tokens"`
+	Vips         *ebpf.Map `ebpf:"vips"`
 }
 
 func (m *lbMaps) Close() error {
@@ -237,13 +247,16 @@ func (m *lbMaps) Close() error {
 		m.Conns,
 		m.Counters,
 		m.DecapCount,
+		m.Embryonic,
 		m.GlobalLimit,
 		m.LearnLimit,
 		m.Maglev,
+		m.Pending,
 		m.Services,
 		m.SinkCount,
 		m.Stateless,
 		m.Tokens,
+		m.Vips,
 	)
 }
 

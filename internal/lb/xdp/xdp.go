@@ -10,8 +10,13 @@
 //	stateless      (VIP, port, family) -> backend, with no per-connection state
 //	maglev         MaxServices x TableSize backend indexes
 //	backends       MaxBackends entries: MAC, egress interface, encapsulation address
-//	conns          LRU: 5-tuple -> backend, token, flags
-//	tokens         hash: (service, token) -> backend, version, created, last active
+//	conns          LRU: 5-tuple -> backend, token, flags (flows past their SYN)
+//	embryonic      LRU: the same for flows seen only by their SYN, and flows placed mid-flow
+//	tokens         hash: (service, token) -> backend, version, created, last active (joined)
+//	pending        LRU: the same for tokens learned and not yet joined
+//	vips           the services' addresses: fragments and extension headers to them are dropped
+//	learn_limit    LRU: token buckets per client /24 or /64 (learning, promotion)
+//	global_limit   per-CPU token bucket of promotions
 //	counters       per-CPU counters, indexed by Counter
 //	backend_stats  per-CPU per-backend packets, bytes, new connections, joins
 package xdp
@@ -65,6 +70,13 @@ const (
 	CounterDropNoBackend                   // no backend to send to: dropped
 	CounterDropEncap                       // no headroom for the encapsulation: dropped
 	CounterStateless                       // forwarded by the stateless table
+	CounterDropFragment                    // IPv4 fragments addressed to a VIP: dropped
+	CounterDropExtHeader                   // IPv6 packets to a VIP with extension headers: dropped
+	CounterTokenPromoted                   // tokens moved to the joined table by their first join
+	CounterPromoteLimited                  // promotions refused by the rate limits (the join is steered)
+	CounterPromoteFull                     // promotions refused by a full joined table (the join is steered)
+	CounterTokenExpired                    // joins whose pending token was older than UnjoinedAfter: dropped
+	CounterConnEstablished                 // flows moved from the embryonic to the connection table
 	NumCounters
 )
 
@@ -73,7 +85,8 @@ var counterNames = [NumCounters]string{
 	"drop_join_unknown_token", "drop_join_collided", "token_learned", "token_repeat",
 	"token_collision", "token_full", "learn_no_flow", "learn_limited", "token_fastclose",
 	"token_closing", "mpc_bad", "opt_malformed", "drop_malformed", "drop_no_backend",
-	"drop_encap", "stateless_forwarded",
+	"drop_encap", "stateless_forwarded", "drop_fragment", "drop_ext_header", "token_promoted",
+	"promote_limited", "promote_full", "token_expired", "conn_established",
 }
 
 func (c Counter) String() string {
@@ -105,13 +118,16 @@ type Config struct {
 	CollideDrop bool // a token two backends claim steers no join
 	Mode        Mode
 	HashSeed    uint32
-	LearnRate   uint32 // learnings per second per client address; 0: unlimited
+	LearnRate   uint32 // learnings per second per client /24 or /64, and promotions apart; 0: unlimited
 	LearnBurst  uint32
-	GlobalRate  uint32 // learnings per second per CPU; 0: unlimited
+	GlobalRate  uint32 // promotions to the joined table per second, all CPUs together; 0: unlimited
 	GlobalBurst uint32
-	Src4        netip.Addr       // outer source of IPv4 encapsulation
-	Src6        netip.Addr       // outer source of IPv6 encapsulation
-	SrcMAC      net.HardwareAddr // source MAC of forwarded frames
+	// UnjoinedAfter: a pending token (learned, never joined) older than this steers no join;
+	// 0: no limit.
+	UnjoinedAfter time.Duration
+	Src4          netip.Addr       // outer source of IPv4 encapsulation
+	Src6          netip.Addr       // outer source of IPv6 encapsulation
+	SrcMAC        net.HardwareAddr // source MAC of forwarded frames
 }
 
 // Backend is where the program sends a backend's packets.
@@ -134,6 +150,7 @@ type Token struct {
 	V0       bool // learned from MPTCP v0 (SHA-1)
 	Closing  bool // the client sent DATA_FIN
 	Collided bool // another backend claimed it
+	Joined   bool // a join used it: it is in the joined table (else pending)
 	Created  uint64
 	Active   uint64 // CLOCK_MONOTONIC (coarse) nanoseconds of the last activity
 }
@@ -150,6 +167,7 @@ const (
 	tokV0       = 1 << 0
 	tokClosing  = 1 << 1
 	tokCollided = 1 << 2
+	tokJoined   = 1 << 3
 )
 
 // Errors.
@@ -160,8 +178,10 @@ var (
 
 // Options size the tables; zero values keep the compiled sizes.
 type Options struct {
-	Conns  uint32 // connection table entries (default 1 Mi)
-	Tokens uint32 // token table entries (default 256 Ki)
+	Conns     uint32 // connection table entries (default 1 Mi)
+	Embryonic uint32 // embryonic flow table entries (default 1 Mi)
+	Tokens    uint32 // joined token table entries (default 256 Ki)
+	Pending   uint32 // pending token table entries (default 256 Ki)
 }
 
 // Dataplane is a loaded program and its maps.
@@ -170,8 +190,9 @@ type Dataplane struct {
 
 	mu        sync.Mutex // guards the fields below
 	links     []link.Link
-	cfg       lbLbConfig // as last written, without flagStateless
-	stateless int        // entries of the stateless table
+	cfg       lbLbConfig       // as last written, without flagStateless
+	stateless int              // entries of the stateless table
+	vips      map[lbSvcKey]int // references to each VIP address (services, stateless entries)
 	once      sync.Once
 }
 
@@ -187,7 +208,13 @@ func Load(o Options) (*Dataplane, error) {
 	if o.Tokens > 0 {
 		spec.Maps[lbMapTokens].MaxEntries = o.Tokens
 	}
-	d := &Dataplane{}
+	if o.Embryonic > 0 {
+		spec.Maps[lbMapEmbryonic].MaxEntries = o.Embryonic
+	}
+	if o.Pending > 0 {
+		spec.Maps[lbMapPending].MaxEntries = o.Pending
+	}
+	d := &Dataplane{vips: map[lbSvcKey]int{}}
 	if err := spec.LoadAndAssign(&d.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -355,7 +382,11 @@ func (d *Dataplane) SetConfig(c Config) error {
 	v.Mode = uint32(c.Mode)
 	v.HashSeed = c.HashSeed
 	v.LearnRate, v.LearnBurst = c.LearnRate, c.LearnBurst
-	v.GlobalRate, v.GlobalBurst = c.GlobalRate, c.GlobalBurst
+	// The global bucket is per CPU: each CPU gets its share of the total.
+	v.GlobalRate, v.GlobalBurst = perCPU(c.GlobalRate), perCPU(c.GlobalBurst)
+	if c.UnjoinedAfter > 0 {
+		v.UnjoinedNs = uint64(c.UnjoinedAfter)
+	}
 	if c.Src4.IsValid() {
 		if !c.Src4.Is4() {
 			return fmt.Errorf("%w: Src4 %s", ErrFamily, c.Src4)
@@ -371,6 +402,24 @@ func (d *Dataplane) SetConfig(c Config) error {
 	defer d.mu.Unlock()
 	d.cfg = v
 	return d.writeConfigLocked()
+}
+
+// cpus is the number of CPUs the program may run on.
+var cpus = sync.OnceValue(func() int {
+	n, err := ebpf.PossibleCPU()
+	if err != nil || n < 1 {
+		return 1
+	}
+	return n
+})
+
+// perCPU is one CPU's share of a total rate or burst: at least 1 unless the total is 0.
+func perCPU(total uint32) uint32 {
+	if total == 0 {
+		return 0
+	}
+	n := uint32(cpus())
+	return max(1, (total+n-1)/n)
 }
 
 // writeConfigLocked writes the configuration, with the flag that makes the program look at
@@ -406,13 +455,45 @@ func (d *Dataplane) SetService(id uint32, vip netip.AddrPort) error {
 		return fmt.Errorf("%w: service %d", ErrRange, id)
 	}
 	k := svcKey(vip)
-	return d.objs.Services.Put(&k, &lbSvc{Id: id})
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var old lbSvc
+	fresh := d.objs.Services.Lookup(&k, &old) != nil
+	if err := d.objs.Services.Put(&k, &lbSvc{Id: id}); err != nil {
+		return err
+	}
+	if fresh {
+		return d.refVIPLocked(vip, 1)
+	}
+	return nil
 }
 
 // DeleteService stops balancing vip.
 func (d *Dataplane) DeleteService(vip netip.AddrPort) error {
 	k := svcKey(vip)
-	return d.objs.Services.Delete(&k)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.objs.Services.Delete(&k); err != nil {
+		return err
+	}
+	return d.refVIPLocked(vip, -1)
+}
+
+// refVIPLocked counts a use of vip's address more (delta 1) or less (-1), and keeps the
+// vips map, the addresses whose fragments and extension headers are dropped, in step.
+func (d *Dataplane) refVIPLocked(vip netip.AddrPort, delta int) error {
+	k := svcKey(netip.AddrPortFrom(vip.Addr(), 0))
+	d.vips[k] += delta
+	switch n := d.vips[k]; {
+	case n > 0 && delta > 0 && n == 1:
+		return d.objs.Vips.Put(&k, uint32(1))
+	case n <= 0:
+		delete(d.vips, k)
+		if err := d.objs.Vips.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+	}
+	return nil
 }
 
 // SetTable replaces service id's Maglev table (TableSize backend indexes, NoBackend for none).
@@ -449,6 +530,9 @@ func (d *Dataplane) SetStateless(vip netip.AddrPort, backend uint32) error {
 		return err
 	}
 	if fresh {
+		if err := d.refVIPLocked(vip, 1); err != nil {
+			return err
+		}
 		d.stateless++
 		if d.stateless == 1 {
 			return d.writeConfigLocked()
@@ -463,6 +547,9 @@ func (d *Dataplane) DeleteStateless(vip netip.AddrPort) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.objs.Stateless.Delete(&k); err != nil {
+		return err
+	}
+	if err := d.refVIPLocked(vip, -1); err != nil {
 		return err
 	}
 	d.stateless--
@@ -531,15 +618,45 @@ func (d *Dataplane) BackendStats(i uint32) (BackendStats, error) {
 	return s, nil
 }
 
-// Tokens returns the token table.
-func (d *Dataplane) Tokens() ([]Token, error) {
-	var out []Token
+// Tokens returns the joined token table (tokens a join has used).
+func (d *Dataplane) Tokens() ([]Token, error) { return readTokens(d.objs.Tokens, nil) }
+
+// PendingTokens returns the pending token table (tokens learned and never joined, expired
+// ones included until the LRU reuses their slots).
+func (d *Dataplane) PendingTokens() ([]Token, error) { return readTokens(d.objs.Pending, nil) }
+
+// readTokens reads a token table in batches (one system call per 4096 entries: the tables
+// hold up to hundreds of thousands under a flood, and the sweeper reads the joined one every
+// second), or entry by entry where the kernel has no batch operations.
+func readTokens(m *ebpf.Map, out []Token) ([]Token, error) {
+	add := func(k lbTokenKey, v lbTokenVal) {
+		out = append(out, Token{Service: k.Svc, Token: k.Token, Backend: v.Backend, V0: v.Flags&tokV0 != 0,
+			Closing: v.Flags&tokClosing != 0, Collided: v.Flags&tokCollided != 0, Joined: v.Flags&tokJoined != 0,
+			Created: v.Created, Active: v.Active})
+	}
+	keys := make([]lbTokenKey, 4096)
+	vals := make([]lbTokenVal, 4096)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := 0; i < n; i++ {
+			add(keys[i], vals[i])
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return out, nil
+		}
+		if errors.Is(err, ebpf.ErrNotSupported) && len(out) == 0 {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("xdp: tokens: %w", err)
+		}
+	}
 	var k lbTokenKey
 	var v lbTokenVal
-	it := d.objs.Tokens.Iterate()
+	it := m.Iterate()
 	for it.Next(&k, &v) {
-		out = append(out, Token{Service: k.Svc, Token: k.Token, Backend: v.Backend, V0: v.Flags&tokV0 != 0,
-			Closing: v.Flags&tokClosing != 0, Collided: v.Flags&tokCollided != 0, Created: v.Created, Active: v.Active})
+		add(k, v)
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("xdp: tokens: %w", err)
@@ -547,46 +664,117 @@ func (d *Dataplane) Tokens() ([]Token, error) {
 	return out, nil
 }
 
-// DeleteToken removes one token; a token already gone is not an error.
+// DeleteToken removes one token from both tables; a token already gone is not an error.
 func (d *Dataplane) DeleteToken(service, token uint32) error {
 	k := lbTokenKey{Svc: service, Token: token}
-	if err := d.objs.Tokens.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("xdp: delete token: %w", err)
+	for _, m := range []*ebpf.Map{d.objs.Tokens, d.objs.Pending} {
+		if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("xdp: delete token: %w", err)
+		}
 	}
 	return nil
 }
 
-// ConnsPerBackend counts the connection table's flows per backend.
+// Flow is one entry of the connection tables.
+type Flow struct {
+	Src, Dst  netip.AddrPort
+	Backend   uint32
+	Embryonic bool // in the embryonic table (SYN seen, nothing after it yet; or placed mid-flow)
+	Join      bool // placed by its MP_JOIN token
+}
+
+// Flows returns both connection tables.
+func (d *Dataplane) Flows() ([]Flow, error) {
+	var out []Flow
+	err := d.eachFlow(func(k *lbFlow, v *lbConn, embryonic bool) {
+		out = append(out, Flow{Src: flowAddr(k.Src, k.Family, k.Sport), Dst: flowAddr(k.Dst, k.Family, k.Dport),
+			Backend: v.Backend, Embryonic: embryonic, Join: v.Flags&connJoin != 0})
+	})
+	return out, err
+}
+
+const connJoin = 1 << 4
+
+func flowAddr(a [16]byte, family uint8, port uint16) netip.AddrPort {
+	var p [2]byte
+	binary.NativeEndian.PutUint16(p[:], port)
+	pt := binary.BigEndian.Uint16(p[:])
+	if family == 4 {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(a[:4])), pt)
+	}
+	return netip.AddrPortFrom(netip.AddrFrom16(a), pt)
+}
+
+// eachFlow calls fn on every entry of the connection and embryonic tables, read in batches
+// (a flood fills them with hundreds of thousands of entries, and status reads them), or entry
+// by entry where the kernel has no batch operations.
+func (d *Dataplane) eachFlow(fn func(k *lbFlow, v *lbConn, embryonic bool)) error {
+	keys := make([]lbFlow, 4096)
+	vals := make([]lbConn, 4096)
+	for _, m := range []*ebpf.Map{d.objs.Conns, d.objs.Embryonic} {
+		emb := m == d.objs.Embryonic
+		var cursor ebpf.MapBatchCursor
+		batched := true
+		for seen := 0; ; {
+			n, err := m.BatchLookup(&cursor, keys, vals, nil)
+			for i := 0; i < n; i++ {
+				fn(&keys[i], &vals[i], emb)
+			}
+			seen += n
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				break
+			}
+			if errors.Is(err, ebpf.ErrNotSupported) && seen == 0 {
+				batched = false
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("xdp: flows: %w", err)
+			}
+		}
+		if batched {
+			continue
+		}
+		var k lbFlow
+		var v lbConn
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			fn(&k, &v, emb)
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("xdp: flows: %w", err)
+		}
+	}
+	return nil
+}
+
+// ConnsPerBackend counts the flows of both connection tables per backend.
 func (d *Dataplane) ConnsPerBackend() (map[uint32]int, error) {
 	out := map[uint32]int{}
-	var k lbFlow
-	var v lbConn
-	it := d.objs.Conns.Iterate()
-	for it.Next(&k, &v) {
-		out[v.Backend]++
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("xdp: conns: %w", err)
-	}
-	return out, nil
+	err := d.eachFlow(func(_ *lbFlow, v *lbConn, _ bool) { out[v.Backend]++ })
+	return out, err
 }
 
 // DropFlowsOf removes the flows pinned to backend i (a backend that was removed).
 func (d *Dataplane) DropFlowsOf(i uint32) error {
-	var k lbFlow
-	var v lbConn
-	var del []lbFlow
-	it := d.objs.Conns.Iterate()
-	for it.Next(&k, &v) {
+	var del, delEmb []lbFlow
+	err := d.eachFlow(func(k *lbFlow, v *lbConn, emb bool) {
 		if v.Backend == i {
-			del = append(del, k)
+			if emb {
+				delEmb = append(delEmb, *k)
+			} else {
+				del = append(del, *k)
+			}
 		}
+	})
+	if err != nil {
+		return err
 	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("xdp: conns: %w", err)
+	for j := range del {
+		d.objs.Conns.Delete(&del[j])
 	}
-	for i := range del {
-		d.objs.Conns.Delete(&del[i])
+	for j := range delEmb {
+		d.objs.Embryonic.Delete(&delEmb[j])
 	}
 	return nil
 }

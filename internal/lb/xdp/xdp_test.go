@@ -70,7 +70,12 @@ func requireBPF(t testing.TB, err error) {
 
 func newRig(t *testing.T, nb int, adjust func(*Config)) *rig {
 	t.Helper()
-	d, err := Load(Options{Conns: 1 << 14, Tokens: 1 << 12})
+	return newRigSized(t, nb, Options{Conns: 1 << 14, Embryonic: 1 << 14, Tokens: 1 << 12, Pending: 1 << 12}, adjust)
+}
+
+func newRigSized(t *testing.T, nb int, o Options, adjust func(*Config)) *rig {
+	t.Helper()
+	d, err := Load(o)
 	requireBPF(t, err)
 	t.Cleanup(func() { d.Close() })
 	cfg := Config{Aware: true, Mode: ModeMAC, HashSeed: 0x5eed, SrcMAC: lbMAC, Src4: lbSrc4, Src6: lbSrc6}
@@ -135,14 +140,19 @@ func (r *rig) counters() Counters {
 	return c
 }
 
+// tokens returns both token tables, joined and pending.
 func (r *rig) tokens() map[uint32]Token {
 	r.t.Helper()
 	ts, err := r.d.Tokens()
 	if err != nil {
 		r.t.Fatal(err)
 	}
+	pend, err := r.d.PendingTokens()
+	if err != nil {
+		r.t.Fatal(err)
+	}
 	m := map[uint32]Token{}
-	for _, t := range ts {
+	for _, t := range append(ts, pend...) {
 		m[t.Token] = t
 	}
 	return m
@@ -421,9 +431,9 @@ func TestForgedAndBadInput(t *testing.T) {
 		{"UDP", []packet{
 			{Src: client(1, false, 1), Dst: vip4, Proto: 17},
 		}, ActionPass, CounterPassOther, 0},
-		{"IPv4 fragment", []packet{
+		{"IPv4 fragment to a VIP", []packet{
 			{Src: client(1, false, 1), Dst: vip4, Flags: tcpSYN, Fragment: true},
-		}, ActionPass, CounterPassOther, 0},
+		}, ActionDrop, CounterDropFragment, 0},
 		{"learned once per flow", []packet{
 			{Src: client(1, false, 1), Dst: vip4, Flags: tcpSYN, Opts: synCapable(1)},
 			{Src: client(1, false, 1), Dst: vip4, Flags: tcpACK, Opts: ackCapable(1, 20, key)},
@@ -518,44 +528,79 @@ func TestTokenNeverOverwritten(t *testing.T) {
 	}
 }
 
+// handshake sends a forged first subflow (SYN, then the third ACK with server key key) from
+// src and returns the backend it went to.
+func (r *rig) handshake(src netip.AddrPort, key uint64) int {
+	r.t.Helper()
+	dst := vipOf(src.Addr().Is6())
+	p := packet{Src: src, Dst: dst, Flags: tcpSYN, Opts: synCapable(1)}
+	be := r.backend(r.run(p))
+	var k [8]byte
+	binary.BigEndian.PutUint64(k[:], key)
+	p.Flags, p.Opts = tcpACK, ackCapable(1, 20, k)
+	r.run(p)
+	return be
+}
+
+// tokenOf is the v1 token of key.
+func tokenOf(key uint64) uint32 {
+	var k [8]byte
+	binary.BigEndian.PutUint64(k[:], key)
+	return mptcpopt.Token(k, 1)
+}
+
+// TestLearningRateLimit: learning is limited per client /24 (IPv4) and /64 (IPv6), whatever
+// addresses inside the prefix a forger uses; other prefixes still learn.
 func TestLearningRateLimit(t *testing.T) {
-	r := newRig(t, 4, func(c *Config) { c.LearnRate, c.LearnBurst = 1, 5 })
-	// One attacker address forging handshakes with fresh keys.
-	for i := 0; i < 50; i++ {
-		p := packet{Src: client(1, false, uint16(3000+i)), Dst: vip4, Flags: tcpSYN, Opts: synCapable(1)}
-		r.run(p)
-		var k [8]byte
-		binary.BigEndian.PutUint64(k[:], uint64(i)+1)
-		p.Flags, p.Opts = tcpACK, ackCapable(1, 20, k)
-		r.run(p)
+	for _, v6 := range []bool{false, true} {
+		r := newRig(t, 4, func(c *Config) { c.LearnRate, c.LearnBurst = 1, 5 })
+		// One attacker prefix, a new address and fresh key for every handshake.
+		for i := 0; i < 50; i++ {
+			src := client(1+i, v6, uint16(3000+i)) // 198.51.0.x or 2001:db8::x: one /24, one /64
+			r.handshake(src, uint64(i)+1)
+		}
+		c := r.counters()
+		if c[CounterTokenLearned] < 5 || c[CounterTokenLearned] > 6 || c[CounterLearnLimited] < 44 {
+			t.Fatalf("v6 %v: learned %d, limited %d: want the burst of 5 and the rest refused", v6, c[CounterTokenLearned], c[CounterLearnLimited])
+		}
+		// A client in another prefix still learns.
+		other := netip.AddrPortFrom(netip.MustParseAddr("192.0.2.7"), 4000)
+		if v6 {
+			other = netip.AddrPortFrom(netip.MustParseAddr("2001:db8:1:2::7"), 4000)
+		}
+		r.handshake(other, 0xd41c1a707ad28dc6)
+		if _, ok := r.tokens()[0xbad4a582]; !ok {
+			t.Fatalf("v6 %v: a client of another prefix was refused", v6)
+		}
+	}
+}
+
+// TestPromotionRateLimit: the global limit bounds how fast joins move tokens to the joined
+// table (where nothing evicts them); a join refused promotion is still steered, from the
+// pending table.
+func TestPromotionRateLimit(t *testing.T) {
+	// The global bucket is per CPU, so the flood is run from one CPU: a thread that migrates
+	// would draw on every CPU's bucket.
+	pinToOneCPU(t)
+	r := newRig(t, 4, func(c *Config) { c.GlobalRate, c.GlobalBurst = uint32(cpus()), uint32(10*cpus()) })
+	steered := 0
+	for i := 0; i < 100; i++ {
+		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{100, byte(i), 0, 1}), 3000)
+		be := r.handshake(src, uint64(i)+1)
+		join := packet{Src: netip.AddrPortFrom(netip.AddrFrom4([4]byte{101, byte(i), 0, 1}), 3001), Dst: vip4,
+			Flags: tcpSYN, Opts: mptcpopt.AppendJoinSYN(nil, 1, false, tokenOf(uint64(i)+1), 1)}
+		if r.backend(r.run(join)) == be {
+			steered++
+		}
+	}
+	joined, err := r.d.Tokens()
+	if err != nil {
+		t.Fatal(err)
 	}
 	c := r.counters()
-	if c[CounterTokenLearned] < 5 || c[CounterTokenLearned] > 6 || c[CounterLearnLimited] < 44 {
-		t.Fatalf("learned %d, limited %d: want the burst of 5 and the rest refused", c[CounterTokenLearned], c[CounterLearnLimited])
-	}
-	// Another client still learns.
-	p := packet{Src: client(2, false, 4000), Dst: vip4, Flags: tcpSYN, Opts: synCapable(1)}
-	r.run(p)
-	p.Flags, p.Opts = tcpACK, ackCapable(1, 20, mustKey("d41c1a707ad28dc6"))
-	r.run(p)
-	if _, ok := r.tokens()[0xbad4a582]; !ok {
-		t.Fatal("a well-behaved client's token was not learned")
-	}
-
-	// The global limit bounds a flood from many addresses. Its bucket is per CPU, so the
-	// flood is run from one CPU: a thread that migrates would draw on every CPU's bucket.
-	pinToOneCPU(t)
-	r = newRig(t, 4, func(c *Config) { c.GlobalRate, c.GlobalBurst = 1, 10 })
-	for i := 0; i < 100; i++ {
-		p := packet{Src: client(i, true, uint16(3000+i)), Dst: vip6, Flags: tcpSYN, Opts: synCapable(1)}
-		r.run(p)
-		var k [8]byte
-		binary.BigEndian.PutUint64(k[:], uint64(i)+1)
-		p.Flags, p.Opts = tcpACK, ackCapable(1, 20, k)
-		r.run(p)
-	}
-	if n := len(r.tokens()); n < 10 || n > 12 {
-		t.Fatalf("global limit: %d tokens learned from 100 forged handshakes, want about 10", n)
+	if n := len(joined); n < 10 || n > 12 || steered != 100 || c[CounterPromoteLimited] < 88 {
+		t.Fatalf("%d tokens promoted, %d of 100 joins steered, %d promotions refused: want about 10, 100, 90",
+			n, steered, c[CounterPromoteLimited])
 	}
 }
 
@@ -871,36 +916,5 @@ func TestDecapRestoresFrame(t *testing.T) {
 	opts := ebpf.RunOptions{Data: plain, DataOut: out}
 	if ret, err := r.d.Decap().Run(&opts); err != nil || ret != ActionPass || !bytes.Equal(opts.DataOut, plain) {
 		t.Fatalf("plain TCP through decap: %d %v", ret, err)
-	}
-}
-
-// TestForgedFloodCannotEvict fills the token table with forged handshakes (no rate limit):
-// the live token stays with its backend, and learning beyond the table is refused, counted.
-func TestForgedFloodCannotEvict(t *testing.T) {
-	r := newRig(t, 4, nil) // token table of 4096
-	live := packet{Src: client(1, false, 1), Dst: vip4, Flags: tcpSYN, Opts: synCapable(1)}
-	be := r.backend(r.run(live))
-	live.Flags, live.Opts = tcpACK, ackCapable(1, 20, mustKey("d41c1a707ad28dc6"))
-	r.run(live)
-	const flood = 5000
-	for i := 0; i < flood; i++ {
-		p := packet{Src: client(2+i, i%2 == 1, uint16(1000+i)), Dst: vipOf(i%2 == 1), Flags: tcpSYN, Opts: synCapable(1)}
-		r.run(p)
-		var k [8]byte
-		binary.BigEndian.PutUint64(k[:], uint64(i)+0x1000)
-		p.Flags, p.Opts = tcpACK, ackCapable(1, 20, k)
-		r.run(p)
-	}
-	c := r.counters()
-	if c[CounterTokenFull] == 0 || c[CounterTokenLearned]+c[CounterTokenFull]+c[CounterTokenCollision] != flood+1 {
-		t.Fatalf("learned %d, full %d, collisions %d", c[CounterTokenLearned], c[CounterTokenFull], c[CounterTokenCollision])
-	}
-	if tok, ok := r.tokens()[0xbad4a582]; !ok || tok.Backend != uint32(be) {
-		t.Fatal("the flood evicted or moved the live token")
-	}
-	// Its join is still steered.
-	join := packet{Src: client(9999, false, 9), Dst: vip4, Flags: tcpSYN, Opts: mptcpopt.AppendJoinSYN(nil, 1, false, 0xbad4a582, 1)}
-	if got := r.backend(r.run(join)); got != be {
-		t.Fatalf("join after the flood went to %d, want %d", got, be)
 	}
 }

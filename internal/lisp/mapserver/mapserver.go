@@ -7,6 +7,7 @@
 package mapserver
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -21,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"braid/internal/lisp/limit"
 	"braid/internal/lisp/lpm"
 	"braid/internal/wire/lisp"
 )
@@ -55,6 +57,15 @@ type Config struct {
 	// (token bucket); 0 disables the limit.
 	RatePerSource  float64
 	BurstPerSource int
+	// RatePerDestination and BurstPerDestination bound the Map-Replies sent to one address
+	// (token bucket): a request names where its reply goes (the ITR-RLOC), so without this
+	// limit the server reflects floods onto any address. 0 disables the limit.
+	RatePerDestination  float64
+	BurstPerDestination int
+	// MaxAmplification bounds a Map-Reply's length to this many times its request's: records
+	// that do not fit are left out (the ITR asks again), and a reply whose first record does
+	// not fit is not sent. 0 disables the bound.
+	MaxAmplification float64
 	// ReplayWindow is how long Map-Register nonces are remembered to refuse replays.
 	ReplayWindow time.Duration
 	Logger       *slog.Logger
@@ -69,6 +80,9 @@ func Defaults() Config {
 		UnregisteredTTL:     1,
 		RatePerSource:       1000,
 		BurstPerSource:      1000,
+		RatePerDestination:  100,
+		BurstPerDestination: 200,
+		MaxAmplification:    3,
 		ReplayWindow:        10 * time.Minute,
 	}
 }
@@ -100,6 +114,9 @@ const (
 	DropStale            = "drop_stale_nonce"
 	DropNoLocator        = "drop_no_registered_locator"
 	DropRateLimited      = "drop_rate_limited"
+	DropRateLimitedDst   = "drop_reply_rate_limited"
+	DropAmplification    = "drop_reply_too_large"
+	CountRecordsCut      = "reply_records_left_out"
 	DropNoITRRLOC        = "drop_no_usable_itr_rloc"
 	DropInstanceID       = "drop_instance_id"
 	DropNoRoute          = "drop_no_map_server"
@@ -110,7 +127,7 @@ var counterNames = []string{
 	CountRegistered, CountDeregistered, CountExpired, CountNotifySent, CountNotifyAck, CountRequests,
 	CountReplies, CountNegative, CountForwarded, DropTruncated, DropMalformed, DropUnknownType,
 	DropUnknownAFI, DropNotEncapsulated, DropRoleDisabled, DropNoAuth, DropBadAuth, DropAuthAlgorithm,
-	DropUnknownKeyID, DropUnknownSite, DropNotOwned, DropReplay, DropStale, DropNoLocator, DropRateLimited, DropNoITRRLOC,
+	DropUnknownKeyID, DropUnknownSite, DropNotOwned, DropReplay, DropStale, DropNoLocator, DropRateLimited, DropRateLimitedDst, DropAmplification, CountRecordsCut, DropNoITRRLOC,
 	DropInstanceID, DropNoRoute, DropUnsolicitedReply,
 }
 
@@ -146,9 +163,12 @@ type Server struct {
 	mu   sync.RWMutex
 	regs lpm.Table[*registration] // guarded by mu
 
-	limiter limiter
-	counts  map[string]*atomic.Uint64 // fixed set of keys; values atomic
-	fwd     atomic.Uint32
+	limiter     *limit.Limiter // per source
+	replies     *limit.Limiter // per reply destination
+	logs        *limit.Limiter // log lines about outside events
+	logsDropped atomic.Uint64
+	counts      map[string]*atomic.Uint64 // fixed set of keys; values atomic
+	fwd         atomic.Uint32
 }
 
 // New checks cfg and returns a server.
@@ -166,7 +186,9 @@ func New(cfg Config) (*Server, error) {
 	for _, n := range counterNames {
 		s.counts[n] = new(atomic.Uint64)
 	}
-	s.limiter = limiter{rate: cfg.RatePerSource, burst: float64(cfg.BurstPerSource), buckets: map[netip.Addr]*bucket{}}
+	s.limiter = limit.New(cfg.RatePerSource, float64(cfg.BurstPerSource))
+	s.replies = limit.New(cfg.RatePerDestination, float64(cfg.BurstPerDestination))
+	s.logs = limit.New(10, 20)
 	for _, c := range cfg.Sites {
 		st := &site{Site: c, nonces: map[uint64]time.Time{}}
 		s.sites = append(s.sites, st)
@@ -194,7 +216,7 @@ func (s *Server) Counters() map[string]uint64 {
 // Handle processes the datagram b from from at time now and appends what to send to out.
 func (s *Server) Handle(now time.Time, from netip.AddrPort, b []byte, out []Packet) []Packet {
 	from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
-	if !s.limiter.allow(from.Addr(), now) {
+	if !s.limiter.Allow(from.Addr(), now) {
 		s.count(DropRateLimited)
 		return out
 	}
@@ -206,7 +228,7 @@ func (s *Server) Handle(now time.Time, from netip.AddrPort, b []byte, out []Pack
 		}
 		return s.register(now, from, b, out)
 	case lisp.TypeECM:
-		return s.request(from, b, out)
+		return s.request(now, from, b, out)
 	case lisp.TypeMapRequest:
 		s.count(DropNotEncapsulated)
 	case lisp.TypeMapNotifyAck:
@@ -265,6 +287,7 @@ func (s *Server) register(now time.Time, from netip.AddrPort, b []byte, out []Pa
 	key, ok := st.Keys[m.KeyID]
 	if !ok {
 		s.count(DropUnknownKeyID)
+		s.logLimited(now, slog.LevelWarn, "map-register refused: authentication", "site", st.Name, "from", from, "key_id", m.KeyID, "err", "unknown key ID")
 		return out
 	}
 	if err := lisp.Verify(msg, key); err != nil {
@@ -276,13 +299,13 @@ func (s *Server) register(now time.Time, from netip.AddrPort, b []byte, out []Pa
 		default:
 			s.count(DropBadAuth)
 		}
-		s.log.Debug("map-register refused: authentication", "site", st.Name, "from", from, "err", err)
+		s.logLimited(now, slog.LevelWarn, "map-register refused: authentication", "site", st.Name, "from", from, "key_id", m.KeyID, "err", err)
 		return out
 	}
 	for _, p := range prefixes {
 		if !st.owns(p) {
 			s.count(DropNotOwned)
-			s.log.Warn("map-register refused: prefix not owned by the site", "site", st.Name, "prefix", p, "from", from)
+			s.logLimited(now, slog.LevelWarn, "map-register refused: prefix not owned by the site", "site", st.Name, "prefix", p, "from", from)
 			return out
 		}
 	}
@@ -293,7 +316,7 @@ func (s *Server) register(now time.Time, from netip.AddrPort, b []byte, out []Pa
 	if m.Nonce != 0 && st.TimestampNonces {
 		if d := now.Sub(time.Unix(0, int64(m.Nonce))); d > s.cfg.ReplayWindow || d < -s.cfg.ReplayWindow {
 			s.count(DropStale)
-			s.log.Debug("map-register refused: nonce is not a current timestamp", "site", st.Name, "from", from, "age", d)
+			s.logLimited(now, slog.LevelWarn, "map-register refused: nonce is not a current timestamp (a replay, or clocks apart)", "site", st.Name, "from", from, "age", d)
 			return out
 		}
 	}
@@ -302,14 +325,16 @@ func (s *Server) register(now time.Time, from netip.AddrPort, b []byte, out []Pa
 		if t, seen := st.nonces[m.Nonce]; seen && now.Sub(t) < s.cfg.ReplayWindow {
 			s.mu.Unlock()
 			s.count(DropReplay)
+			s.logLimited(now, slog.LevelWarn, "map-register refused: nonce seen before (a replay)", "site", st.Name, "from", from)
 			return out
 		}
 		st.nonces[m.Nonce] = now
 	}
+	var changed []*registration
 	for i := range m.Records {
 		r := m.Records[i]
 		r.EID = lisp.AddrFrom(prefixes[i].Addr())
-		r.Locators = slices.Clone(r.Locators)
+		r.Locators = cloneLocators(r.Locators)
 		if r.TTL == 0 {
 			if s.regs.Delete(prefixes[i]) {
 				s.count(CountDeregistered)
@@ -322,13 +347,25 @@ func (s *Server) register(now time.Time, from netip.AddrPort, b []byte, out []Pa
 		if m.Flags&lisp.RegTTLTimeout != 0 && r.TTL != 0xffffffff {
 			reg.expires = now.Add(time.Duration(r.TTL) * time.Minute)
 		}
-		if old, ok := s.regs.Get(prefixes[i]); ok {
+		old, ok := s.regs.Get(prefixes[i])
+		if ok {
 			reg.registered = old.registered
+		}
+		if !ok || old.etr != from || !slices.EqualFunc(old.record.Locators, r.Locators, sameLocator) {
+			changed = append(changed, reg)
 		}
 		s.regs.Insert(prefixes[i], reg)
 		s.count(CountRegistered)
 	}
 	s.mu.Unlock()
+	// New or changed registrations are logged (refreshes are not: one a minute per site).
+	for _, reg := range changed {
+		locs := make([]string, len(reg.record.Locators))
+		for j, l := range reg.record.Locators {
+			locs[j] = fmt.Sprintf("%v/%d/%d", l.Addr.IP, l.Priority, l.Weight)
+		}
+		s.logLimited(now, slog.LevelInfo, "registration accepted", "site", st.Name, "prefix", reg.prefix, "from", from, "locators", locs)
+	}
 	if m.Flags&lisp.RegWantNotify == 0 {
 		return out
 	}
@@ -349,6 +386,34 @@ func (s *Server) register(now time.Time, from netip.AddrPort, b []byte, out []Pa
 	return append(out, Packet{To: from, Data: buf})
 }
 
+// cloneLocators copies locators out of a decoded message: an LCAF locator's Raw bytes alias
+// the receive buffer, which the next datagram overwrites.
+func cloneLocators(ls []lisp.Locator) []lisp.Locator {
+	out := slices.Clone(ls)
+	for i := range out {
+		out[i].Addr.Raw = bytes.Clone(out[i].Addr.Raw)
+	}
+	return out
+}
+
+func sameLocator(a, b lisp.Locator) bool {
+	return a.Addr.IP == b.Addr.IP && a.Priority == b.Priority && a.Weight == b.Weight && a.Flags == b.Flags
+}
+
+// logLimited logs unless more than 10 lines a second (bursts of 20) went out already: the
+// events it reports (registrations, refused registrations) are triggered from outside. The
+// number of lines left out is reported with the next one.
+func (s *Server) logLimited(now time.Time, level slog.Level, msg string, args ...any) {
+	if !s.logs.Allow(netip.Addr{}, now) {
+		s.logsDropped.Add(1)
+		return
+	}
+	if n := s.logsDropped.Swap(0); n > 0 {
+		args = append(args, "log_lines_left_out", n)
+	}
+	s.log.Log(context.Background(), level, msg, args...)
+}
+
 func (st *site) owns(p netip.Prefix) bool {
 	for _, q := range st.Prefixes {
 		if q.Bits() <= p.Bits() && q.Contains(p.Addr()) {
@@ -358,7 +423,7 @@ func (st *site) owns(p netip.Prefix) bool {
 	return false
 }
 
-func (s *Server) request(from netip.AddrPort, b []byte, out []Packet) []Packet {
+func (s *Server) request(now time.Time, from netip.AddrPort, b []byte, out []Packet) []Packet {
 	var e lisp.ECM
 	n, err := e.Decode(b)
 	if err != nil {
@@ -393,8 +458,10 @@ func (s *Server) request(from netip.AddrPort, b []byte, out []Packet) []Packet {
 		s.count(CountForwarded)
 		return append(out, Packet{To: ms, Data: slices.Clone(b[:n+len(inner)])})
 	}
-	rep := lisp.MapReply{Nonce: req.Nonce, Records: make([]lisp.Record, 0, len(req.Records))}
+	rep := lisp.MapReply{Nonce: req.Nonce, Records: make([]lisp.Record, 0, min(len(req.Records), 8))}
 	negative := false
+	// The reply may be at most MaxAmplification times the request (the ECM as received).
+	budget := int(s.cfg.MaxAmplification * float64(n+len(inner)))
 	for i := range req.Records {
 		rr := &req.Records[i]
 		if rr.EID.AFI == lisp.AFILCAF && (rr.EID.LCAFType != lisp.LCAFInstanceID || rr.EID.InstanceID != 0) {
@@ -436,11 +503,23 @@ func (s *Server) request(from netip.AddrPort, b []byte, out []Packet) []Packet {
 			for j := range rec.Locators {
 				rec.Locators[j].Flags &^= lisp.LocLocal | lisp.LocProbed
 			}
-			rep.Records = append(rep.Records, rec)
 		default:
 			negative = true
-			rep.Records = append(rep.Records, s.negative(q))
+			rec = s.negative(q)
 		}
+		if s.cfg.MaxAmplification > 0 && rep.Len()+rec.Len() > budget {
+			if len(rep.Records) == 0 {
+				s.count(DropAmplification)
+				return out
+			}
+			s.counts[CountRecordsCut].Add(uint64(len(req.Records) - i))
+			break
+		}
+		rep.Records = append(rep.Records, rec)
+	}
+	if !s.replies.Allow(to.Addr(), now) {
+		s.count(DropRateLimitedDst)
+		return out
 	}
 	buf := make([]byte, rep.Len())
 	rep.Encode(buf)
@@ -518,7 +597,8 @@ func (s *Server) Expire(now time.Time) {
 		}
 	}
 	s.mu.Unlock()
-	s.limiter.prune(now)
+	s.limiter.Prune(now)
+	s.replies.Prune(now)
 }
 
 // Registration is one row of the registration table.
@@ -607,62 +687,6 @@ func (s *Server) Serve(ctx context.Context, conn *net.UDPConn) error {
 		return fmt.Errorf("mapserver: %w", err)
 	default:
 		return nil
-	}
-}
-
-// limiter is a token bucket per source address.
-type limiter struct {
-	rate, burst float64
-	mu          sync.Mutex
-	buckets     map[netip.Addr]*bucket // guarded by mu
-}
-
-type bucket struct {
-	tokens float64
-	last   time.Time
-}
-
-const maxBuckets = 1 << 16
-
-func (l *limiter) allow(a netip.Addr, now time.Time) bool {
-	if l.rate <= 0 {
-		return true
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b := l.buckets[a]
-	if b == nil {
-		if len(l.buckets) >= maxBuckets {
-			l.pruneLocked(now, time.Second)
-		}
-		if len(l.buckets) >= maxBuckets {
-			return false // a flood from many sources: new sources wait for the next prune
-		}
-		b = &bucket{tokens: l.burst, last: now}
-		l.buckets[a] = b
-	}
-	if now.After(b.last) {
-		b.tokens = min(l.burst, b.tokens+now.Sub(b.last).Seconds()*l.rate)
-		b.last = now
-	}
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
-}
-
-func (l *limiter) prune(now time.Time) {
-	l.mu.Lock()
-	l.pruneLocked(now, 10*time.Second)
-	l.mu.Unlock()
-}
-
-func (l *limiter) pruneLocked(now time.Time, idle time.Duration) {
-	for a, b := range l.buckets {
-		if now.Sub(b.last) > idle {
-			delete(l.buckets, a)
-		}
 	}
 }
 

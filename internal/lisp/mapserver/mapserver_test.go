@@ -357,19 +357,60 @@ func FuzzMapserverHandle(f *testing.F) {
 	f.Add(unhex(f, v1Register))
 	f.Add(unhex(f, v3ECM))
 	f.Add(unhex(f, v7Register))
+	f.Add(ecmRequest(f, netip.MustParseAddr("192.168.101.1"), 32, 1, itr))
+	// A signed proxy-reply registration of site x1 whose locator is a raw (non-instance-ID)
+	// LCAF, the kind the codec leaves pointing into the input.
+	lcaf := lisp.MapRegister{Flags: lisp.RegProxyReply, Nonce: 77, AlgID: lisp.AlgHMACSHA256, AuthData: make([]byte, 32), Records: []lisp.Record{{TTL: 10, MaskLen: 24,
+		EID: lisp.AddrFrom(netip.MustParseAddr("192.168.101.0")), Locators: []lisp.Locator{lcafLocator([]byte{0, 1, 10, 99, 11, 2})}}}}
+	lcafReg := mustEncode(&lcaf)
+	lisp.Sign(lcafReg, []byte("secret-x1"))
+	f.Add(lcafReg)
+	query := ecmRequest(f, netip.MustParseAddr("192.168.101.1"), 32, 1, itr)
 	f.Fuzz(func(t *testing.T, b []byte) {
-		s := testServer(t, func(c *Config) { c.RatePerSource = 0 })
-		s.Handle(t0, etr1, unhex(t, v7Register), nil)
-		before := s.Registrations(t0)
-		out := s.Handle(t0, etr1, b, nil)
-		// Only a correctly signed registration can change the table; the fuzzer cannot sign.
-		if after := s.Registrations(t0); !reflect.DeepEqual(before, after) && len(out) == 0 {
-			t.Fatalf("table changed without a notify")
+		s := testServer(t, func(c *Config) { c.RatePerSource = 0; c.RatePerDestination = 0 })
+		// One receive buffer for every datagram, as Serve reads them.
+		buf := make([]byte, 65536)
+		handle := func(d []byte) []Packet {
+			n := copy(buf, d)
+			return s.Handle(t0, etr1, buf[:n], nil)
 		}
-		for _, p := range out {
+		answer := func() []byte {
+			out := handle(query)
+			if len(out) != 1 {
+				t.Fatalf("query answered with %d packets", len(out))
+			}
+			return out[0].Data
+		}
+		handle(lcafReg)
+		handle(unhex(t, v7Register))
+		before, reply := s.Registrations(t0), answer()
+		out := handle(b)
+		sent := make([][]byte, len(out))
+		for i, p := range out {
 			if !p.To.IsValid() || len(p.Data) == 0 {
 				t.Fatalf("bad packet %+v", p)
 			}
+			sent[i] = bytes.Clone(p.Data)
+		}
+		// The next datagram overwrites the buffer: nothing sent or stored may change with it.
+		for i := range buf {
+			buf[i] = ^buf[i]
+		}
+		for i, p := range out {
+			if !bytes.Equal(p.Data, sent[i]) {
+				t.Fatalf("packet %d to %v aliases the receive buffer", i, p.To)
+			}
+		}
+		// Only a correctly signed registration can change the table; the fuzzer cannot sign.
+		after := s.Registrations(t0)
+		if !reflect.DeepEqual(before, after) {
+			if len(out) == 0 && !bytes.Equal(b, lcafReg) {
+				t.Fatalf("table changed without a notify")
+			}
+			return
+		}
+		if got := answer(); !bytes.Equal(got, reply) {
+			t.Fatalf("the proxy reply changed with the receive buffer:\n% x\nwant\n% x", got, reply)
 		}
 	})
 }
@@ -378,7 +419,7 @@ func FuzzMapserverHandle(f *testing.F) {
 // from 10 000 registered prefixes (proxy replies), without sockets.
 func BenchmarkMapserverRequest(b *testing.B) {
 	cfg := Defaults()
-	cfg.RatePerSource = 0
+	cfg.RatePerSource, cfg.RatePerDestination = 0, 0
 	site := Site{Name: "s", Keys: map[uint8][]byte{0: []byte("k")}, ProxyReply: true}
 	var recs []lisp.Record
 	for n := range 10000 {

@@ -42,7 +42,7 @@ func (x *XTR) control(now time.Time, i int, from netip.AddrPort, b []byte) {
 			return
 		}
 		// An RLOC-probe, or another request sent straight to us: answer the sender.
-		x.answer(i, &m, from, m.Flags&lisp.ReqProbe != 0)
+		x.answer(now, i, &m, from, m.Flags&lisp.ReqProbe != 0, len(b))
 	case lisp.TypeECM:
 		// A Map-Request a map-server forwarded: answer the ITR at its first ITR-RLOC.
 		var e lisp.ECM
@@ -56,18 +56,39 @@ func (x *XTR) control(now time.Time, i int, from netip.AddrPort, b []byte) {
 			x.count(DropControl)
 			return
 		}
+		// The first ITR-RLOC of the family of the uplink the request came in on; else the first
+		// one of a family another uplink has (a dual-stack xTR answers from that link).
 		var to netip.AddrPort
-		for _, a := range m.ITRRLOCs {
-			if (a.AFI == lisp.AFIIPv4 || a.AFI == lisp.AFIIPv6) && a.IP.Is4() == x.locals[i].Addr.Is4() {
-				to = netip.AddrPortFrom(a.IP, e.Inner.Src.Port())
+		ui := -1
+		for pass := range 2 {
+			for _, a := range m.ITRRLOCs {
+				if a.AFI != lisp.AFIIPv4 && a.AFI != lisp.AFIIPv6 {
+					continue
+				}
+				if pass == 0 && a.IP.Is4() == x.locals[i].Addr.Is4() {
+					to, ui = netip.AddrPortFrom(a.IP, e.Inner.Src.Port()), i
+				} else if pass == 1 {
+					if j := slices.IndexFunc(x.locals, func(l Loc) bool { return l.Addr.Is4() == a.IP.Is4() }); j >= 0 {
+						to, ui = netip.AddrPortFrom(a.IP, e.Inner.Src.Port()), j
+					}
+				}
+				if ui >= 0 {
+					break
+				}
+			}
+			if ui >= 0 {
 				break
 			}
 		}
-		if !to.IsValid() {
-			x.count(DropControl)
+		if ui < 0 {
+			if len(m.ITRRLOCs) > 0 {
+				x.count(DropITRRLOCFamily)
+			} else {
+				x.count(DropControl)
+			}
 			return
 		}
-		x.answer(i, &m, to, false)
+		x.answer(now, ui, &m, to, false, n+int(e.Inner.PayloadLen))
 	case lisp.TypeMapNotify:
 		x.mapNotify(now, from, b)
 	default:
@@ -93,10 +114,18 @@ func (x *XTR) ownRecord(p netip.Prefix, probed netip.Addr) lisp.Record {
 	return r
 }
 
-func (x *XTR) answer(i int, m *lisp.MapRequest, to netip.AddrPort, probe bool) {
-	b := x.answerMessage(i, m, probe)
+// answer sends the ETR's Map-Reply to m (reqLen bytes as received) to the address the
+// request names: the UDP source of an RLOC-probe, the ITR-RLOC of a forwarded request. Neither
+// is authenticated, so the reply is at most MaxAmplification times the request and one address
+// gets at most RatePerDestination replies per second.
+func (x *XTR) answer(now time.Time, i int, m *lisp.MapRequest, to netip.AddrPort, probe bool, reqLen int) {
+	b := x.answerMessageWithin(i, m, probe, int(x.o.MaxAmplification*float64(reqLen)))
 	if b == nil {
 		x.count(DropForeignEID)
+		return
+	}
+	if !x.replies.Allow(to.Addr(), now) {
+		x.count(DropReplyRateLimited)
 		return
 	}
 	x.o.Uplinks[i].Control.WriteToUDPAddrPort(b, to)
@@ -106,10 +135,18 @@ func (x *XTR) answer(i int, m *lisp.MapRequest, to netip.AddrPort, probe bool) {
 // answerMessage is the Map-Reply of this ETR (A=1) to m received on uplink i, an RLOC-probe
 // reply when probe is set; nil when m asks for no EID of this site.
 func (x *XTR) answerMessage(i int, m *lisp.MapRequest, probe bool) []byte {
+	return x.answerMessageWithin(i, m, probe, 0)
+}
+
+// answerMessageWithin is answerMessage with at most maxLen bytes (0: no bound): each of the
+// site's prefixes is answered once, and records that do not fit are left out.
+func (x *XTR) answerMessageWithin(i int, m *lisp.MapRequest, probe bool, maxLen int) []byte {
 	rep := lisp.MapReply{Nonce: m.Nonce}
 	if probe {
 		rep.Flags = lisp.ReplyProbe
 	}
+	var done [8]netip.Prefix
+	answered := done[:0]
 	for _, r := range m.Records {
 		probed := netip.Addr{}
 		if probe {
@@ -119,10 +156,15 @@ func (x *XTR) answerMessage(i int, m *lisp.MapRequest, probe bool) []byte {
 			continue
 		}
 		p, _, ok := x.eids.Lookup(r.EID.IP)
-		if !ok {
+		if !ok || slices.Contains(answered, p) {
 			continue
 		}
-		rep.Records = append(rep.Records, x.ownRecord(p, probed))
+		rec := x.ownRecord(p, probed)
+		if maxLen > 0 && rep.Len()+rec.Len() > maxLen {
+			break
+		}
+		answered = append(answered, p)
+		rep.Records = append(rep.Records, rec)
 	}
 	if len(rep.Records) == 0 {
 		return nil
@@ -209,14 +251,10 @@ func (x *XTR) mapReply(now time.Time, from netip.AddrPort, m *lisp.MapReply) {
 	src := from.Addr().Unmap()
 	resolver := x.fromResolver(src)
 	x.mu.Lock()
-	var e *entry
-	x.cache.All(func(_ netip.Prefix, c *entry) bool {
-		if c.nonce == m.Nonce && (c.pending || c.tries < 0) {
-			e = c
-			return false
-		}
-		return true
-	})
+	e := x.byNonce[m.Nonce] // a map, not a walk of the cache: replies cost the same however big it is
+	if e != nil && !(e.pending || e.tries < 0) {
+		e = nil
+	}
 	if e == nil {
 		x.mu.Unlock()
 		x.count(DropUnexpected)
@@ -408,6 +446,7 @@ type requestJob struct {
 // tick is the xTR's clock work: map-cache expiry and refresh, resolution retries, probes,
 // pair liveness and registrations.
 func (x *XTR) tick(now time.Time) {
+	x.replies.Prune(now)
 	var sends []outgoing
 	var requests []requestJob
 	type regJob struct {
@@ -433,7 +472,7 @@ func (x *XTR) tick(now time.Time) {
 			}
 			e.tries++
 			e.sent = now
-			e.nonce = randomNonce()
+			x.setNonceLocked(e, randomNonce())
 			requests = append(requests, requestJob{e.query, e.srcEID, e.nonce, e.tries})
 		case !now.Before(e.expires):
 			gone = append(gone, p)
@@ -445,7 +484,7 @@ func (x *XTR) tick(now time.Time) {
 			if e.tries >= 0 && e.expires.Sub(now) < min(ttl/10, time.Minute) && e.used.Load() {
 				e.tries = -1 // refreshing: the nonce below matches the reply
 				e.query = p.Addr()
-				e.nonce = randomNonce()
+				x.setNonceLocked(e, randomNonce())
 				requests = append(requests, requestJob{p.Addr(), netip.Addr{}, e.nonce, 0})
 			}
 			for _, pr := range e.pairs {
@@ -483,8 +522,18 @@ func (x *XTR) tick(now time.Time) {
 	}
 	for k := range x.o.MapServers {
 		r := &x.regs[k]
+		// Unconfirmed registrations are sent again after 1, 2 and 4 request timeouts (from the
+		// next RLOC each time), then only every RegisterInterval: never more than once a
+		// second, backing off (RFC 9301's rule for retransmitted Map-Requests).
 		unanswered := r.lastNotify.Before(r.sent)
-		if r.sent.IsZero() || now.Sub(r.sent) >= x.o.RegisterInterval || (unanswered && now.Sub(r.sent) >= x.o.RequestTimeout) {
+		periodic := r.sent.IsZero() || now.Sub(r.sent) >= x.o.RegisterInterval
+		retry := unanswered && r.retries < maxRegisterRetries && now.Sub(r.sent) >= max(x.o.RequestTimeout, time.Second)<<r.retries
+		if periodic || retry {
+			if periodic {
+				r.retries = 0
+			} else {
+				r.retries++
+			}
 			x.regTurn++
 			r.uplink = x.regTurn % len(x.o.Uplinks)
 			r.nonce, r.sent = x.registerNonceLocked(now), now
@@ -504,6 +553,10 @@ func (x *XTR) tick(now time.Time) {
 		x.register(r.k, r.ui, r.nonce)
 	}
 }
+
+// maxRegisterRetries is how many times an unconfirmed Map-Register is sent again before the
+// next periodic one.
+const maxRegisterRetries = 3
 
 // registerNonceLocked returns the nonce of a Map-Register sent at now: the time of sending in
 // Unix nanoseconds, strictly increasing, so that a map server with timestamp nonces (braid

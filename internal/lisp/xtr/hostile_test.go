@@ -1,7 +1,11 @@
 package xtr
 
 import (
+	"bytes"
+	"net"
 	"net/netip"
+	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -196,4 +200,223 @@ func (x *XTR) cacheLen() int {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	return x.cache.Len()
+}
+
+// TestXtrLCAFLocatorCopied (issue 18, item 8): a Map-Reply's locator in a raw LCAF is copied
+// into the map-cache, not left pointing into the receive buffer, which the next datagram
+// overwrites (and another goroutine may be writing).
+func TestXtrLCAFLocatorCopied(t *testing.T) {
+	x, rs := testXTR(t)
+	p := packetTo(t, "192.168.2.5:7")
+	x.encap(p, len(p)-headroom)
+	_, req := rs.request()
+	raw := []byte{0, 1, 10, 0, 3, 1}
+	rec := record("192.168.2.0/24", 10, "10.0.3.1")
+	rec.Locators = append(rec.Locators, lisp.Locator{Priority: 2, Weight: 1, Addr: lisp.Addr{AFI: lisp.AFILCAF, LCAFType: 1, Raw: slices.Clone(raw)}})
+	buf := make([]byte, 65536)
+	m := lisp.MapReply{Nonce: req.Nonce, Records: []lisp.Record{rec}}
+	n := m.Encode(buf)
+	x.control(time.Now(), 0, rs.addr(), buf[:n])
+	for i := range buf {
+		buf[i] = 0xee
+	}
+	x.mu.RLock()
+	_, e, ok := x.cache.Lookup(netip.MustParseAddr("192.168.2.5"))
+	x.mu.RUnlock()
+	if !ok || e.pending || len(e.locs) != 2 {
+		t.Fatalf("not installed: %+v", e)
+	}
+	if got := e.locs[1].Addr.Raw; !bytes.Equal(got, raw) {
+		t.Fatalf("the cached locator changed with the receive buffer: % x, want % x", got, raw)
+	}
+}
+
+// TestXtrShortReplyAllocatesLittle (issue 18, item 8): a 24-byte Map-Reply that announces 255
+// locators is refused before the decoder allocates room for them (it allocated 18 KB).
+func TestXtrShortReplyAllocatesLittle(t *testing.T) {
+	b := make([]byte, 24)
+	b[0] = lisp.TypeMapReply << 4
+	b[3] = 1      // one record
+	b[12+4] = 255 // 255 locators
+	b[12+5] = 32
+	var m lisp.MapReply
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	const runs = 100
+	for range runs {
+		if _, err := m.Decode(b); err == nil {
+			t.Fatal("decoded")
+		}
+	}
+	runtime.ReadMemStats(&ms1)
+	per := (ms1.TotalAlloc - ms0.TotalAlloc) / runs
+	t.Logf("%d bytes allocated per 24-byte reply announcing 255 locators", per)
+	if per > 1024 {
+		t.Fatalf("%d bytes allocated per 24-byte reply", per)
+	}
+}
+
+// TestXtrMapCacheBounded (issue 18, item 8): the map-cache holds at most MaxCacheEntries; the
+// entry closest to expiry makes room.
+func TestXtrMapCacheBounded(t *testing.T) {
+	x, _ := testXTR(t)
+	x.o.MaxCacheEntries = 4
+	now := time.Now()
+	for i := range 10 {
+		r := record(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 100, byte(i), 0}), 24).String(), uint32(10+i), "10.0.3.1")
+		x.mu.Lock()
+		x.installLocked(now, &r)
+		x.mu.Unlock()
+	}
+	if n := x.cacheLen(); n != 4 || x.Counters()[CountCacheEvicted] != 6 {
+		t.Fatalf("%d entries, %d evicted", n, x.Counters()[CountCacheEvicted])
+	}
+	x.mu.RLock()
+	_, _, kept := x.cache.Lookup(netip.MustParseAddr("10.100.9.1"))
+	x.mu.RUnlock()
+	if !kept {
+		t.Fatal("the newest, longest-lived entry was evicted")
+	}
+}
+
+// TestXtrAnswersBounded (issue 18, item 7): an RLOC-probe is answered at its UDP source, which
+// anyone can spoof; a probe asking 255 times for the site's EIDs draws at most a reply three
+// times its size, and one victim gets at most 200 + 100/s replies.
+func TestXtrAnswersBounded(t *testing.T) {
+	x, _ := testXTR(t)
+	vc, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vc.Close()
+	victim := vc.LocalAddr().(*net.UDPAddr).AddrPort()
+	req := lisp.MapRequest{Flags: lisp.ReqProbe, Nonce: 1, ITRRLOCs: []lisp.Addr{lisp.AddrFrom(victim.Addr())}}
+	for i := range 255 {
+		req.Records = append(req.Records, lisp.RequestRecord{MaskLen: 32, EID: lisp.AddrFrom(netip.AddrFrom4([4]byte{192, 168, 1, byte(i)}))})
+	}
+	b := make([]byte, req.Len())
+	req.Encode(b)
+	now := time.Now()
+	x.control(now, 0, victim, b)
+	buf := make([]byte, 65536)
+	vc.SetReadDeadline(time.Now().Add(2 * time.Second))
+	n, err := vc.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := float64(n) / float64(len(b))
+	t.Logf("probe of %d bytes asking 255 times: reply of %d bytes (%.2fx)", len(b), n, f)
+	if f > 3 {
+		t.Fatalf("amplification %.1fx", f)
+	}
+	// A flood of one-record probes "from" the victim within one second.
+	one := probeMessage(2, victim.Addr(), netip.MustParsePrefix("192.168.1.0/24"))
+	for i := range 1000 {
+		x.control(now.Add(time.Duration(i)*time.Millisecond), 0, victim, one)
+	}
+	if got := x.Counters()[CountRequestsIn]; got > 1+200+100+1 {
+		t.Fatalf("%d replies to one address in one second", got)
+	}
+}
+
+// forwardedECM is a Map-Request for eid as a map server forwards it, with the given ITR-RLOCs.
+func forwardedECM(eid netip.Addr, port uint16, itrs ...netip.Addr) []byte {
+	req := lisp.MapRequest{Nonce: 7, Records: []lisp.RequestRecord{{MaskLen: 32, EID: lisp.AddrFrom(eid)}}}
+	for _, a := range itrs {
+		req.ITRRLOCs = append(req.ITRRLOCs, lisp.AddrFrom(a))
+	}
+	src := netip.MustParseAddr("192.168.2.1")
+	if !eid.Is4() {
+		src = netip.MustParseAddr("fd00:2::1")
+	}
+	e := lisp.ECM{Inner: lisp.IPUDP{Src: netip.AddrPortFrom(src, port), Dst: netip.AddrPortFrom(eid, lisp.ControlPort), TTL: 64, PayloadLen: uint16(req.Len())}}
+	b := make([]byte, e.Len()+req.Len())
+	req.Encode(b[e.Len():])
+	e.Encode(b)
+	return b
+}
+
+// TestXtrForwardedRequestOtherFamily (issue 18, item 9): a forwarded Map-Request whose
+// ITR-RLOCs are all of the other family is counted as such on a single-stack xTR, and a
+// dual-stack xTR answers it from its link of that family.
+func TestXtrForwardedRequestOtherFamily(t *testing.T) {
+	x, rs := testXTR(t)
+	x.control(time.Now(), 0, rs.addr(), forwardedECM(netip.MustParseAddr("192.168.1.5"), 4342, netip.MustParseAddr("2001:db8::9")))
+	if c := x.Counters(); c[DropITRRLOCFamily] != 1 || c[DropControl] != 0 {
+		t.Fatalf("counters %v", c)
+	}
+
+	v6, err := net.ListenUDP("udp6", &net.UDPAddr{IP: net.IPv6loopback})
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	defer v6.Close()
+	itr, err := net.ListenUDP("udp6", &net.UDPAddr{IP: net.IPv6loopback})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer itr.Close()
+	x.o.Uplinks = append(x.o.Uplinks, &Uplink{Addr: netip.IPv6Loopback(), Control: v6, raw: -1})
+	x.locals = append(x.locals, Loc{Addr: netip.IPv6Loopback(), Priority: 1, Weight: 1})
+	x.o.Locators = append(x.o.Locators, Locator{Priority: 1, Weight: 1})
+	port := uint16(itr.LocalAddr().(*net.UDPAddr).Port)
+	// It arrives on the IPv4 uplink and names only an IPv6 ITR-RLOC.
+	x.control(time.Now(), 0, rs.addr(), forwardedECM(netip.MustParseAddr("192.168.1.5"), port, netip.IPv6Loopback()))
+	itr.SetReadDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, 1500)
+	n, from, err := itr.ReadFromUDPAddrPort(buf)
+	if err != nil {
+		t.Fatalf("no answer on the IPv6 link: %v (counters %v)", err, x.Counters())
+	}
+	var r lisp.MapReply
+	if _, err := r.Decode(buf[:n]); err != nil || r.Nonce != 7 || from.Addr() != netip.IPv6Loopback() {
+		t.Fatalf("answer %+v from %v: %v", r, from, err)
+	}
+}
+
+// TestXtrRegisterRetransmission (issue 18, item 9): without a Map-Notify, a Map-Register is
+// sent again after 1, 2 and 4 s, then only register_interval (60 s) after the last one (it was
+// sent every second, forever).
+func TestXtrRegisterRetransmission(t *testing.T) {
+	x, _ := testXTR(t)
+	start := time.Now()
+	for ms := 0; ms <= 66_900; ms += 100 {
+		x.tick(start.Add(time.Duration(ms) * time.Millisecond))
+	}
+	if got := x.Counters()[CountRegisters]; got != 4 {
+		t.Fatalf("%d Map-Registers in 67 s without a Map-Notify, want 4 (at 0 s and again after 1, 2, 4 s)", got)
+	}
+	x.tick(start.Add(67 * time.Second))
+	if got := x.Counters()[CountRegisters]; got != 5 {
+		t.Fatalf("%d Map-Registers at 67 s, want the periodic 5th", got)
+	}
+}
+
+// TestXtrJunkRepliesCheap (issue 18, items 5 and 8): Map-Replies with wrong nonces are matched
+// through an index, not a walk of the map-cache, so a flood of them costs the same with a full
+// cache as with an empty one.
+func TestXtrJunkRepliesCheap(t *testing.T) {
+	x, rs := testXTR(t)
+	now := time.Now()
+	x.mu.Lock()
+	for i := range 65536 {
+		r := record(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24).String(), 10, "10.0.3.1")
+		x.installLocked(now, &r)
+	}
+	x.mu.Unlock()
+	junk := replyBytes(&lisp.MapReply{Nonce: 1, Records: []lisp.Record{record("10.0.0.0/24", 10, "10.0.3.1")}})
+	start := time.Now()
+	const n = 20000
+	for i := range n {
+		junk[4] = byte(i)
+		x.control(now, 0, rs.addr(), junk)
+	}
+	d := time.Since(start)
+	t.Logf("%d junk replies with 65536 cache entries: %v (%v each)", n, d.Round(time.Millisecond), d/n)
+	if x.Counters()[DropUnexpected] != n {
+		t.Fatalf("counters %v", x.Counters())
+	}
+	if d > 2*time.Second {
+		t.Fatalf("%d junk replies took %v", n, d)
+	}
 }

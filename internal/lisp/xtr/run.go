@@ -321,6 +321,7 @@ func (x *XTR) miss(now time.Time, f *flow, pkt []byte) {
 			nonce: randomNonce(), sent: now}
 		x.cacheDeleteLocked(e.prefix) // an expired entry of the same prefix
 		x.cache.Insert(e.prefix, e)
+		x.byNonce[e.nonce] = e
 		x.pending++
 		start = true
 	}
@@ -438,6 +439,7 @@ func (x *XTR) holdForVerification(now time.Time, from netip.Addr, f *flow, inner
 			nonce: randomNonce(), sent: now}
 		x.cacheDeleteLocked(e.prefix) // an expired entry of the same prefix
 		x.cache.Insert(e.prefix, e)
+		x.byNonce[e.nonce] = e
 		x.pending++
 		start = true
 	}

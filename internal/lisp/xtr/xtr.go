@@ -14,6 +14,7 @@
 package xtr
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -24,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"braid/internal/lisp/limit"
 	"braid/internal/lisp/lpm"
 	"braid/internal/wire/lisp"
 )
@@ -73,7 +75,13 @@ type Options struct {
 	AnyOuterSource  bool
 	MaxCacheEntries int // map-cache bound (default 65536); the entry closest to expiry goes
 	MaxPending      int // resolutions at once (default 1024), each holding QueuePerEID packets
-	Logger          *slog.Logger
+	// The ETR answers RLOC-probes and forwarded Map-Requests at addresses the requests name:
+	// at most MaxAmplification (default 3) times the request's length, and at most
+	// RatePerDestination (default 100, burst 200) replies per second to one address.
+	MaxAmplification    float64
+	RatePerDestination  float64
+	BurstPerDestination int
+	Logger              *slog.Logger
 }
 
 func (o *Options) defaults() {
@@ -103,6 +111,15 @@ func (o *Options) defaults() {
 	}
 	if o.MaxPending == 0 {
 		o.MaxPending = 1024
+	}
+	if o.MaxAmplification == 0 {
+		o.MaxAmplification = 3
+	}
+	if o.RatePerDestination == 0 {
+		o.RatePerDestination = 100
+	}
+	if o.BurstPerDestination == 0 {
+		o.BurstPerDestination = 200
 	}
 	if o.MTU == 0 {
 		o.MTU = 1500 - 36
@@ -162,9 +179,11 @@ type XTR struct {
 	probes   map[uint64]probe    // outstanding RLOC-probes by nonce; guarded by mu
 	regs     []registrationState // per map-server; guarded by mu
 	regTurn  int
-	regNonce uint64 // last Map-Register nonce; guarded by mu
-	pending  int    // pending entries in cache; guarded by mu
+	regNonce uint64            // last Map-Register nonce; guarded by mu
+	pending  int               // pending entries in cache; guarded by mu
+	byNonce  map[uint64]*entry // entries with a request outstanding, by its nonce; guarded by mu
 
+	replies *limit.Limiter // per reply destination
 	counts  map[string]*atomic.Uint64
 	closing atomic.Bool
 }
@@ -182,6 +201,7 @@ type probe struct {
 type registrationState struct {
 	nonce      uint64
 	sent       time.Time
+	retries    int // unconfirmed sends since the last periodic one
 	lastNotify time.Time
 	uplink     int
 }
@@ -196,46 +216,48 @@ func randomNonce() uint64 {
 
 // Counter names.
 const (
-	CountTxPackets     = "tx_packets"
-	CountRxPackets     = "rx_packets"
-	CountRequests      = "map_requests_sent"
-	CountReplies       = "map_replies_received"
-	CountNegative      = "negative_replies_received"
-	CountRegisters     = "map_registers_sent"
-	CountNotifies      = "map_notifies_received"
-	CountProbesSent    = "rloc_probes_sent"
-	CountProbeReplies  = "rloc_probe_replies_received"
-	CountRequestsIn    = "map_requests_answered"
-	DropNoMapping      = "drop_unresolved"
-	DropNegative       = "drop_negative_mapping"
-	DropNoPath         = "drop_no_live_rloc_pair"
-	DropQueueFull      = "drop_resolution_queue_full"
-	DropNotIP          = "drop_not_ip"
-	DropNotUnicast     = "drop_not_unicast"
-	DropOwnEID         = "drop_destination_is_local_eid"
-	DropDecap          = "drop_bad_data_header"
-	DropNotOurEID      = "drop_inner_destination_not_local"
-	DropForeignEID     = "drop_request_for_foreign_eid"
-	DropSend           = "drop_send_error"
-	DropControl        = "drop_bad_control_message"
-	DropUnexpected     = "drop_unexpected_control_message"
-	DropNotifyAuth     = "drop_map_notify_auth"
-	DropReplyRecord    = "drop_map_reply_record"
-	DropSpoofedSource  = "drop_inner_source_is_local_eid"
-	DropOuterSource    = "drop_outer_source_not_a_locator"
-	DropPendingFull    = "drop_too_many_resolutions"
-	DropCacheFull      = "drop_map_cache_full"
-	CountCacheEvicted  = "map_cache_evicted"
-	DropTooBig         = "drop_too_big"
-	CountCacheExpired  = "map_cache_expired"
-	CountResolveFailed = "resolutions_failed"
+	CountTxPackets       = "tx_packets"
+	CountRxPackets       = "rx_packets"
+	CountRequests        = "map_requests_sent"
+	CountReplies         = "map_replies_received"
+	CountNegative        = "negative_replies_received"
+	CountRegisters       = "map_registers_sent"
+	CountNotifies        = "map_notifies_received"
+	CountProbesSent      = "rloc_probes_sent"
+	CountProbeReplies    = "rloc_probe_replies_received"
+	CountRequestsIn      = "map_requests_answered"
+	DropNoMapping        = "drop_unresolved"
+	DropNegative         = "drop_negative_mapping"
+	DropNoPath           = "drop_no_live_rloc_pair"
+	DropQueueFull        = "drop_resolution_queue_full"
+	DropNotIP            = "drop_not_ip"
+	DropNotUnicast       = "drop_not_unicast"
+	DropOwnEID           = "drop_destination_is_local_eid"
+	DropDecap            = "drop_bad_data_header"
+	DropNotOurEID        = "drop_inner_destination_not_local"
+	DropForeignEID       = "drop_request_for_foreign_eid"
+	DropSend             = "drop_send_error"
+	DropControl          = "drop_bad_control_message"
+	DropUnexpected       = "drop_unexpected_control_message"
+	DropNotifyAuth       = "drop_map_notify_auth"
+	DropReplyRecord      = "drop_map_reply_record"
+	DropSpoofedSource    = "drop_inner_source_is_local_eid"
+	DropOuterSource      = "drop_outer_source_not_a_locator"
+	DropPendingFull      = "drop_too_many_resolutions"
+	DropCacheFull        = "drop_map_cache_full"
+	DropReplyRateLimited = "drop_reply_rate_limited"
+	DropITRRLOCFamily    = "drop_itr_rloc_other_family"
+	CountCacheEvicted    = "map_cache_evicted"
+	DropTooBig           = "drop_too_big"
+	CountCacheExpired    = "map_cache_expired"
+	CountResolveFailed   = "resolutions_failed"
 )
 
 var counterNames = []string{CountTxPackets, CountRxPackets, CountRequests, CountReplies, CountNegative,
 	CountRegisters, CountNotifies, CountProbesSent, CountProbeReplies, CountRequestsIn, DropNoMapping,
 	DropNegative, DropNoPath, DropQueueFull, DropNotIP, DropNotUnicast, DropOwnEID, DropDecap, DropNotOurEID, DropForeignEID, DropSend,
 	DropControl, DropUnexpected, DropNotifyAuth, DropReplyRecord, DropSpoofedSource, DropOuterSource,
-	DropPendingFull, DropCacheFull, CountCacheEvicted, DropTooBig, CountCacheExpired, CountResolveFailed}
+	DropPendingFull, DropCacheFull, CountCacheEvicted, DropReplyRateLimited, DropITRRLOCFamily, DropTooBig, CountCacheExpired, CountResolveFailed}
 
 // New checks o and returns an xTR; Run starts it.
 func New(o Options) (*XTR, error) {
@@ -253,8 +275,8 @@ func New(o Options) (*XTR, error) {
 		return nil, errors.New("xtr: no map-resolver")
 	}
 	o.Locators = slices.Clone(o.Locators) // SetLocators changes them
-	x := &XTR{o: o, log: o.Logger, pairs: map[pairKey]*pair{}, probes: map[uint64]probe{}, counts: map[string]*atomic.Uint64{},
-		regs: make([]registrationState, len(o.MapServers))}
+	x := &XTR{o: o, log: o.Logger, pairs: map[pairKey]*pair{}, probes: map[uint64]probe{}, byNonce: map[uint64]*entry{}, counts: map[string]*atomic.Uint64{},
+		regs: make([]registrationState, len(o.MapServers)), replies: limit.New(o.RatePerDestination, float64(o.BurstPerDestination))}
 	for _, n := range counterNames {
 		x.counts[n] = new(atomic.Uint64)
 	}
@@ -333,7 +355,11 @@ func (x *XTR) installLocked(now time.Time, r *lisp.Record) (queued, verified [][
 	if !ok {
 		return nil, nil
 	}
+	// A copy: an LCAF locator's Raw bytes alias the receive buffer.
 	e := &entry{prefix: p, ttl: r.TTL, locs: slices.Clone(r.Locators)}
+	for i := range e.locs {
+		e.locs[i].Addr.Raw = bytes.Clone(e.locs[i].Addr.Raw)
+	}
 	ttl := time.Duration(r.TTL) * time.Minute
 	if r.TTL == 0xffffffff {
 		ttl = 24 * time.Hour
@@ -377,14 +403,14 @@ func (x *XTR) installLocked(now time.Time, r *lisp.Record) (queued, verified [][
 	// delivered when their outer source is a locator of the new mapping.
 	var gone []netip.Prefix
 	var held []heldPacket
-	x.cache.All(func(q netip.Prefix, old *entry) bool {
-		if old.pending && p.Contains(q.Addr()) && q.Bits() >= p.Bits() {
+	// Pending entries are all in byNonce (at most MaxPending): no walk of the whole cache.
+	for _, old := range x.byNonce {
+		if q := old.prefix; old.pending && p.Contains(q.Addr()) && q.Bits() >= p.Bits() {
 			queued = append(queued, old.queue...)
 			held = append(held, old.held...)
 			gone = append(gone, q)
 		}
-		return true
-	})
+	}
 	for _, q := range gone {
 		x.cacheDeleteLocked(q)
 	}
@@ -418,14 +444,27 @@ func (x *XTR) verifyHeld(e *entry, held []heldPacket) (ok [][]byte) {
 	return ok
 }
 
-// cacheDeleteLocked removes the entry of p, keeping the pending accounting right.
+// cacheDeleteLocked removes the entry of p, keeping the pending accounting and the nonce
+// index right.
 func (x *XTR) cacheDeleteLocked(p netip.Prefix) {
 	if old, ok := x.cache.Get(p); ok {
 		if old.pending {
 			x.pending--
 		}
+		if x.byNonce[old.nonce] == old {
+			delete(x.byNonce, old.nonce)
+		}
 		x.cache.Delete(p)
 	}
+}
+
+// setNonceLocked gives entry e (in the cache) the nonce of a new request.
+func (x *XTR) setNonceLocked(e *entry, n uint64) {
+	if x.byNonce[e.nonce] == e {
+		delete(x.byNonce, e.nonce)
+	}
+	e.nonce = n
+	x.byNonce[n] = e
 }
 
 // roomForPendingLocked reports whether another resolution may start: at most MaxPending

@@ -314,6 +314,11 @@ func (r *Record) decode(b []byte) (int, error) {
 		return 0, err
 	}
 	off := 10 + n
+	// A locator takes at least 8 bytes (6 and an AFI): check before allocating, so that a
+	// short message cannot make the decoder allocate 255 locators.
+	if len(b)-off < 8*count {
+		return 0, ErrTruncated
+	}
 	if count > 0 {
 		d.Locators = make([]Locator, count)
 	}
