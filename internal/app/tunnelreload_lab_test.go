@@ -77,11 +77,17 @@ func TestTunnelReload(t *testing.T) {
 		}
 		return file
 	}
-	logs := map[string]*strings.Builder{}
+	logs := map[string]*lockedWriter{}
+	logOf := func(h string) string {
+		l := logs[h]
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.w.String()
+	}
 	start := func(h, file string) *exec.Cmd {
 		cmd := exec.Command(self, "tunnel", "--config", file)
-		logs[h] = &strings.Builder{}
-		cmd.Stderr = &lockedWriter{w: logs[h]}
+		logs[h] = &lockedWriter{w: &strings.Builder{}}
+		cmd.Stderr = logs[h]
 		if err := l.Host(h).Start(cmd); err != nil {
 			t.Fatal(err)
 		}
@@ -100,7 +106,7 @@ func TestTunnelReload(t *testing.T) {
 	dump := func() string {
 		var b strings.Builder
 		for _, h := range []string{"a", "b", "c", "d"} {
-			fmt.Fprintf(&b, "--- log of %s:\n%s\n", h, logs[h].String())
+			fmt.Fprintf(&b, "--- log of %s:\n%s\n", h, logOf(h))
 		}
 		return b.String()
 	}
@@ -241,9 +247,9 @@ func TestTunnelReload(t *testing.T) {
 	if err := daemonA.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(3 * time.Second); strings.Count(logs["a"].String(), "reload refused") < 2; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(3 * time.Second); strings.Count(logOf("a"), "reload refused") < 2; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("no second 'reload refused' in a's log 3 s after SIGHUP:\n%s", logs["a"].String())
+			t.Fatalf("no second 'reload refused' in a's log 3 s after SIGHUP:\n%s", logOf("a"))
 		}
 	}
 	after := status()
@@ -261,7 +267,7 @@ func TestTunnelReload(t *testing.T) {
 	if err := reaches("b"); err != nil {
 		t.Errorf("b after the refused reloads: %v", err)
 	}
-	if !strings.Contains(logs["a"].String(), fmt.Sprintf("%s:%d", fileA, line)) {
+	if !strings.Contains(logOf("a"), fmt.Sprintf("%s:%d", fileA, line)) {
 		t.Errorf("a's log does not name %s:%d", fileA, line)
 	}
 }
