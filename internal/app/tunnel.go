@@ -283,6 +283,9 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 			return err
 		}
 		run, src = t.Run, mptSource{t}
+		onHangup(ctx, func(string) {
+			log.Warn("SIGHUP: mode mpt does not reload yet; still running with the site file it started with (restart to apply a change)")
+		})
 		mutate = func(r pathRequest) error {
 			if r.Action == "reload" {
 				return errors.New("mode mpt: reload is not supported yet: restart the tunnel to apply a changed site file")
