@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -25,6 +26,8 @@ type reloadSites struct {
 	pAddr      netip.AddrPort
 	uplinks    []tunnel.Uplink
 	peerP      tunnel.PeerConfig
+	pUplinks   []tunnel.Uplink   // p's
+	pPeer      tunnel.PeerConfig // p's view of s
 }
 
 func startReload(t *testing.T) *reloadSites {
@@ -41,10 +44,10 @@ func startReload(t *testing.T) *reloadSites {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.p, err = tunnel.New(tunnel.Options{PrivateKey: r.pKey, Device: r.pDev,
-		Uplinks: []tunnel.Uplink{{Name: "u", Conn: r.net.listen(r.pAddr.String())}},
-		Peers: []tunnel.PeerConfig{{Name: "s", PublicKey: sKey.Public(), Routes: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")},
-			Paths: []tunnel.PathConfig{{Uplink: "u", Remote: netip.MustParseAddrPort("192.0.2.1:4754")}, {Uplink: "u", Remote: netip.MustParseAddrPort("192.0.2.2:4754")}}}}})
+	r.pUplinks = []tunnel.Uplink{{Name: "u", Conn: r.net.listen(r.pAddr.String())}}
+	r.pPeer = tunnel.PeerConfig{Name: "s", PublicKey: sKey.Public(), Routes: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")},
+		Paths: []tunnel.PathConfig{{Uplink: "u", Remote: netip.MustParseAddrPort("192.0.2.1:4754")}, {Uplink: "u", Remote: netip.MustParseAddrPort("192.0.2.2:4754")}}}
+	r.p, err = tunnel.New(tunnel.Options{PrivateKey: r.pKey, Device: r.pDev, Uplinks: r.pUplinks, Peers: []tunnel.PeerConfig{r.pPeer}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,6 +85,12 @@ func (r *reloadSites) peerStatus(t *testing.T, name string) *tunnel.PeerStatus {
 		}
 	}
 	return nil
+}
+
+// readers counts the goroutines reading an uplink, in every tunnel of the test.
+func readers() int {
+	buf := make([]byte, 1<<20)
+	return bytes.Count(buf[:runtime.Stack(buf, true)], []byte("tunnel.(*Tunnel).readUplink("))
 }
 
 // A peer changed in place keeps its session and the paths that stay; a new path is used, a
@@ -139,24 +148,41 @@ func TestReloadInPlace(t *testing.T) {
 		t.Fatalf("a refused reload changed the peers: %+v", st.Peers)
 	}
 
-	// s2 and its path go: its socket is closed, the first path carries on.
-	ch, err = r.s.Reload(tunnel.Config{Uplinks: r.uplinks[:1], Peers: []tunnel.PeerConfig{{Name: "p", PublicKey: pc.PublicKey, Routes: pc.Routes, Paths: pc.Paths[:1]}}})
-	if err != nil || !slices.Equal(ch.UplinksRemoved, []string{"s2"}) {
-		t.Fatalf("remove s2: %v %v", ch, err)
+	// s2 and its path go, s3 comes with a path to p (and p, reloaded too, takes a path to
+	// s3): s2's socket is closed and its reader ends, s3's reader starts.
+	s3 := r.net.listen("192.0.2.3:4754")
+	ups := []tunnel.Uplink{r.uplinks[0], {Name: "s3", Conn: s3}}
+	pc = tunnel.PeerConfig{Name: "p", PublicKey: pc.PublicKey, Routes: pc.Routes,
+		Paths: []tunnel.PathConfig{pc.Paths[0], {Uplink: "s3", Remote: r.pAddr}}}
+	ch, err = r.s.Reload(tunnel.Config{Uplinks: ups, Peers: []tunnel.PeerConfig{pc}})
+	if err != nil || !slices.Equal(ch.UplinksRemoved, []string{"s2"}) || !slices.Equal(ch.UplinksAdded, []string{"s3"}) {
+		t.Fatalf("s2 out, s3 in: %v %v", ch, err)
+	}
+	pPeer := r.pPeer
+	pPeer.Paths = []tunnel.PathConfig{pPeer.Paths[0], {Uplink: "u", Remote: netip.MustParseAddrPort("192.0.2.3:4754")}}
+	if _, err := r.p.Reload(tunnel.Config{Uplinks: r.pUplinks, Peers: []tunnel.PeerConfig{pPeer}}); err != nil {
+		t.Fatal(err)
 	}
 	select {
 	case <-r.s2.closed:
 	case <-time.After(time.Second):
 		t.Error("the removed uplink's socket is still open")
 	}
-	if p := r.peerStatus(t, "p"); len(p.Paths) != 1 || !r.toP(3) {
-		t.Errorf("after removing s2: %d paths, or no packet crosses", len(p.Paths))
+	roamWait(t, "the path on s3 up", func() bool {
+		p := r.peerStatus(t, "p")
+		return len(p.Paths) == 2 && p.Paths[1].Uplink == "s3" && p.Paths[1].State == "up"
+	})
+	if !r.toP(3) {
+		t.Error("no packet crosses after s2 went and s3 came")
 	}
+	// Three uplinks in all (s1, s3; p's u): s2's reader has ended.
+	roamWait(t, "three uplink readers", func() bool { return readers() == 3 })
+	uplinks := ups
 
 	// Another key: the peer is replaced (and, p not knowing that key, has no session).
 	other, _ := session.GenerateKey()
-	replaced := tunnel.PeerConfig{Name: "p", PublicKey: other.Public(), Routes: pc.Routes, Paths: pc.Paths[:1]}
-	ch, err = r.s.Reload(tunnel.Config{Uplinks: r.uplinks[:1], Peers: []tunnel.PeerConfig{replaced}})
+	replaced := tunnel.PeerConfig{Name: "p", PublicKey: other.Public(), Routes: pc.Routes, Paths: pc.Paths}
+	ch, err = r.s.Reload(tunnel.Config{Uplinks: uplinks, Peers: []tunnel.PeerConfig{replaced}})
 	if err != nil || !slices.Equal(ch.PeersReplaced, []string{"p"}) {
 		t.Fatalf("new key: %v %v", ch, err)
 	}
@@ -166,7 +192,7 @@ func TestReloadInPlace(t *testing.T) {
 
 	// No peers: nothing is routed.
 	noRoute := r.s.Status().Counters["drop_no_route"]
-	if _, err := r.s.Reload(tunnel.Config{Uplinks: r.uplinks[:1]}); err != nil {
+	if _, err := r.s.Reload(tunnel.Config{Uplinks: uplinks}); err != nil {
 		t.Fatal(err)
 	}
 	if r.toP(4) {
