@@ -108,6 +108,9 @@ func startMapserver(cfg *config.Mapserver, log *slog.Logger) (*mapserverRun, err
 	for _, s := range cfg.Sites {
 		mc.Sites = append(mc.Sites, mapserver.Site{Name: s.Name, Keys: map[uint8][]byte{s.KeyID: []byte(s.Key)}, Prefixes: s.Prefixes, ProxyReply: s.ProxyReply,
 			TimestampNonces: s.Replay != "window"})
+		if s.Replay == "window" {
+			log.Warn("site takes registrations with any nonce (replay = \"window\"): a captured registration can be replayed after 10 minutes", "site", s.Name)
+		}
 	}
 	srv, err := mapserver.New(mc)
 	if err != nil {

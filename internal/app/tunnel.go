@@ -499,11 +499,20 @@ func (s tunnelSource) WriteMetrics(w *metrics.Writer) {
 		{"braid_tunnel_path_tx_data_packets_total", "Data packets sent on the path (no probes or control messages).", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.TxDataPackets) }},
 		{"braid_tunnel_path_rx_data_bytes_total", "Bytes of data packets received on the path.", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.RxDataBytes) }},
 		{"braid_tunnel_path_rx_data_packets_total", "Data packets received on the path.", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.RxDataPackets) }},
+		{"braid_tunnel_path_moves_total", "Times the peer's authenticated packets moved the path to a new address (NAT rebinding).", metrics.Counter, func(p tunnel.PathStatus) float64 { return float64(p.Moves) }},
 	} {
 		for _, ps := range st.Peers {
 			for _, p := range ps.Paths {
-				w.Sample(m.name, m.kind, m.help, m.value(p), "peer", ps.Name, "path", strconv.Itoa(p.ID), "uplink", p.Uplink, "remote", p.Remote)
+				// No remote label: a path keeps its series when the peer's address moves;
+				// braid_tunnel_path_info carries the addresses.
+				w.Sample(m.name, m.kind, m.help, m.value(p), "peer", ps.Name, "path", strconv.Itoa(p.ID), "uplink", p.Uplink)
 			}
+		}
+	}
+	for _, ps := range st.Peers {
+		for _, p := range ps.Paths {
+			w.Sample("braid_tunnel_path_info", metrics.Gauge, "Always 1: the path's local and remote address now and how it was found (configured or learned).",
+				1, "peer", ps.Name, "path", strconv.Itoa(p.ID), "uplink", p.Uplink, "local", p.Local, "remote", p.Remote, "origin", p.Origin)
 		}
 	}
 }

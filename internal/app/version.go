@@ -5,6 +5,8 @@ import (
 	"io"
 	"runtime"
 	"runtime/debug"
+
+	"braid/internal/tunnel/session"
 )
 
 // Commit is the commit the binary was built from, set at build time with
@@ -47,4 +49,7 @@ func currentBuild() buildInfo {
 func printVersion(w io.Writer) {
 	b := currentBuild()
 	fmt.Fprintf(w, "braid %s\ncommit %s\nbuilt with %s %s\n", b.Version, b.Commit, b.Go, b.Platform)
+	// What a rolling upgrade needs to know: two tunnels talk when they share a version
+	// (docs/tunnel-wire.md, "Protocol versions").
+	fmt.Fprintf(w, "tunnel protocol versions %s\n", session.Supported)
 }

@@ -73,8 +73,9 @@
 //	                          # peer, so that NATs on the way keep its mapping (probes, every
 //	                          # probe_interval, usually send more often); 10ms..2m, default 10s
 //	max_paths = 16            # braid mode, peers whose paths are learned (no remote): at most
-//	                          # this many paths, 1..254 (default 16); a packet on one more is
-//	                          # dropped (drop_path_limit) and the log says so once
+//	                          # this many paths, 1..254 (default 16); a packet on one more
+//	                          # takes the place of a learned path on its uplink silent for a
+//	                          # minute, or else is dropped (drop_path_limit, logged once)
 //	  [[tunnel.peer.path]]    # one per (local uplink, remote address) pair, at least one;
 //	                          # at most 255 (braid) or 20 (mpt, MPT's limit) per peer
 //	  uplink = "fibre"        # name of a tunnel.uplink
@@ -84,9 +85,10 @@
 //	                          # peer's authenticated packets to a new address (NAT rebinding).
 //	                          # Braid mode may leave it out on every path of a peer (a hub's
 //	                          # view of sites behind NAT): the peer's paths are then learned
-//	                          # from its authenticated packets on the uplinks named, one path
-//	                          # per uplink entry at most once, and its handshakes are answered
-//	                          # from any address (docs/tunnel.md, "Behind NAT")
+//	                          # from its authenticated packets on the uplinks named (each
+//	                          # once; weight applies to the paths learned there), and its
+//	                          # handshakes are answered from any address (docs/tunnel.md,
+//	                          # "Behind NAT")
 //	  weight = 0              # optional, 0..65535; 0 (default) = the uplink's weight
 //
 // In mode "mpt" the keys marked "braid mode" above are errors, and each peer may have these

@@ -11,3 +11,11 @@ func SetRekeyTimers(rekey, keep time.Duration) (restore func()) {
 	rekeyAfter, keepPrevious = rekey, keep
 	return func() { rekeyAfter, keepPrevious = oldRekey, oldKeep }
 }
+
+// SetReuseAfter sets how long a learned path must be silent before a new path may take its
+// place at max_paths; it returns the function that restores the default.
+func SetReuseAfter(d time.Duration) (restore func()) {
+	old := reuseAfter
+	reuseAfter = d
+	return func() { reuseAfter = old }
+}

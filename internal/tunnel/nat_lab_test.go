@@ -84,7 +84,7 @@ func natTunnels(t *testing.T, l *lab.Lab, rates []uint64) (hub, site *tunnel.Tun
 	}
 	start := func(h *lab.Host, k session.PrivateKey, inner netip.Addr, locals []netip.Addr, peer tunnel.PeerConfig) *tunnel.Tunnel {
 		tn, stop, err := scenario.StartTunnel(context.Background(), h, []netip.Prefix{netip.PrefixFrom(inner, 24)}, locals,
-			tunnel.Options{PrivateKey: k, MTU: 1400, Reorder: true, Peers: []tunnel.PeerConfig{peer}}, withCapacity)
+			tunnel.Options{PrivateKey: k, MTU: 1400, Reorder: true, Recovery: true, Peers: []tunnel.PeerConfig{peer}}, withCapacity)
 		if err != nil {
 			t.Fatal(err)
 		}

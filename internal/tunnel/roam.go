@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"braid/internal/sched"
+	"braid/internal/tunnel/path"
 	"braid/internal/tunnel/session"
 	"braid/internal/wire/mpath"
 )
@@ -23,8 +24,9 @@ import (
 //
 // A peer declared without remote addresses (a hub's view of sites behind NAT) starts with no
 // path; each (uplink, peer's path ID) from which a packet of its session opens becomes one, on
-// the uplinks its declaration names, up to its MaxPaths (beyond it: drop_path_limit, logged
-// once; the known paths go on). Its handshake initiations are answered from any address, since
+// the uplinks its declaration names, up to its MaxPaths. At the bound a new one takes the place
+// of a learned path on the same uplink that has been down and silent for reuseAfter; while
+// there is none it is dropped (drop_path_limit, logged once) and the known paths go on. Its handshake initiations are answered from any address, since
 // the handshake itself authenticates the peer's static key; a fixed peer's only from its paths.
 // An initiation never makes or moves a path: it can be replayed from anywhere for the 2 s in
 // which its copies are expected, a data packet cannot.
@@ -40,6 +42,11 @@ const (
 	// hub with four addresses.
 	DefaultMaxPaths = 16
 )
+
+// reuseAfter is how long a learned path must have been silent (down, nothing heard) before a
+// new path of its peer on the same uplink may take its place at max_paths. A variable so that
+// tests can shorten it (export_test.go).
+var reuseAfter = time.Minute
 
 // moveLogEvery rate-limits the log of moves: a path whose packets come from two sources in
 // turn (an attacker replaying captured, undelivered packets) must not flood it.
@@ -131,11 +138,24 @@ func (p *peer) roam(u *uplink, src netip.AddrPort, id uint8) *peerPath {
 		t.stats.DropUnknownPath.Add(1)
 		return nil
 	case len(p.paths) >= int(p.maxPaths.Load()):
+		if old := p.staleLocked(u, t.now()); old != nil {
+			// The peer numbers its paths anew (it restarted with another site file) or one
+			// of its uplinks went for good: the path silent longest takes the new one.
+			from, oldID := old.remote(), old.peerID.Load()
+			old.peerID.Store(int32(id))
+			old.dst.Store(&src)
+			old.movedAt, old.moves = time.Now(), old.moves+1
+			p.mu.Unlock()
+			t.stats.PathMoves.Add(1)
+			t.log.Info("learned path reused", "peer", p.name, "path", old.id+1, "uplink", u.name,
+				"from", from, "peer_path", oldID+1, "to", src, "now_peer_path", id+1, "silent_for", reuseAfter)
+			return old
+		}
 		p.mu.Unlock()
 		t.stats.DropPathLimit.Add(1)
 		if !p.limitWarned.Swap(true) {
-			t.log.Warn("peer has as many learned paths as max_paths: packets on a new one are dropped (drop_path_limit)",
-				"peer", p.name, "max_paths", p.maxPaths.Load(), "uplink", u.name, "from", src)
+			t.log.Warn("peer has as many learned paths as max_paths: packets on a new one are dropped (drop_path_limit) while none has been silent long enough to be reused",
+				"peer", p.name, "max_paths", p.maxPaths.Load(), "uplink", u.name, "from", src, "reuse_after", reuseAfter)
 		}
 		return nil
 	}
@@ -156,6 +176,26 @@ func (p *peer) roam(u *uplink, src netip.AddrPort, id uint8) *peerPath {
 	t.stats.PathsLearned.Add(1)
 	t.log.Info("path learned", "peer", p.name, "path", pp.id+1, "uplink", u.name, "remote", src, "peer_path", id+1)
 	return pp
+}
+
+// staleLocked returns the learned path on u that has been silent longest, if it is down and
+// has heard nothing for reuseAfter; p.mu is held.
+func (p *peer) staleLocked(u *uplink, now int64) *peerPath {
+	var best *peerPath
+	var bestHeard int64
+	for _, pp := range p.paths {
+		if pp.up != u || !pp.learned {
+			continue
+		}
+		s := pp.est.Snapshot()
+		if s.State == path.Up || now-s.LastHeard < int64(reuseAfter) {
+			continue
+		}
+		if best == nil || s.LastHeard < bestHeard {
+			best, bestHeard = pp, s.LastHeard
+		}
+	}
+	return best
 }
 
 // knows reports whether src on u is the address of one of p's paths.

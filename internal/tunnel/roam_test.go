@@ -162,6 +162,8 @@ type roamSites struct {
 	hub, branch  *tunnel.Tunnel
 	hubDev, bDev *memDev
 	hubAddr      netip.AddrPort
+	// startBranch starts the branch (again, after stopBranch) with its key: a restarted site.
+	startBranch, stopBranch func()
 }
 
 const (
@@ -198,20 +200,27 @@ func startRoam(t *testing.T, o roamOpts) *roamSites {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.branch, err = tunnel.New(tunnel.Options{PrivateKey: branchKey, Device: s.bDev, Path: o.pathCfg,
-		Uplinks: []tunnel.Uplink{{Name: "a", Conn: s.net.listen(branchA)}, {Name: "b", Conn: s.net.listen(branchB)}},
-		Peers: []tunnel.PeerConfig{{Name: "hub", PublicKey: hubKey.Public(), Routes: []netip.Prefix{netip.MustParsePrefix("10.2.0.0/16")},
-			Keepalive: o.keepalive,
-			Paths:     []tunnel.PathConfig{{Uplink: "a", Remote: s.hubAddr}, {Uplink: "b", Remote: s.hubAddr}}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for _, tn := range []*tunnel.Tunnel{s.hub, s.branch} {
-		wg.Go(func() { tn.Run(ctx) })
+	wg.Go(func() { s.hub.Run(ctx) })
+	s.startBranch = func() {
+		s.bDev = newMemDev()
+		br, err := tunnel.New(tunnel.Options{PrivateKey: branchKey, Device: s.bDev, Path: o.pathCfg,
+			Uplinks: []tunnel.Uplink{{Name: "a", Conn: s.net.listen(branchA)}, {Name: "b", Conn: s.net.listen(branchB)}},
+			Peers: []tunnel.PeerConfig{{Name: "hub", PublicKey: hubKey.Public(), Routes: []netip.Prefix{netip.MustParsePrefix("10.2.0.0/16")},
+				Keepalive: o.keepalive,
+				Paths:     []tunnel.PathConfig{{Uplink: "a", Remote: s.hubAddr}, {Uplink: "b", Remote: s.hubAddr}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.branch = br
+		bctx, bcancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { br.Run(bctx); close(done) }()
+		s.stopBranch = func() { bcancel(); <-done }
 	}
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	s.startBranch()
+	t.Cleanup(func() { s.stopBranch(); cancel(); wg.Wait() })
 	return s
 }
 
@@ -237,13 +246,18 @@ func remotes(ps []tunnel.PathStatus) map[string]tunnel.PathStatus {
 }
 
 // learnedBoth waits until the hub has learned both of the branch's paths, at want's addresses,
-// and both are up.
+// and both are up, as are the branch's.
 func learnedBoth(t *testing.T, s *roamSites, want ...string) {
 	t.Helper()
 	roamWait(t, "the hub learns the branch's paths "+want[0]+" and "+want[1], func() bool {
 		m := remotes(hubPaths(s))
 		for _, w := range want {
 			if p, ok := m[w]; !ok || p.State != "up" {
+				return false
+			}
+		}
+		for _, p := range s.branch.Status().Peers[0].Paths {
+			if p.State != "up" {
 				return false
 			}
 		}
@@ -271,7 +285,7 @@ func crosses(t *testing.T, s *roamSites, tag byte) {
 					break wait
 				}
 			case <-timeout:
-				t.Fatalf("packet %x did not cross", dir.pkt[28:])
+				t.Fatalf("packet %x did not cross; counters: hub %v, branch %v", dir.pkt[28:], s.hub.Status().Counters, s.branch.Status().Counters)
 			}
 		}
 	}
@@ -463,5 +477,76 @@ func TestRoamOptionsRefused(t *testing.T) {
 		if err == nil {
 			t.Errorf("%s: accepted", pc.Name)
 		}
+	}
+}
+
+// The hub initiates rekeys too, over the paths it learned (to the NATs' addresses), and they
+// go on moving with the NATs across sessions.
+func TestRoamHubRekeysOverLearnedPaths(t *testing.T) {
+	t.Cleanup(tunnel.SetRekeyTimers(300*time.Millisecond, 100*time.Millisecond))
+	s := startRoam(t, roamOpts{})
+	learnedBoth(t, s, natA, natB)
+	roamWait(t, "the hub initiates a rekey", func() bool { return s.hub.Status().Counters["handshakes_sent"] >= 2 })
+	s.net.rebind(branchA, "203.0.113.1:40777")
+	learnedBoth(t, s, "203.0.113.1:40777", natB)
+	roamWait(t, "more rekeys after the move", func() bool {
+		return s.hub.Status().Counters["handshakes_done"]+s.branch.Status().Counters["handshakes_done"] >= 8
+	})
+	crosses(t, s, 5)
+	if c := s.hub.Status().Counters; c["paths_learned"] != 2 || c["drop_handshake"] != 0 {
+		t.Errorf("paths_learned %d drop_handshake %d", c["paths_learned"], c["drop_handshake"])
+	}
+}
+
+// A site that restarts behind new NAT mappings (a router that rebooted) starts a new session
+// from addresses the hub has not seen: the hub answers (it knows the site by its key), and its
+// learned paths move to the new addresses; none is added.
+func TestRoamSiteRestartsBehindNewMappings(t *testing.T) {
+	s := startRoam(t, roamOpts{})
+	learnedBoth(t, s, natA, natB)
+	crosses(t, s, 6)
+	hs := s.hub.Status().Counters["handshakes_done"]
+	s.stopBranch()
+	s.net.rebind(branchA, "203.0.113.1:41111")
+	s.net.rebind(branchB, "203.0.113.2:52222")
+	s.startBranch()
+	learnedBoth(t, s, "203.0.113.1:41111", "203.0.113.2:52222")
+	crosses(t, s, 7)
+	c := s.hub.Status().Counters
+	if c["handshakes_done"] <= hs || c["paths_learned"] != 2 || c["path_moves"] != 2 {
+		t.Errorf("handshakes_done %d (was %d), paths_learned %d, path_moves %d", c["handshakes_done"], hs, c["paths_learned"], c["path_moves"])
+	}
+}
+
+// At max_paths a new path of the peer is refused while the known ones live; once a learned
+// path has been silent for the reuse time, the new one takes its place (a peer that numbered
+// its paths anew, or lost an uplink for good, is not locked out).
+func TestRoamLearnedPathReused(t *testing.T) {
+	t.Cleanup(tunnel.SetReuseAfter(300 * time.Millisecond))
+	s := startRoam(t, roamOpts{hubPeer: func(pc *tunnel.PeerConfig) { pc.MaxPaths = 1 }})
+	var mu sync.Mutex
+	cut := natB // what the tap drops on its way to the hub
+	s.net.mu.Lock()
+	s.net.tap = func(from, to netip.AddrPort, b []byte) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return from.String() != cut
+	}
+	s.net.mu.Unlock()
+	defer func() { s.net.mu.Lock(); s.net.tap = nil; s.net.mu.Unlock() }()
+	roamWait(t, "the hub learns the path through NAT a", func() bool {
+		ps := hubPaths(s)
+		return len(ps) == 1 && ps[0].Remote == natA && ps[0].State == "up"
+	})
+	mu.Lock()
+	cut = natA
+	mu.Unlock()
+	roamWait(t, "the path through NAT b refused at max_paths", func() bool { return s.hub.Status().Counters["drop_path_limit"] > 0 })
+	roamWait(t, "the silent path reused for NAT b", func() bool {
+		ps := hubPaths(s)
+		return len(ps) == 1 && ps[0].Remote == natB && ps[0].State == "up"
+	})
+	if c := s.hub.Status().Counters; c["paths_learned"] != 1 || c["path_moves"] < 1 {
+		t.Errorf("paths_learned %d path_moves %d", c["paths_learned"], c["path_moves"])
 	}
 }

@@ -44,7 +44,13 @@ func (x *XTR) control(now time.Time, i int, from netip.AddrPort, b []byte) {
 		// An RLOC-probe, or another request sent straight to us: answer the sender.
 		x.answer(now, i, &m, from, m.Flags&lisp.ReqProbe != 0, len(b))
 	case lisp.TypeECM:
-		// A Map-Request a map-server forwarded: answer the ITR at its first ITR-RLOC.
+		// A Map-Request a map-server forwarded: answer the ITR at its first ITR-RLOC. Only a
+		// map server the site registers with has its mapping to forward requests for, so an
+		// ECM from anywhere else is someone using the ETR to reflect replies.
+		if !x.fromMapServer(from.Addr()) {
+			x.count(DropECMSource)
+			return
+		}
 		var e lisp.ECM
 		n, err := e.Decode(b)
 		if err != nil {
@@ -203,6 +209,16 @@ const (
 	minReplyBits4 = 8
 	minReplyBits6 = 16
 )
+
+// fromMapServer reports whether a is the address of a map-server the site registers with.
+func (x *XTR) fromMapServer(a netip.Addr) bool {
+	for _, ms := range x.o.MapServers {
+		if ms.Addr.Addr().Unmap() == a {
+			return true
+		}
+	}
+	return false
+}
 
 // fromResolver reports whether a is one of the configured map-resolvers' addresses.
 func (x *XTR) fromResolver(a netip.Addr) bool {

@@ -420,3 +420,67 @@ func TestXtrJunkRepliesCheap(t *testing.T) {
 		t.Fatalf("%d junk replies took %v", n, d)
 	}
 }
+
+// TestXtrDecapAllocs: the ETR's source checks allocate nothing per packet.
+func TestXtrDecapAllocs(t *testing.T) {
+	x, _ := testXTR(t)
+	rec := record("192.168.2.0/24", 10, "10.0.3.1")
+	x.mu.Lock()
+	x.installLocked(time.Now(), &rec)
+	x.mu.Unlock()
+	pkt := ipUDP(t, "192.168.2.5:53", "192.168.1.1:53")
+	from := netip.MustParseAddr("10.0.3.1")
+	now := time.Now()
+	allocs := testing.AllocsPerRun(100, func() { x.decap(now, 0, from, pkt) })
+	if allocs != 0 || x.Counters()[CountRxPackets] == 0 {
+		t.Fatalf("%v allocations per packet (%d delivered)", allocs, x.Counters()[CountRxPackets])
+	}
+}
+
+// TestXtrHeldBytesBounded (issue 18, item 8): big packets from many unresolved sources are held
+// up to MaxHeldBytes in all, and the budget comes back when the resolutions end.
+func TestXtrHeldBytesBounded(t *testing.T) {
+	x, _ := testXTR(t)
+	x.o.MaxHeldBytes = 64 << 10
+	now := time.Now()
+	big := make([]byte, 8000)
+	for i := range 200 {
+		src := netip.AddrFrom4([4]byte{10, 200, byte(i), 1})
+		u := lisp.IPUDP{Src: netip.AddrPortFrom(src, 53), Dst: netip.MustParseAddrPort("192.168.1.1:53"), TTL: 64, PayloadLen: uint16(len(big))}
+		pkt := make([]byte, u.Len()+len(big))
+		u.Encode(pkt)
+		x.decap(now, 0, attacker.Addr(), pkt)
+	}
+	x.mu.RLock()
+	held := x.heldBytes
+	x.mu.RUnlock()
+	if held > 64<<10 || held == 0 {
+		t.Fatalf("%d bytes held, want at most %d", held, 64<<10)
+	}
+	// The resolutions give up (nobody answers): everything held is freed.
+	for s := 1; s <= 5; s++ {
+		x.tick(now.Add(time.Duration(s) * 1100 * time.Millisecond))
+	}
+	x.mu.RLock()
+	held, pending := x.heldBytes, x.pending
+	x.mu.RUnlock()
+	if held != 0 || pending != 0 {
+		t.Fatalf("after the resolutions failed: %d bytes held, %d pending", held, pending)
+	}
+}
+
+// TestXtrECMOnlyFromMapServers (issue 18, item 7): the ETR answers forwarded Map-Requests only
+// when a map server it registers with forwarded them; from anyone else an ECM is a way to
+// make it send replies to an address of the sender's choosing.
+func TestXtrECMOnlyFromMapServers(t *testing.T) {
+	x, rs := testXTR(t)
+	ecm := forwardedECM(netip.MustParseAddr("192.168.1.5"), 4342, netip.MustParseAddr("127.0.0.1"))
+	x.control(time.Now(), 0, attacker, ecm)
+	if c := x.Counters(); c[DropECMSource] != 1 || c[CountRequestsIn] != 0 {
+		t.Fatalf("ECM from a stranger: %v", c)
+	}
+	x.control(time.Now(), 0, rs.addr(), ecm)
+	if c := x.Counters(); c[CountRequestsIn] != 1 {
+		t.Fatalf("ECM from the map server not answered: %v", c)
+	}
+}

@@ -325,8 +325,10 @@ func (x *XTR) miss(now time.Time, f *flow, pkt []byte) {
 		x.pending++
 		start = true
 	}
-	if len(e.queue) < x.o.QueuePerEID {
+	if len(e.queue) < x.o.QueuePerEID && x.heldBytes+len(pkt) <= x.o.MaxHeldBytes {
 		e.queue = append(e.queue, append([]byte(nil), pkt...))
+		e.bytes += len(pkt)
+		x.heldBytes += len(pkt)
 	} else {
 		x.count(DropQueueFull)
 	}
@@ -443,8 +445,10 @@ func (x *XTR) holdForVerification(now time.Time, from netip.Addr, f *flow, inner
 		x.pending++
 		start = true
 	}
-	if len(e.held) < x.o.QueuePerEID {
+	if len(e.held) < x.o.QueuePerEID && x.heldBytes+len(inner) <= x.o.MaxHeldBytes {
 		e.held = append(e.held, heldPacket{from, append([]byte(nil), inner...)})
+		e.bytes += len(inner)
+		x.heldBytes += len(inner)
 	} else {
 		x.count(DropQueueFull)
 	}

@@ -75,6 +75,7 @@ type Options struct {
 	AnyOuterSource  bool
 	MaxCacheEntries int // map-cache bound (default 65536); the entry closest to expiry goes
 	MaxPending      int // resolutions at once (default 1024), each holding QueuePerEID packets
+	MaxHeldBytes    int // bytes of packets held by all resolutions together (default 8 MiB)
 	// The ETR answers RLOC-probes and forwarded Map-Requests at addresses the requests name:
 	// at most MaxAmplification (default 3) times the request's length, and at most
 	// RatePerDestination (default 100, burst 200) replies per second to one address.
@@ -111,6 +112,9 @@ func (o *Options) defaults() {
 	}
 	if o.MaxPending == 0 {
 		o.MaxPending = 1024
+	}
+	if o.MaxHeldBytes == 0 {
+		o.MaxHeldBytes = 8 << 20
 	}
 	if o.MaxAmplification == 0 {
 		o.MaxAmplification = 3
@@ -158,6 +162,7 @@ type entry struct {
 	pending bool
 	queue   [][]byte
 	held    []heldPacket // decapsulated packets from this EID waiting for its mapping
+	bytes   int          // in queue and held
 	nonce   uint64
 	tries   int
 	sent    time.Time
@@ -173,15 +178,16 @@ type XTR struct {
 	locals  []Loc // own locators (priority, weight), index = uplink
 	usableL []Loc // Usable(locals)
 
-	mu       sync.RWMutex
-	cache    lpm.Table[*entry]   // guarded by mu
-	pairs    map[pairKey]*pair   // guarded by mu
-	probes   map[uint64]probe    // outstanding RLOC-probes by nonce; guarded by mu
-	regs     []registrationState // per map-server; guarded by mu
-	regTurn  int
-	regNonce uint64            // last Map-Register nonce; guarded by mu
-	pending  int               // pending entries in cache; guarded by mu
-	byNonce  map[uint64]*entry // entries with a request outstanding, by its nonce; guarded by mu
+	mu        sync.RWMutex
+	cache     lpm.Table[*entry]   // guarded by mu
+	pairs     map[pairKey]*pair   // guarded by mu
+	probes    map[uint64]probe    // outstanding RLOC-probes by nonce; guarded by mu
+	regs      []registrationState // per map-server; guarded by mu
+	regTurn   int
+	regNonce  uint64            // last Map-Register nonce; guarded by mu
+	pending   int               // pending entries in cache; guarded by mu
+	byNonce   map[uint64]*entry // entries with a request outstanding, by its nonce; guarded by mu
+	heldBytes int               // bytes of packets in queue and held of all entries; guarded by mu
 
 	replies *limit.Limiter // per reply destination
 	counts  map[string]*atomic.Uint64
@@ -247,6 +253,7 @@ const (
 	DropCacheFull        = "drop_map_cache_full"
 	DropReplyRateLimited = "drop_reply_rate_limited"
 	DropITRRLOCFamily    = "drop_itr_rloc_other_family"
+	DropECMSource        = "drop_ecm_not_from_map_server"
 	CountCacheEvicted    = "map_cache_evicted"
 	DropTooBig           = "drop_too_big"
 	CountCacheExpired    = "map_cache_expired"
@@ -257,7 +264,7 @@ var counterNames = []string{CountTxPackets, CountRxPackets, CountRequests, Count
 	CountRegisters, CountNotifies, CountProbesSent, CountProbeReplies, CountRequestsIn, DropNoMapping,
 	DropNegative, DropNoPath, DropQueueFull, DropNotIP, DropNotUnicast, DropOwnEID, DropDecap, DropNotOurEID, DropForeignEID, DropSend,
 	DropControl, DropUnexpected, DropNotifyAuth, DropReplyRecord, DropSpoofedSource, DropOuterSource,
-	DropPendingFull, DropCacheFull, CountCacheEvicted, DropReplyRateLimited, DropITRRLOCFamily, DropTooBig, CountCacheExpired, CountResolveFailed}
+	DropPendingFull, DropCacheFull, CountCacheEvicted, DropReplyRateLimited, DropITRRLOCFamily, DropECMSource, DropTooBig, CountCacheExpired, CountResolveFailed}
 
 // New checks o and returns an xTR; Run starts it.
 func New(o Options) (*XTR, error) {
@@ -454,6 +461,7 @@ func (x *XTR) cacheDeleteLocked(p netip.Prefix) {
 		if x.byNonce[old.nonce] == old {
 			delete(x.byNonce, old.nonce)
 		}
+		x.heldBytes -= old.bytes
 		x.cache.Delete(p)
 	}
 }
