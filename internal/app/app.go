@@ -192,10 +192,20 @@ func signalContext() (context.Context, context.CancelFunc) {
 // role cannot reload yet. file is the site file the role started with.
 func daemonContext(role string, log *slog.Logger, file string) (context.Context, context.CancelFunc) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	h := &hangup{role: role, log: log, file: file}
-	ctx = context.WithValue(ctx, hangupKey{}, h)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
+	ctx, cancel := withHangup(ctx, hup, role, log, file)
+	return ctx, func() {
+		signal.Stop(hup)
+		cancel()
+		stop()
+	}
+}
+
+// withHangup runs the hangup of the returned context for each signal on hup, until cancel.
+func withHangup(parent context.Context, hup <-chan os.Signal, role string, log *slog.Logger, file string) (context.Context, context.CancelFunc) {
+	h := &hangup{role: role, log: log, file: file}
+	ctx, stop := context.WithCancel(context.WithValue(parent, hangupKey{}, h))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -209,7 +219,6 @@ func daemonContext(role string, log *slog.Logger, file string) (context.Context,
 		}
 	}()
 	return ctx, func() {
-		signal.Stop(hup)
 		stop()
 		<-done
 	}

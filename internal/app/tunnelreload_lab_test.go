@@ -110,17 +110,24 @@ func TestTunnelReload(t *testing.T) {
 		}
 		return b.String()
 	}
-	status := func() *tunnel.Status {
-		t.Helper()
+	tryStatus := func() (*tunnel.Status, error) {
 		out, err := l.Host("a").Run(ctx, self, "status", "--json")
 		if err != nil {
-			t.Fatalf("braid status in a: %v\n%s\n%s", err, out, dump())
+			return nil, fmt.Errorf("braid status in a: %v\n%s", err, out)
 		}
 		var rep statusReport
 		if err := json.Unmarshal(out, &rep); err != nil || rep.Tunnel == nil {
-			t.Fatalf("braid status --json in a: %v\n%s", err, out)
+			return nil, fmt.Errorf("braid status --json in a: %v\n%s", err, out)
 		}
-		return rep.Tunnel
+		return rep.Tunnel, nil
+	}
+	status := func() *tunnel.Status {
+		t.Helper()
+		st, err := tryStatus()
+		if err != nil {
+			t.Fatalf("%v\n%s", err, dump())
+		}
+		return st
 	}
 	peerOf := func(st *tunnel.Status, name string) *tunnel.PeerStatus {
 		for i := range st.Peers {
@@ -140,7 +147,13 @@ func TestTunnelReload(t *testing.T) {
 	waitSessions := func(want ...string) *tunnel.Status {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			st := status()
+			st, err := tryStatus() // the daemon may not serve its control socket yet
+			if err != nil {
+				if time.Now().After(deadline) {
+					t.Fatalf("%v\n%s", err, dump())
+				}
+				continue
+			}
 			ok := true
 			for _, w := range want {
 				if p := peerOf(st, w); p == nil || !p.Session {
