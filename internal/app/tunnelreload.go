@@ -54,12 +54,20 @@ func (r *tunnelReloader) reload(file string) (tunnel.Change, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ch, err := r.reloadLocked(file)
-	if err != nil {
+	switch {
+	case errors.Is(err, errRoutesLag):
+		r.log.Error("reloaded, but the kernel's routes into the tunnel did not all follow", "file", file, "change", ch.String(), "err", err)
+		return ch, fmt.Errorf("reloaded (%s), but: %w", ch, err)
+	case err != nil:
 		r.log.Error("reload refused: nothing changed", "file", file, "err", err)
 		return ch, fmt.Errorf("%w: %s", errReloadRefused, err)
 	}
 	return ch, nil
 }
+
+// errRoutesLag: the tunnel runs the new file, but a route into the TUN device could not be
+// added or removed.
+var errRoutesLag = errors.New("routes into the tunnel")
 
 func (r *tunnelReloader) reloadLocked(file string) (tunnel.Change, error) {
 	if file == "" {
@@ -130,9 +138,7 @@ func (r *tunnelReloader) reloadLocked(file string) (tunnel.Change, error) {
 	}
 	r.cfg, r.conns = cfg, conns
 	if err := errors.Join(routeErrs...); err != nil {
-		// The tunnel runs the new file; only the kernel's routes lag.
-		r.log.Error("reload: routes into the tunnel", "err", err)
-		return ch, fmt.Errorf("reloaded, but: %w", err)
+		return ch, fmt.Errorf("%w: %w", errRoutesLag, err)
 	}
 	return ch, nil
 }
