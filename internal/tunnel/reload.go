@@ -44,13 +44,14 @@ type Config struct {
 type Change struct {
 	PeersAdded, PeersRemoved, PeersReplaced, PeersChanged []string
 	UplinksAdded, UplinksRemoved, UplinksReplaced         []string
-	Scheduler                                             bool // the scheduler changed
+	UplinksChanged                                        []string // a new capacity
+	Scheduler                                             bool     // the scheduler changed
 }
 
 // Empty reports whether the reload changed nothing.
 func (c Change) Empty() bool {
 	return len(c.PeersAdded)+len(c.PeersRemoved)+len(c.PeersReplaced)+len(c.PeersChanged)+
-		len(c.UplinksAdded)+len(c.UplinksRemoved)+len(c.UplinksReplaced) == 0 && !c.Scheduler
+		len(c.UplinksAdded)+len(c.UplinksRemoved)+len(c.UplinksReplaced)+len(c.UplinksChanged) == 0 && !c.Scheduler
 }
 
 func (c Change) String() string {
@@ -67,6 +68,7 @@ func (c Change) String() string {
 	add("uplinks added", c.UplinksAdded)
 	add("uplinks removed", c.UplinksRemoved)
 	add("uplinks replaced", c.UplinksReplaced)
+	add("uplinks changed", c.UplinksChanged)
 	if c.Scheduler {
 		parts = append(parts, "scheduler changed")
 	}
@@ -228,6 +230,11 @@ func (t *Tunnel) Reload(c Config) (Change, error) {
 			u.MTU = t.pktSize - 64
 		}
 		old := t.uplinks[u.Name]
+		for name, o := range t.uplinks {
+			if o.conn == u.Conn && name != u.Name {
+				return Change{}, fmt.Errorf("%w: uplink %s has uplink %s's socket (a renamed uplink)", ErrReloadNeedsRestart, u.Name, name)
+			}
+		}
 		switch {
 		case old != nil && old.conn == u.Conn:
 			ups[u.Name] = old
@@ -310,15 +317,11 @@ func (t *Tunnel) Reload(c Config) (Change, error) {
 	}
 
 	// Nothing can fail from here on.
-	for name, u := range ups {
-		if old := t.uplinks[name]; old == u {
-			var capa uint64
-			for _, nu := range c.Uplinks {
-				if nu.Name == name {
-					capa = nu.Capacity
-				}
-			}
+	for _, nu := range c.Uplinks {
+		if u := ups[nu.Name]; t.uplinks[nu.Name] == u {
+			capa := nu.Capacity
 			if b := u.pace.Load(); b == nil && capa > 0 || b != nil && b.Rate != float64(capa) {
+				ch.UplinksChanged = append(ch.UplinksChanged, nu.Name)
 				if capa > 0 {
 					u.pace.Store(sched.NewBucket(float64(capa)))
 				} else {

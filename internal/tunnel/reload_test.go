@@ -112,12 +112,19 @@ func TestReloadInPlace(t *testing.T) {
 	pc := r.peerP
 	pc.Routes = append(slices.Clone(pc.Routes), netip.MustParsePrefix("10.3.0.0/16"))
 	pc.Paths = []tunnel.PathConfig{{Uplink: "s1", Remote: r.pAddr, Capacity: 50e6}, {Uplink: "s2", Remote: r.pAddr}}
-	ch, err := r.s.Reload(tunnel.Config{Uplinks: r.uplinks, Peers: []tunnel.PeerConfig{pc}})
+	withCapacity := slices.Clone(r.uplinks)
+	withCapacity[0].Capacity = 80e6
+	ch, err := r.s.Reload(tunnel.Config{Uplinks: withCapacity, Peers: []tunnel.PeerConfig{pc}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(ch.PeersChanged, []string{"p"}) || len(ch.PeersAdded)+len(ch.PeersRemoved)+len(ch.PeersReplaced) != 0 {
+	if !slices.Equal(ch.PeersChanged, []string{"p"}) || len(ch.PeersAdded)+len(ch.PeersRemoved)+len(ch.PeersReplaced) != 0 ||
+		!slices.Equal(ch.UplinksChanged, []string{"s1"}) || len(ch.UplinksAdded)+len(ch.UplinksRemoved)+len(ch.UplinksReplaced) != 0 {
 		t.Errorf("change: %v", ch)
+	}
+	renamed := []tunnel.Uplink{r.uplinks[0], {Name: "s2b", Conn: r.s2}}
+	if _, err := r.s.Reload(tunnel.Config{Uplinks: renamed, Peers: []tunnel.PeerConfig{r.peerP}}); !errors.Is(err, tunnel.ErrReloadNeedsRestart) {
+		t.Errorf("s2's socket under another name: %v, want ErrReloadNeedsRestart", err)
 	}
 	roamWait(t, "the new path up", func() bool {
 		p := r.peerStatus(t, "p")
