@@ -752,14 +752,15 @@ func (t *Tunnel) onInit(u *uplink, src netip.AddrPort, id uint8, msg []byte) {
 	s := session.New(keys, idx, in.SenderIndex)
 	t.setSession(idx, s, p)
 	ls := &liveSession{s: s, created: t.now()}
-	if p.cur.Load() == nil {
-		p.rotateLocked(ls, ls.created) // nothing to keep using meanwhile
-	} else {
-		if p.pending != nil {
-			t.dropIndex(p.pending.s.LocalIndex)
-		}
-		p.pending = ls // current until the initiator is heard on it
+	// Pending until the initiator is heard on it, even with no session to send on meanwhile:
+	// a valid initiation proves nothing about its sender's liveness (it may be an old one
+	// replayed to a site that restarted and so forgot the last timestamp it accepted), and a
+	// session made from a replay would be sent on with keys the peer no longer has. A side
+	// without a session keeps initiating (handshake), so it is never left waiting on one.
+	if p.pending != nil {
+		t.dropIndex(p.pending.s.LocalIndex)
 	}
+	p.pending = ls
 	p.mu.Unlock()
 	t.stats.HandshakesDone.Add(1)
 	t.sendClearTo(u, src, ourID, in.SenderIndex, mpath.TypeHandshakeResp, resp)
