@@ -66,6 +66,9 @@ func TestTunnelBadInput(t *testing.T) {
 	l := labtest.Up(t, multiPath(1, topo.Shape{Delay: time.Millisecond}))
 	var rec *recorder
 	eps := startTunnels(t, l, 4, func(side int, o *tunnel.Options) {
+		// The packet swallowed below must stay undelivered until the test sends it: loss
+		// recovery would resend it when b reports the gap.
+		o.Recovery = false
 		if side == 0 {
 			rec = &recorder{Conn: o.Uplinks[0].Conn}
 			o.Uplinks[0].Conn = rec
@@ -112,7 +115,7 @@ func TestTunnelBadInput(t *testing.T) {
 		{"plain GRE, no key", append([]byte{0x00, 0x00, 0x08, 0x00}, make([]byte, 40)...), "drop_bad_gre"},
 		{"unknown message type", append(braidGRE(1), append([]byte{99, 0, 0, 0}, make([]byte, 40)...)...), "drop_bad_header"},
 		{"unknown session", append(braidGRE(12345), append([]byte{mpath.TypeData, 0, 0, 0}, make([]byte, 60)...)...), "drop_unknown_session"},
-		{"garbage handshake", append(braidGRE(0), append([]byte{mpath.TypeHandshakeInit, 0, 0, 0}, make([]byte, 8+112)...)...), "drop_handshake"},
+		{"garbage handshake", append(braidGRE(0), append([]byte{mpath.TypeHandshakeInit, 0, 0, 0}, make([]byte, 8+112)...)...), "drop_handshake_mac"},
 		// From an address that is no path of a: counted apart, and they move no path.
 		{"tampered", tampered, "drop_auth_new_source"},
 		{"replayed", real, "drop_replay_new_source"},

@@ -463,7 +463,7 @@ func (t *Tunnel) receive(u *uplink, src netip.AddrPort, b []byte, ob *outbox) {
 	body := b[aadLen:]
 	switch h.Type {
 	case mpath.TypeHandshakeInit:
-		t.onInit(u, src, h.Path, body)
+		t.initiation(u, src, h.Path, body)
 		return
 	case mpath.TypeHandshakeResp:
 		t.onResponse(g.Key, body)

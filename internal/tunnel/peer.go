@@ -508,6 +508,8 @@ func (p *peer) handshake(now int64) {
 		p.t.log.Error("handshake", "peer", p.name, "err", err)
 		return
 	}
+	key := session.MAC1Key(p.pub)
+	msg = session.AppendMAC1(msg, &key)
 	p.hs, p.hsIndex, p.hsSent = hs, idx, now
 	paths := p.paths
 	p.mu.Unlock()

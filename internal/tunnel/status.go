@@ -35,6 +35,10 @@ type Counters struct {
 	DropQueueFull      atomic.Uint64 // a peer's send queue was full while another's was not
 
 	DropVersion atomic.Uint64 // handshake refused: no protocol version both sides speak
+	// DropHandshakeMAC: an initiation whose MAC is not that of this side's public key (junk,
+	// a scan, or a sender that does not know the key); DropHandshakeBusy: one over the
+	// handshake worker's budget or queue (hsworker.go).
+	DropHandshakeMAC, DropHandshakeBusy atomic.Uint64
 	// A packet from an address that is none of the peer's paths that did not open: replayed
 	// (DropReplayNewSource) or forged (DropAuthNewSource). Such packets move no path.
 	DropReplayNewSource, DropAuthNewSource atomic.Uint64
@@ -240,7 +244,8 @@ func (c *Counters) snapshot() map[string]uint64 {
 		"drop_queue_full": c.DropQueueFull.Load(),
 		"handshakes_sent": c.HandshakesSent.Load(), "handshakes_done": c.HandshakesDone.Load(),
 		"handshake_copies": c.HandshakeCopies.Load(), "drop_early": c.DropEarly.Load(),
-		"drop_version": c.DropVersion.Load(), "drop_replay_new_source": c.DropReplayNewSource.Load(),
+		"drop_version":       c.DropVersion.Load(),
+		"drop_handshake_mac": c.DropHandshakeMAC.Load(), "drop_handshake_busy": c.DropHandshakeBusy.Load(), "drop_replay_new_source": c.DropReplayNewSource.Load(),
 		"drop_auth_new_source": c.DropAuthNewSource.Load(), "drop_path_limit": c.DropPathLimit.Load(),
 		"path_moves": c.PathMoves.Load(), "paths_learned": c.PathsLearned.Load(), "keepalives_sent": c.KeepalivesSent.Load(),
 		"nacks_sent": c.NacksSent.Load(), "nacks_received": c.NacksReceived.Load(), "resent": c.Resent.Load(),

@@ -180,6 +180,12 @@ type Tunnel struct {
 	start     time.Time
 	closing   atomic.Bool
 	wg        sync.WaitGroup
+
+	// handshake initiations (hsworker.go): the MAC key of ours, the worker's queue and budget
+	mac1     [32]byte
+	hsq      chan hsJob
+	hsBudget hsBudget
+	v1Warned atomic.Bool
 }
 
 type uplink struct {
@@ -275,6 +281,7 @@ func New(o Options) (*Tunnel, error) {
 	}
 	t := &Tunnel{
 		o: o, log: o.Logger, priv: o.PrivateKey, pub: o.PrivateKey.Public(),
+		mac1: session.MAC1Key(o.PrivateKey.Public()), hsq: make(chan hsJob, hsQueue), hsBudget: hsBudget{tokens: hsBurst},
 		uplinks: map[string]*uplink{}, sessions: map[uint32]*sessionRef{}, start: time.Now(),
 		errc: make(chan error, 1),
 	}
@@ -332,6 +339,7 @@ func (t *Tunnel) Run(ctx context.Context) error {
 	nUplinks := len(t.uplinks)
 	t.reloadMu.Unlock()
 	t.wg.Go(func() { t.timers(ctx) })
+	t.wg.Go(func() { t.handshakes(ctx) })
 	encryption := "on"
 	if t.o.Cleartext {
 		encryption = "off: data in clear, authenticated only"
