@@ -178,6 +178,64 @@ func copyCounted(dst, src net.Conn, n *atomic.Uint64, gate func()) error {
 	}
 }
 
+// The first bytes a destination sends back are gathered for one write to the peer: what
+// arrives until a gap of firstGatherGap, at most firstGatherMax after the first byte. Written
+// as they come, a response sent in two segments (a status or header, then the body: the
+// demo's traffic server sends a status byte, then the response, 45-130 us apart) makes two
+// TLS records and two sends, and MPTCP's default scheduler puts the second on the subflow
+// whose queue would empty first: not the one still holding the first record (unacknowledged),
+// but an idle one, in the demo over the slower uplinks. The response then arrives with the
+// slower path's delay: tshark on r1 showed the 1-byte record on the fibre subflow and the
+// 64-byte one 20 ms later on the lte-dsl one, and such new connections took 53 ms instead of
+// 32. The client side does the same with the request (appendFirstData). Timers this short can
+// fire late (a 150 us sleep overran a 500 us deadline in a unit test), so a response sent in
+// one segment can wait up to about firstGatherMax, once per connection.
+const (
+	firstGatherGap = 500 * time.Microsecond
+	firstGatherMax = time.Millisecond
+)
+
+// copyFirst copies src's first bytes to dst in one write, with what follows them within
+// firstGatherGap (at most firstGatherMax in all, or a full buffer). It returns io.EOF when
+// the stream ended within them.
+func copyFirst(dst, src net.Conn, n *atomic.Uint64) error {
+	if r, ok := dst.(*readyReader); ok {
+		dst = r.Conn
+	}
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	k, err := src.Read(buf)
+	end := time.Now().Add(firstGatherMax)
+	for err == nil && k > 0 && k < len(buf) {
+		dl := time.Now().Add(firstGatherGap)
+		if dl.After(end) {
+			dl = end
+		}
+		if err = src.SetReadDeadline(dl); err != nil {
+			break
+		}
+		var more int
+		more, err = src.Read(buf[k:])
+		k += more
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			err = nil
+			break
+		}
+	}
+	if derr := src.SetReadDeadline(time.Time{}); err == nil {
+		err = derr
+	}
+	if k > 0 {
+		if _, werr := dst.Write(buf[:k]); werr != nil {
+			return werr
+		}
+		n.Add(uint64(k))
+	}
+	return err
+}
+
 // halfCloser is a connection whose write side can be shut on its own (TCP: FIN; TLS:
 // close_notify).
 type halfCloser interface{ CloseWrite() error }
@@ -193,9 +251,18 @@ func relay(c *conn, s, m net.Conn) {
 		s.Close() // both copies return now
 		m.Close()
 	}
-	one := func(dst, src net.Conn, n *atomic.Uint64, gate func()) {
+	one := func(dst, src net.Conn, n *atomic.Uint64, gate func(), first bool) {
 		defer wg.Done()
-		if err := copyCounted(dst, src, n, gate); err != nil {
+		var err error
+		if first {
+			err = copyFirst(dst, src, n)
+		}
+		if err == nil {
+			err = copyCounted(dst, src, n, gate)
+		}
+		if errors.Is(err, io.EOF) {
+			err = nil // the first bytes were the whole stream
+		} else if err != nil {
 			fail()
 			return
 		}
@@ -209,8 +276,9 @@ func relay(c *conn, s, m net.Conn) {
 	if c.sendBacklog > 0 && c.mp != nil {
 		gate = func() { c.waitSendBacklog() }
 	}
-	go one(m, s, &c.up, gate)
-	go one(s, m, &c.down, nil)
+	// At the far side the destination's first bytes leave in one write (copyFirst).
+	go one(m, s, &c.up, gate, c.role == "in")
+	go one(s, m, &c.down, nil, false)
 	wg.Wait()
 	if c.closed.CompareAndSwap(false, true) {
 		s.Close()

@@ -138,3 +138,38 @@ func TestRouteLongestPrefix(t *testing.T) {
 		}
 	}
 }
+
+// A destination's first bytes and what follows them closely leave in one write; what comes
+// after a gap is written apart.
+func TestCopyFirstGathers(t *testing.T) {
+	srcW, src := pair(t)
+	dst, dstR := pair(t)
+	go func() {
+		srcW.Write([]byte{1})
+		for t := time.Now(); time.Since(t) < 150*time.Microsecond; {
+		} // a timer this short can sleep a millisecond
+		srcW.Write(make([]byte, 64))
+		time.Sleep(20 * time.Millisecond)
+		srcW.Write([]byte{2})
+	}()
+	var n atomic.Uint64
+	start := time.Now()
+	if err := copyFirst(dst, src, &n); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 10*time.Millisecond {
+		t.Errorf("copyFirst took %v, waited for the late byte", took)
+	}
+	if n.Load() != 65 {
+		t.Fatalf("first write carried %d bytes, want 65", n.Load())
+	}
+	buf := make([]byte, 128)
+	dstR.SetReadDeadline(time.Now().Add(time.Second))
+	if k, err := io.ReadAtLeast(dstR, buf, 65); err != nil || k != 65 {
+		t.Fatalf("read %d, %v; want 65 bytes", k, err)
+	}
+	// The deadline is cleared: the byte 20 ms later is read.
+	if k, err := src.Read(buf); err != nil || k != 1 || buf[0] != 2 {
+		t.Fatalf("then read %d, %v", k, err)
+	}
+}
