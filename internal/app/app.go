@@ -8,9 +8,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
 	"os/signal"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -178,7 +181,98 @@ func indexOf(s []string, v string) int {
 	return -1
 }
 
-// signalContext is cancelled on SIGINT or SIGTERM.
+// signalContext is cancelled on SIGINT, SIGTERM or SIGHUP: for commands that run in the
+// foreground (a closed terminal stops them). Daemons use daemonContext.
 func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+}
+
+// daemonContext is cancelled on SIGINT or SIGTERM. SIGHUP, the daemons' "reload", never stops
+// the role: it runs what the role registered with onHangup, and otherwise logs on log that
+// role cannot reload yet. file is the site file the role started with.
+func daemonContext(role string, log *slog.Logger, file string) (context.Context, context.CancelFunc) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	ctx, cancel := withHangup(ctx, hup, role, log, file)
+	return ctx, func() {
+		signal.Stop(hup)
+		cancel()
+		stop()
+	}
+}
+
+// withHangup runs the hangup of the returned context for each signal on hup, until cancel.
+func withHangup(parent context.Context, hup <-chan os.Signal, role string, log *slog.Logger, file string) (context.Context, context.CancelFunc) {
+	h := &hangup{role: role, log: log, file: file}
+	ctx, stop := context.WithCancel(context.WithValue(parent, hangupKey{}, h))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-hup:
+				h.fire()
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return ctx, func() {
+		stop()
+		<-done
+	}
+}
+
+// hangup is what SIGHUP does in a role.
+type hangup struct {
+	mu     sync.Mutex
+	role   string       // for the log, when the role has no reload
+	log    *slog.Logger // the role's; nil: the default logger
+	file   string       // the site file the role started with ("" when none)
+	reload func()
+}
+
+type hangupKey struct{}
+
+func (h *hangup) fire() {
+	h.mu.Lock()
+	reload, role, log := h.reload, h.role, h.log
+	h.mu.Unlock()
+	if reload != nil {
+		reload()
+		return
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	log.Warn("SIGHUP: reload is not supported for " + role + " yet; still running with the configuration it started with")
+}
+
+func hangupOf(ctx context.Context) *hangup {
+	h, _ := ctx.Value(hangupKey{}).(*hangup)
+	return h
+}
+
+// onHangup makes SIGHUP run reload, given the site file the role started with; nothing when
+// ctx is not a daemonContext.
+func onHangup(ctx context.Context, reload func(file string)) {
+	h := hangupOf(ctx)
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	file := h.file
+	h.reload = func() { reload(file) }
+	h.mu.Unlock()
+}
+
+// daemonFile is the site file of the daemon that ctx belongs to ("" when unknown).
+func daemonFile(ctx context.Context) string {
+	if h := hangupOf(ctx); h != nil {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.file
+	}
+	return ""
 }

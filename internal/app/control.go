@@ -19,7 +19,9 @@ import (
 
 // controlReply answers one request on a role's control socket.
 type controlReply struct {
-	Error  string          `json:"error,omitempty"`
+	Error   string `json:"error,omitempty"`
+	Message string `json:"message,omitempty"` // what a request that succeeded did, when it says
+
 	Status json.RawMessage `json:"status,omitempty"` // the role's /status document, for a status request
 }
 
@@ -106,10 +108,20 @@ func handleControl[Req any](c net.Conn, apply func(Req) error, status func() any
 		return controlReply{Error: "bad request: " + err.Error()}
 	}
 	if err := apply(req); err != nil {
+		var done controlDone
+		if errors.As(err, &done) {
+			return controlReply{Message: string(done)}
+		}
 		return controlReply{Error: err.Error()}
 	}
 	return controlReply{}
 }
+
+// controlDone is what an apply returns for a request that succeeded with something to say
+// (the reply's Message), not an error.
+type controlDone string
+
+func (d controlDone) Error() string { return string(d) }
 
 // peerAllowed lets root and this process's own user use a control socket: an abstract socket
 // has no file mode to keep others out.

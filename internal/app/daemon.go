@@ -15,7 +15,8 @@ type daemonOption func(fs *flag.FlagSet) (before func() (cleanup func(), err err
 
 // runDaemon runs a long-lived role: the flags every role takes (--config, --log-format,
 // --verbose) and those of opts, the site file loaded by load (a mistake is reported with the
-// file, line and field), a context that ends on SIGINT or SIGTERM, then serve until it does.
+// file, line and field), a context that ends on SIGINT or SIGTERM (SIGHUP reloads the roles
+// that register a reload with onHangup, and is logged by the others), then serve until it does.
 func runDaemon[C any](e env, role, doc string, args []string, load func(file string) (C, error),
 	serve func(ctx context.Context, cfg C, log *slog.Logger) error, opts ...daemonOption) int {
 	fs := newFlags(e, "braid "+role, doc)
@@ -52,7 +53,7 @@ func runDaemon[C any](e env, role, doc string, args []string, load func(file str
 			defer cleanup()
 		}
 	}
-	ctx, cancel := signalContext()
+	ctx, cancel := daemonContext("braid "+role, log, *file)
 	defer cancel()
 	if err := serve(ctx, cfg, log); err != nil {
 		fmt.Fprintf(e.stderr, "braid %s: %v\n", role, err)

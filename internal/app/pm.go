@@ -189,7 +189,7 @@ func runPM(e env, args []string) int {
 		defer srv.Close()
 		log.Info("status and metrics", "addr", srv.Addr())
 	}
-	ctx, cancel := signalContext()
+	ctx, cancel := daemonContext("braid pm", log, *file)
 	defer cancel()
 	if err := d.Run(ctx); err != nil {
 		fmt.Fprintf(e.stderr, "braid pm: %v\n", err)

@@ -180,7 +180,7 @@ func proxyRun(e env, args []string, check bool) int {
 		fmt.Fprintf(e.stderr, "braid proxy: %v\n", err)
 		return exitUsage
 	}
-	ctx, cancel := signalContext()
+	ctx, cancel := daemonContext("braid proxy", log, *file)
 	defer cancel()
 	if err := serveProxy(ctx, &cfg, log); err != nil {
 		fmt.Fprintf(e.stderr, "braid proxy: %v\n", err)

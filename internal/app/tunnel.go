@@ -33,6 +33,7 @@ const tunnelDoc = `Usage: braid tunnel --config FILE [--log-format text|json] [-
        braid tunnel import-mpt --interface interface.conf [--out FILE] CONNECTION.conf...
        braid tunnel path up|down PEER PATH [--control SOCKET]
        braid tunnel path weight PEER PATH WEIGHT [--control SOCKET]
+       braid tunnel reload [--control SOCKET]
 
 braid tunnel carries the IP packets of a TUN interface to other sites over several UDP paths at
 once (GRE-in-UDP, RFC 8086), so that one flow gets the sum of the paths and survives the loss of
@@ -54,6 +55,10 @@ running tunnel serves its status and Prometheus metrics on the 'metrics' address
 and path changes on its 'control' socket (default @braid/tunnel, an abstract socket of the
 network namespace, so each namespace has its own); 'braid status' and 'braid tunnel path' find
 it without flags; a change applies to the next packet.
+'reload' (or SIGHUP to the daemon) applies the site file it started with, changed: peers,
+paths, uplinks, routes, capacities and the scheduler, while the peers that stay keep their
+sessions; a file with a mistake is refused with its file and line, and nothing changes
+(docs/tunnel.md, "Reload").
 --cpuprofile writes a Go CPU profile of the whole run to FILE when the tunnel stops (for 'go tool
 pprof'; docs/tunnel-profile.md shows how it was used).
 
@@ -62,6 +67,7 @@ Example:
   braid tunnel check --config /etc/braid/site.toml
   braid tunnel --config /etc/braid/site.toml
   braid tunnel path down site-b 2
+  braid tunnel reload
   braid status
 `
 
@@ -74,6 +80,8 @@ func runTunnel(e env, args []string) int {
 			return tunnelImportMPT(e, args[1:])
 		case "path":
 			return tunnelPath(e, args[1:])
+		case "reload":
+			return tunnelReload(e, args[1:])
 		case "run":
 			args = args[1:]
 		}
@@ -229,6 +237,7 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 		return err
 	}
 	byName := map[string]config.Uplink{}
+	socks := map[string]uplinkSock{}
 	for _, u := range cfg.Uplinks {
 		c, err := sock.Listen(u.Socket(cfg.Port), u.Interface)
 		if err == nil && cfg.Mode != config.ModeMPT {
@@ -240,6 +249,7 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 		}
 		uplinks = append(uplinks, tunnel.Uplink{Name: u.Name, Conn: c, MTU: linkMTU(u), Capacity: u.Capacity, Local: u.Socket(cfg.Port)})
 		byName[u.Name] = u
+		socks[u.Name] = uplinkSock{local: u.Socket(cfg.Port), iface: u.Interface, conn: c, mtu: linkMTU(u), config: u}
 	}
 	for _, p := range cfg.Peers {
 		for _, r := range p.Routes {
@@ -273,7 +283,15 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 			return err
 		}
 		run, src = t.Run, mptSource{t}
-		mutate = func(r pathRequest) error { return applyMPTPath(t, cfg.Peers[0].Name, r) }
+		onHangup(ctx, func(string) {
+			log.Warn("SIGHUP: mode mpt does not reload yet; still running with the site file it started with (restart to apply a change)")
+		})
+		mutate = func(r pathRequest) error {
+			if r.Action == "reload" {
+				return errors.New("mode mpt: reload is not supported yet: restart the tunnel to apply a changed site file")
+			}
+			return applyMPTPath(t, cfg.Peers[0].Name, r)
+		}
 	} else {
 		o := braidOptions(cfg, dev, mtu, uplinks, byName, log)
 		if cfg.MTU == 0 { // derived: path MTU discovery may lower it
@@ -285,7 +303,22 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 			return err
 		}
 		run, src = t.Run, tunnelSource{t}
-		mutate = func(r pathRequest) error { return applyPath(t, r) }
+		rl := &tunnelReloader{t: t, nl: nl, log: log, load: loadTunnelConfig, listen: listenUplink, cfg: cfg, conns: socks}
+		file := daemonFile(ctx)
+		mutate = func(r pathRequest) error {
+			if r.Action == "reload" {
+				ch, err := rl.reload(file)
+				if err != nil {
+					return err
+				}
+				return controlDone(file + ": " + ch.String())
+			}
+			return applyPath(t, r)
+		}
+		onHangup(ctx, func(file string) {
+			log.Info("SIGHUP: reloading", "file", file)
+			rl.reload(file) // logged either way
+		})
 	}
 	if cfg.Metrics.IsValid() {
 		srv, err := metrics.Listen(cfg.Metrics.String(), src)
@@ -523,7 +556,7 @@ func (s mptSource) WriteMetrics(w *metrics.Writer) {
 
 // pathRequest is one request on the tunnel's control socket.
 type pathRequest struct {
-	Action string  `json:"action"` // up, down, weight
+	Action string  `json:"action"` // up, down, weight, reload
 	Peer   string  `json:"peer"`
 	Path   int     `json:"path"`
 	Weight float64 `json:"weight,omitempty"`
@@ -584,5 +617,29 @@ func tunnelPath(e env, args []string) int {
 		return exitError
 	}
 	fmt.Fprintf(e.stdout, "peer %s path %d: %s done\n", req.Peer, req.Path, req.Action)
+	return exitOK
+}
+
+// tunnelReload is 'braid tunnel reload': the running tunnel re-reads its site file.
+func tunnelReload(e env, args []string) int {
+	fs := newFlags(e, "braid tunnel reload", tunnelDoc)
+	control := fs.String("control", config.TunnelDefaults().Control, "the tunnel's control `SOCKET`")
+	if done, code := parseFlags(e, fs, args); done {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintln(e.stderr, "braid tunnel reload: no arguments expected (the tunnel re-reads the site file it started with)")
+		return exitUsage
+	}
+	rep, err := callControl(*control, pathRequest{Action: "reload"})
+	if err != nil {
+		if errors.Is(err, errNotRunning) {
+			fmt.Fprintf(e.stderr, "braid tunnel reload: is the tunnel running? %v\n", err)
+		} else {
+			fmt.Fprintf(e.stderr, "braid tunnel reload: %v\n", err)
+		}
+		return exitError
+	}
+	fmt.Fprintf(e.stdout, "reloaded %s\n", rep.Message)
 	return exitOK
 }

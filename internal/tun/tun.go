@@ -4,6 +4,7 @@
 package tun
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -126,6 +127,23 @@ func AddRoute(nl *netlink.Handle, name string, prefix netip.Prefix) error {
 		Scope:     netlink.SCOPE_LINK,
 	}
 	if err := nl.RouteReplace(r); err != nil {
+		return fmt.Errorf("tun: route %s via %s: %w", prefix, name, err)
+	}
+	return nil
+}
+
+// DelRoute removes the route of prefix into the interface; one already gone is no error.
+func DelRoute(nl *netlink.Handle, name string, prefix netip.Prefix) error {
+	link, err := nl.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("tun: %s: %w", name, err)
+	}
+	r := &netlink.Route{
+		LinkIndex: link.Attrs().Index,
+		Dst:       &net.IPNet{IP: prefix.Addr().AsSlice(), Mask: net.CIDRMask(prefix.Bits(), prefix.Addr().BitLen())},
+		Scope:     netlink.SCOPE_LINK,
+	}
+	if err := nl.RouteDel(r); err != nil && !errors.Is(err, unix.ESRCH) {
 		return fmt.Errorf("tun: route %s via %s: %w", prefix, name, err)
 	}
 	return nil

@@ -88,8 +88,8 @@ func (t *Tunnel) initiation(u *uplink, src netip.AddrPort, id uint8, body []byte
 
 // mayInitiate reports whether some peer may initiate from src on u.
 func (t *Tunnel) mayInitiate(u *uplink, src netip.AddrPort) bool {
-	for _, p := range t.peers {
-		if _, learnable := p.learnOn[u]; learnable || p.pathFrom(u, src) != nil {
+	for _, p := range t.peerList() {
+		if _, learnable := p.learnable(u); learnable || p.pathFrom(u, src) != nil {
 			return true
 		}
 	}

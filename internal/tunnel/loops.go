@@ -47,7 +47,7 @@ func (t *Tunnel) readDevice() error {
 		bufs[i] = make([]byte, size)
 	}
 	dl, _ := t.o.Device.(deadliner)
-	queue := dl != nil && t.plans()
+	queue := dl != nil && t.queueing
 	var (
 		free     [][]byte // buffers back from the send queues
 		active   []*peer  // peers with packets queued
@@ -68,7 +68,7 @@ func (t *Tunnel) readDevice() error {
 			if err == nil {
 				k, err = readSome(bd, t.o.Device, bufs, sizes)
 			}
-		case len(active) > 0 && allFull(t.peers):
+		case len(active) > 0 && allFull(t.peerList()):
 			// The device's own queue holds the rest meanwhile, and pushes back on the
 			// senders (a local one through TCP small queues; routed ones by its drops).
 			sleep(wake - now)
@@ -140,14 +140,11 @@ func (t *Tunnel) readDevice() error {
 	}
 }
 
-// plans reports whether the tunnel's scheduler plans a send queue.
-func (t *Tunnel) plans() bool {
-	for _, p := range t.peers {
-		if _, ok := p.sch.(planner); !ok {
-			return false
-		}
-	}
-	return len(t.peers) > 0
+// plans reports whether the scheduler of that name plans a send queue (reloads keep it so).
+func plans(name string) bool {
+	sch, err := newScheduler(name)
+	_, ok := sch.(planner)
+	return err == nil && ok
 }
 
 // allFull reports whether every peer's send queue is full: the device reader then waits
@@ -188,7 +185,7 @@ func (t *Tunnel) classify(b []byte, n int) (*peer, int) {
 	}
 	// The scheduler paces in bytes on the wire: count the outer IP and UDP headers too, so
 	// that a path is never fed faster than its capacity.
-	return p, n + Overhead + p.outer
+	return p, n + Overhead + int(p.outer.Load())
 }
 
 // sendData sends the inner packet at b[headroom:headroom+n] (b[:headroom] is scratch for its
@@ -434,7 +431,7 @@ func (t *Tunnel) readUplink(u *uplink) error {
 			seg = n
 		}
 		if err != nil {
-			if t.closing.Load() {
+			if t.closing.Load() || u.removed.Load() {
 				return nil
 			}
 			return err
@@ -554,7 +551,7 @@ func (t *Tunnel) receive(u *uplink, src netip.AddrPort, b []byte, ob *outbox) {
 		}
 		p.mu.Lock()
 		pp.est.OnReply(now, r.Seq, r.Timestamp, r.Hold, path.Feedback(r.Feedback))
-		pp.sampleCapacityLocked(now, p.outer)
+		pp.sampleCapacityLocked(now, int(p.outer.Load()))
 		p.mu.Unlock()
 	case mpath.TypeMTUProbe:
 		var pr mpath.Probe
@@ -690,7 +687,7 @@ func (t *Tunnel) onInit(u *uplink, src netip.AddrPort, id uint8, msg []byte) {
 		return
 	}
 	var p *peer
-	for _, q := range t.peers {
+	for _, q := range t.peerList() {
 		if q.pub.Equal(in.Peer) {
 			p = q
 		}
@@ -701,7 +698,7 @@ func (t *Tunnel) onInit(u *uplink, src netip.AddrPort, id uint8, msg []byte) {
 	}
 	src = unmapPort(src)
 	pp := p.pathFrom(u, src)
-	if _, learnable := p.learnOn[u]; pp == nil && !learnable {
+	if _, learnable := p.learnable(u); pp == nil && !learnable {
 		t.stats.DropUnknownPath.Add(1)
 		return
 	}
@@ -712,6 +709,11 @@ func (t *Tunnel) onInit(u *uplink, src netip.AddrPort, id uint8, msg []byte) {
 		ourID = pp.id
 	}
 	p.mu.Lock()
+	if p.gone.Load() {
+		p.mu.Unlock()
+		t.stats.DropHandshake.Add(1) // a reload has just removed the peer
+		return
+	}
 	// Copies are told apart by the initiator's path (the header's, not authenticated: a
 	// forged one can make a replay count as a copy, which is not answered either).
 	if !in.Timestamp.After(p.lastInit) {
@@ -808,7 +810,7 @@ func (t *Tunnel) timers(ctx context.Context) {
 		case <-tick.C:
 		}
 		now := t.now()
-		for _, p := range t.peers {
+		for _, p := range t.peerList() {
 			p.handshake(now)
 			p.expire(now)
 			for _, pp := range p.pathList() {
@@ -862,7 +864,7 @@ func (t *Tunnel) timers(ctx context.Context) {
 
 // accepts reports whether an inner source address may come from p.
 func (p *peer) accepts(src netip.Addr) bool {
-	for _, r := range p.routes {
+	for _, r := range *p.routes.Load() {
 		if r.Contains(src) {
 			return true
 		}

@@ -32,21 +32,28 @@ var (
 
 // peer is one remote site: its paths, sessions, reorder buffer and scheduler.
 type peer struct {
-	t      *Tunnel
-	name   string
-	pub    session.PublicKey
-	routes []netip.Prefix
+	t    *Tunnel
+	name string
+	pub  session.PublicKey
+	// routes are the inner prefixes of the peer; a reload replaces them (reload.go).
+	routes atomic.Pointer[[]netip.Prefix]
+	// cfg is the configuration the peer was made or last reloaded with (reload.go); only
+	// Reload, under t.reloadMu, touches it.
+	cfg PeerConfig
+	// gone: a reload removed the peer; it makes no session any more.
+	gone atomic.Bool
 
 	cur   atomic.Pointer[liveSession] // the session packets are sent with
 	txSeq atomic.Uint32               // data sequence for the peer's reorder buffer
 
 	// learn: the peer was declared without addresses; its paths are learned from its packets
 	// (roam.go), on the uplinks in learnOn, at most maxPaths of them.
-	learn       bool
-	learnOn     map[*uplink]PathConfig // the weight and capacity of paths learned on the uplink
-	maxPaths    int
+	learn bool
+	// learnOn: the weight and capacity of paths learned on each uplink (replaced by reloads)
+	learnOn     atomic.Pointer[map[*uplink]PathConfig]
+	maxPaths    atomic.Int64
 	limitWarned atomic.Bool
-	keepalive   int64 // longest a path stays without sending, ns
+	keepalive   atomic.Int64 // longest a path stays without sending, ns
 	// ro is paths for the readers that do not hold mu (publishPathsLocked).
 	ro atomic.Pointer[[]*peerPath]
 
@@ -54,6 +61,8 @@ type peer struct {
 	paths []*peerPath
 	snap  []sched.Path // scratch for the scheduler
 	sch   scheduler
+	// schedName is sch's name as the site file gives it ("" is paced)
+	schedName string
 	// flight: the scheduler reasons with each path's data in flight (peerPath.sent); the
 	// pacing one does not, and is spared the bookkeeping. measured: it takes a path's
 	// measured capacity as its Capacity (paced, and wrr for its weights).
@@ -78,8 +87,8 @@ type peer struct {
 	versionWarned atomic.Bool
 	rb            *reorder.Buffer[*packetBuf]
 	released      []*packetBuf
-	outer         int     // outer IP and UDP header bytes: 28, or 48 when a path is IPv6
-	q             txQueue // packets waiting to be sent (the device reader's only)
+	outer         atomic.Int64 // outer IP and UDP header bytes: 28, or 48 when a path is IPv6
+	q             txQueue      // packets waiting to be sent (the device reader's only)
 	// the send queue's depth as of the device reader's last change, for the status
 	queuedBytes, queuedPackets atomic.Int64
 	queueDrops                 atomic.Uint64 // packets dropped because the queue was full
@@ -99,6 +108,9 @@ type liveSession struct {
 type peerPath struct {
 	id uint8
 	up *uplink
+	// conf is the path's configuration, as the site file last gave it (reload.go); for a
+	// learned path, that of its uplink
+	conf PathConfig
 	// dst is the peer's address on the path now: configured, or learned, and moved by the
 	// peer's authenticated packets (roam.go). Read it with remote().
 	dst atomic.Pointer[netip.AddrPort]
@@ -176,19 +188,20 @@ func newScheduler(name string) (scheduler, error) {
 	return nil, fmt.Errorf("tunnel: unknown scheduler %q (paced, wrr, minrtt, blest, ecf or rbpm)", name)
 }
 
-func newPeer(t *Tunnel, pc PeerConfig, now int64) (*peer, error) {
+// newPeer makes the peer of pc, whose paths leave by the uplinks in ups, with the scheduler
+// named schedName.
+func newPeer(t *Tunnel, ups map[string]*uplink, pc PeerConfig, schedName string, now int64) (*peer, error) {
 	if pc.PublicKey.IsZero() {
 		return nil, fmt.Errorf("tunnel: peer %s has no public key", pc.Name)
 	}
-	sch, err := newScheduler(t.o.Scheduler)
-	if err != nil {
+	p := &peer{t: t, name: pc.Name, pub: pc.PublicKey, cfg: pc, rtx: newRecovery(t.o.Recovery, t.o.MTU)}
+	if err := p.setSchedulerLocked(schedName); err != nil {
 		return nil, err
 	}
-	p := &peer{t: t, name: pc.Name, pub: pc.PublicKey, routes: pc.Routes, sch: sch, rtx: newRecovery(t.o.Recovery, t.o.MTU)}
-	_, paced := sch.(pacer)
-	_, wrr := sch.(*sched.WRR)
-	p.flight, p.measured = !paced, paced || wrr
+	routes := pc.Routes
+	p.routes.Store(&routes)
 	p.txSeq.Store(randUint32())
+	var err error
 	if t.o.Reorder {
 		rc := t.o.ReorderCfg
 		rc.Learn = true
@@ -196,22 +209,55 @@ func newPeer(t *Tunnel, pc PeerConfig, now int64) (*peer, error) {
 			return nil, fmt.Errorf("tunnel: peer %s: %w", pc.Name, err)
 		}
 	}
+	keepalive, maxPaths, learn, err := checkPeer(pc)
+	if err != nil {
+		return nil, err
+	}
+	p.keepalive.Store(keepalive)
+	p.maxPaths.Store(int64(maxPaths))
+	p.learn = learn
+	learnOn := map[*uplink]PathConfig{}
+	for i, cfg := range pc.Paths {
+		u := ups[cfg.Uplink]
+		if u == nil {
+			return nil, fmt.Errorf("tunnel: peer %s path %d: no uplink %q", pc.Name, i+1, cfg.Uplink)
+		}
+		if p.learn {
+			learnOn[u] = cfg
+			continue
+		}
+		pp, err := p.newPath(uint8(i), u, cfg, now)
+		if err != nil {
+			return nil, fmt.Errorf("tunnel: peer %s path %d: %w", pc.Name, i+1, err)
+		}
+		p.paths = append(p.paths, pp)
+	}
+	p.learnOn.Store(&learnOn)
+	p.snap = make([]sched.Path, len(p.paths))
+	p.setOuterLocked()
+	p.publishPathsLocked()
+	return p, nil
+}
+
+// checkPeer checks pc and returns its keepalive (ns), its bound on learned paths, and whether
+// its paths are learned.
+func checkPeer(pc PeerConfig) (keepalive int64, maxPaths int, learn bool, err error) {
 	if len(pc.Paths) == 0 || len(pc.Paths) > 254 {
-		return nil, fmt.Errorf("tunnel: peer %s has %d paths (1 to 254)", pc.Name, len(pc.Paths))
+		return 0, 0, false, fmt.Errorf("tunnel: peer %s has %d paths (1 to 254)", pc.Name, len(pc.Paths))
 	}
-	p.keepalive = int64(pc.Keepalive)
-	if p.keepalive == 0 {
-		p.keepalive = int64(DefaultKeepalive)
+	keepalive = int64(pc.Keepalive)
+	if keepalive == 0 {
+		keepalive = int64(DefaultKeepalive)
 	}
-	if p.keepalive < 0 {
-		return nil, fmt.Errorf("tunnel: peer %s: keepalive %v is negative", pc.Name, pc.Keepalive)
+	if keepalive < 0 {
+		return 0, 0, false, fmt.Errorf("tunnel: peer %s: keepalive %v is negative", pc.Name, pc.Keepalive)
 	}
-	p.maxPaths = pc.MaxPaths
-	if p.maxPaths == 0 {
-		p.maxPaths = DefaultMaxPaths
+	maxPaths = pc.MaxPaths
+	if maxPaths == 0 {
+		maxPaths = DefaultMaxPaths
 	}
-	if p.maxPaths < 1 || p.maxPaths > 254 {
-		return nil, fmt.Errorf("tunnel: peer %s: max paths %d outside 1..254", pc.Name, pc.MaxPaths)
+	if maxPaths < 1 || maxPaths > 254 {
+		return 0, 0, false, fmt.Errorf("tunnel: peer %s: max paths %d outside 1..254", pc.Name, pc.MaxPaths)
 	}
 	fixed := 0
 	for _, cfg := range pc.Paths {
@@ -219,47 +265,57 @@ func newPeer(t *Tunnel, pc PeerConfig, now int64) (*peer, error) {
 			fixed++
 		}
 	}
-	p.learn = fixed == 0
-	if p.learn {
-		p.learnOn = map[*uplink]PathConfig{}
-	} else if fixed != len(pc.Paths) {
-		return nil, fmt.Errorf("tunnel: peer %s: %d of %d paths have no remote address: give every path one, or none (paths learned from the peer's packets)", pc.Name, len(pc.Paths)-fixed, len(pc.Paths))
+	if fixed != 0 && fixed != len(pc.Paths) {
+		return 0, 0, false, fmt.Errorf("tunnel: peer %s: %d of %d paths have no remote address: give every path one, or none (paths learned from the peer's packets)", pc.Name, len(pc.Paths)-fixed, len(pc.Paths))
 	}
-	p.outer = 20 + 8
-	for i, cfg := range pc.Paths {
-		u := t.uplinks[cfg.Uplink]
-		if u == nil {
-			return nil, fmt.Errorf("tunnel: peer %s path %d: no uplink %q", pc.Name, i+1, cfg.Uplink)
-		}
-		if p.learn {
-			// The outer headers of paths not known yet: those of the uplink's family, and
-			// IPv6's when it is unknown (a little less for the paced rate, never too much).
-			p.learnOn[u] = cfg
-			if !u.local.IsValid() || !u.local.Addr().Unmap().Is4() {
-				p.outer = 40 + 8
-			}
-			continue
-		}
-		pp, err := p.newPath(uint8(i), u, cfg.Remote, cfg.Weight, cfg.Capacity, now)
-		if err != nil {
-			return nil, fmt.Errorf("tunnel: peer %s path %d: %w", pc.Name, i+1, err)
-		}
-		p.paths = append(p.paths, pp)
-		if pp.outer > p.outer {
-			p.outer = pp.outer
-		}
-	}
-	p.snap = make([]sched.Path, len(p.paths))
-	p.publishPathsLocked()
-	return p, nil
+	return keepalive, maxPaths, fixed == 0, nil
 }
 
-// newPath makes path id on uplink u to remote.
-func (p *peer) newPath(id uint8, u *uplink, remote netip.AddrPort, weight float64, capacity uint64, now int64) (*peerPath, error) {
+// setSchedulerLocked gives the peer a new scheduler of that name; p.mu is held (or p is not
+// published yet).
+func (p *peer) setSchedulerLocked(name string) error {
+	sch, err := newScheduler(name)
+	if err != nil {
+		return err
+	}
+	_, paced := sch.(pacer)
+	_, wrr := sch.(*sched.WRR)
+	p.sch, p.schedName = sch, name
+	p.flight, p.measured = !paced, paced || wrr
+	return nil
+}
+
+// setOuterLocked sets the peer's outer header size from its paths: IPv6's when one of them is
+// IPv6, and for the paths not learned yet, those of their uplink's family (IPv6's when it is
+// unknown: a little less for the paced rate, never too much).
+func (p *peer) setOuterLocked() {
+	outer := 20 + 8
+	for _, pp := range p.paths {
+		outer = max(outer, pp.outer)
+	}
+	if p.learn {
+		for u := range *p.learnOn.Load() {
+			if !u.local.IsValid() || !u.local.Addr().Unmap().Is4() {
+				outer = 40 + 8
+			}
+		}
+	}
+	p.outer.Store(int64(outer))
+}
+
+// learnable returns the configuration of the paths p learns on u; ok is false when it learns
+// none there.
+func (p *peer) learnable(u *uplink) (PathConfig, bool) {
+	c, ok := (*p.learnOn.Load())[u]
+	return c, ok && p.learn
+}
+
+// newPath makes path id on uplink u to cfg.Remote.
+func (p *peer) newPath(id uint8, u *uplink, cfg PathConfig, now int64) (*peerPath, error) {
 	t := p.t
-	remote = unmapPort(remote)
+	remote := unmapPort(cfg.Remote)
 	pp := &peerPath{
-		id: id, up: u, weight: weight, capacity: capacity,
+		id: id, up: u, conf: cfg, weight: cfg.Weight, capacity: cfg.Capacity,
 		est: path.New(t.o.Path, now), capAt: now, outer: 20 + 8,
 	}
 	pp.dst.Store(&remote)
@@ -275,7 +331,7 @@ func (p *peer) newPath(id uint8, u *uplink, remote netip.AddrPort, weight float6
 		return nil, err
 	}
 	pp.pmtu = path.NewPMTU(mc, now)
-	if capacity == 0 {
+	if cfg.Capacity == 0 {
 		var err error
 		if pp.capEst, err = sched.NewCapacity(t.o.CapacityCfg); err != nil {
 			return nil, err
@@ -368,7 +424,7 @@ func (p *peer) pick(now int64, size int) (pp *peerPath, wait int64) {
 // until the estimator declares it down.
 func (p *peer) snapshotLocked(now int64) bool {
 	fresh := false
-	mss := int(p.t.mtu.Load()) + Overhead + p.outer
+	mss := int(p.t.mtu.Load()) + Overhead + int(p.outer.Load())
 	var fb feedbackConn
 	for i, pp := range p.paths {
 		s := pp.est.Snapshot()
@@ -403,7 +459,7 @@ func (p *peer) snapshotLocked(now int64) bool {
 				sp.CWnd = probeWindow(pp.capEst, s.DeliveryRate, base)
 			}
 		}
-		if b := pp.up.pace; b != nil {
+		if b := pp.up.pace.Load(); b != nil {
 			// The paths on one uplink are paced together at its capacity, and none is
 			// worth more than the uplink in the shares.
 			p.snap[i].Uplink = b
@@ -436,7 +492,7 @@ func (p *peer) handshake(now int64) {
 	p.mu.Lock()
 	cur := p.cur.Load()
 	need := cur == nil || time.Duration(now-cur.created) > rekeyAfter || cur.s.Sent() > rekeyAfterMessages
-	if !need || (p.hs != nil && time.Duration(now-p.hsSent) < handshakeRetry) || len(p.paths) == 0 {
+	if !need || p.gone.Load() || (p.hs != nil && time.Duration(now-p.hsSent) < handshakeRetry) || len(p.paths) == 0 {
 		// A peer whose paths are learned and not known yet is reached when it initiates.
 		p.mu.Unlock()
 		return

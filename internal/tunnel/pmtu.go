@@ -41,7 +41,7 @@ func (t *Tunnel) probeMTU(now int64, p *peer, pp *peerPath, before path.State, a
 // searching), between minMTU and the MTU the tunnel started with, and tells the device.
 func (t *Tunnel) updateMTU() {
 	want := 0
-	for _, p := range t.peers {
+	for _, p := range t.peerList() {
 		p.mu.Lock()
 		for _, pp := range p.paths {
 			if pp.admin || pp.est.State() != path.Up || pp.pmtu.Searching() {

@@ -216,12 +216,11 @@ func (t *Tunnel) nack(p *peer, from uint8, first uint32, count int) {
 // onNack resends what a nack reports lost, each packet on this side's fastest path.
 func (t *Tunnel) onNack(p *peer, k mpath.Nack) {
 	t.stats.NacksReceived.Add(1)
-	paths := p.pathList() // without p.mu: a learned path may be added meanwhile (roam.go)
-	if int(k.Path) >= len(paths) || k.Count == 0 {
+	lost := p.pathByID(k.Path) // without p.mu: a learned path may be added meanwhile (roam.go)
+	if lost == nil || k.Count == 0 {
 		t.stats.DropBadHeader.Add(1)
 		return
 	}
-	lost := paths[k.Path]
 	pb := t.getBuf()
 	defer t.putBuf(pb)
 	for i := range min(int(k.Count), maxNackRun) {

@@ -131,13 +131,13 @@ func (p *peer) roam(u *uplink, src netip.AddrPort, id uint8) *peerPath {
 		p.mu.Unlock()
 		return byAddr
 	}
-	tmpl, learnable := p.learnOn[u]
+	tmpl, learnable := p.learnable(u)
 	switch {
-	case !p.learn || !learnable:
+	case !learnable:
 		p.mu.Unlock()
 		t.stats.DropUnknownPath.Add(1)
 		return nil
-	case len(p.paths) >= p.maxPaths:
+	case len(p.paths) >= int(p.maxPaths.Load()):
 		if old := p.staleLocked(u, t.now()); old != nil {
 			// The peer numbers its paths anew (it restarted with another site file) or one
 			// of its uplinks went for good: the path silent longest takes the new one.
@@ -155,12 +155,13 @@ func (p *peer) roam(u *uplink, src netip.AddrPort, id uint8) *peerPath {
 		t.stats.DropPathLimit.Add(1)
 		if !p.limitWarned.Swap(true) {
 			t.log.Warn("peer has as many learned paths as max_paths: packets on a new one are dropped (drop_path_limit) while none has been silent long enough to be reused",
-				"peer", p.name, "max_paths", p.maxPaths, "uplink", u.name, "from", src, "reuse_after", reuseAfter)
+				"peer", p.name, "max_paths", p.maxPaths.Load(), "uplink", u.name, "from", src, "reuse_after", reuseAfter)
 		}
 		return nil
 	}
 	now := t.now()
-	pp, err := p.newPath(uint8(len(p.paths)), u, src, tmpl.Weight, tmpl.Capacity, now)
+	tmpl.Remote = src
+	pp, err := p.newPath(p.freeIDLocked(), u, tmpl, now)
 	if err != nil {
 		p.mu.Unlock()
 		t.stats.DropUnknownPath.Add(1)
@@ -227,7 +228,7 @@ func (t *Tunnel) keepalive(p *peer, pp *peerPath, now int64) {
 		pp.kaPackets, pp.kaAt = n, now
 		return
 	}
-	if now-pp.kaAt < p.keepalive {
+	if now-pp.kaAt < p.keepalive.Load() {
 		return
 	}
 	pp.kaAt = now

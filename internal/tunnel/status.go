@@ -151,22 +151,22 @@ type PathStatus struct {
 func (t *Tunnel) Status() Status {
 	now := t.now()
 	st := Status{PublicKey: t.pub.String(), Uptime: time.Since(t.start), Counters: t.stats.snapshot(), MTU: int(t.mtu.Load())}
-	for _, p := range t.peers {
-		ps := PeerStatus{Name: p.name, Scheduler: t.o.Scheduler, PeerBufferFree: -1,
+	for _, p := range t.peerList() {
+		ps := PeerStatus{Name: p.name, PeerBufferFree: -1,
 			SendQueuePackets: int(p.queuedPackets.Load()), SendQueueBytes: int(p.queuedBytes.Load()),
 			SendQueueDrops: p.queueDrops.Load()}
-		if ps.Scheduler == "" {
-			ps.Scheduler = "paced"
-		}
 		if cur := p.cur.Load(); cur != nil {
 			ps.Session, ps.SessionAge, ps.Cipher = true, time.Duration(now-cur.created), t.cipherName(cur.s)
 			ps.Protocol = int(cur.s.Version)
 		}
-		ps.LearnsPaths, ps.Keepalive = p.learn, time.Duration(p.keepalive)
+		ps.LearnsPaths, ps.Keepalive = p.learn, time.Duration(p.keepalive.Load())
 		if p.learn {
-			ps.MaxPaths = p.maxPaths
+			ps.MaxPaths = int(p.maxPaths.Load())
 		}
 		p.mu.Lock()
+		if ps.Scheduler = p.schedName; ps.Scheduler == "" {
+			ps.Scheduler = "paced"
+		}
 		if p.rb != nil {
 			ps.ReorderHold = p.rb.Hold()
 			st := p.rb.Stats()
@@ -175,7 +175,7 @@ func (t *Tunnel) Status() Status {
 		if c := p.connLocked(); c.AvailKnown {
 			ps.PeerBufferFree = c.Avail
 		}
-		for _, pp := range p.paths {
+		for i, pp := range p.paths {
 			s := pp.est.Snapshot()
 			capacity, phase, measured := float64(pp.capacity), "", true
 			if pp.capEst != nil {
@@ -209,7 +209,7 @@ func (t *Tunnel) Status() Status {
 				at := pp.movedAt
 				last.MovedAt = &at
 			}
-			if ss, ok := p.schedStateLocked(int(pp.id)); ok {
+			if ss, ok := p.schedStateLocked(i); ok {
 				st := &ps.Paths[len(ps.Paths)-1]
 				st.Sched, st.SchedReason, st.SchedRequired, st.SchedAvailable = "active", ss.Reason.String(), ss.Required, ss.Avail
 				if !ss.Active {
@@ -256,34 +256,34 @@ func (c *Counters) snapshot() map[string]uint64 {
 // SetAdminDown takes a path out of use (true) or back (false); it is effective for the next
 // packet. peerName and id (1-based) name the path.
 func (t *Tunnel) SetAdminDown(peerName string, id int, down bool) bool {
-	for _, p := range t.peers {
+	for _, p := range t.peerList() {
 		if p.name != peerName {
 			continue
 		}
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		if id < 1 || id > len(p.paths) {
-			return false
+		if pp := p.pathLocked(id); pp != nil {
+			pp.admin = down
+			return true
 		}
-		p.paths[id-1].admin = down
-		return true
+		return false
 	}
 	return false
 }
 
 // SetWeight sets a path's weight (0: from measured capacity); effective for the next packet.
 func (t *Tunnel) SetWeight(peerName string, id int, w float64) bool {
-	for _, p := range t.peers {
+	for _, p := range t.peerList() {
 		if p.name != peerName {
 			continue
 		}
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		if id < 1 || id > len(p.paths) {
-			return false
+		if pp := p.pathLocked(id); pp != nil {
+			pp.weight = w
+			return true
 		}
-		p.paths[id-1].weight = w
-		return true
+		return false
 	}
 	return false
 }

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -146,13 +147,22 @@ const greLen = 8 // GRE with the K bit
 
 // Tunnel is a running multipath tunnel.
 type Tunnel struct {
-	o       Options
-	log     *slog.Logger
-	priv    session.PrivateKey
-	pub     session.PublicKey
-	uplinks map[string]*uplink
-	peers   []*peer
-	routes  []route // longest prefix first
+	o    Options
+	log  *slog.Logger
+	priv session.PrivateKey
+	pub  session.PublicKey
+	// tab is the peers and the route table, read without a lock for every packet and
+	// replaced whole by Reload (reload.go).
+	tab atomic.Pointer[table]
+
+	// reloadMu serialises Reload and guards uplinks (by name) and running.
+	reloadMu sync.Mutex
+	uplinks  map[string]*uplink
+	running  bool // Run has started the uplinks' readers
+	// queueing: the scheduler plans a send queue (a reload keeps it so)
+	queueing bool
+	// errc takes the first error of a loop (the device's or an uplink's reader).
+	errc chan error
 
 	mu       sync.Mutex // guards sessions
 	sessions map[uint32]*sessionRef
@@ -184,14 +194,48 @@ type uplink struct {
 	mtu   int
 	local netip.AddrPort
 	// pace is the uplink's shared token bucket (nil when its capacity is unknown); only the
-	// device reader, through the peers' schedulers, touches it.
-	pace *sched.Bucket
+	// device reader, through the peers' schedulers, touches its tokens. A reload that
+	// changes the capacity swaps in a new one.
+	pace atomic.Pointer[sched.Bucket]
+	// removed: a reload took the uplink out; its reader stops without an error.
+	removed atomic.Bool
+}
+
+func newUplink(u Uplink) *uplink {
+	up := &uplink{name: u.Name, conn: u.Conn, mtu: u.MTU, local: u.Local}
+	if u.Capacity > 0 {
+		up.pace.Store(sched.NewBucket(float64(u.Capacity)))
+	}
+	return up
 }
 
 type route struct {
 	prefix netip.Prefix
 	peer   *peer
 }
+
+// table is what the packet loops look up without a lock: the peers and their routes, longest
+// prefix first. It is never changed once published; a reload publishes a new one.
+type table struct {
+	peers  []*peer
+	routes []route
+}
+
+// newTable makes the table of peers.
+func newTable(peers []*peer) *table {
+	tab := &table{peers: peers}
+	for _, p := range peers {
+		for _, r := range *p.routes.Load() {
+			tab.routes = append(tab.routes, route{prefix: r.Masked(), peer: p})
+		}
+	}
+	// Longest prefix first, so the first match is the best.
+	sort.SliceStable(tab.routes, func(i, j int) bool { return tab.routes[i].prefix.Bits() > tab.routes[j].prefix.Bits() })
+	return tab
+}
+
+// peerList is the peers now.
+func (t *Tunnel) peerList() []*peer { return t.tab.Load().peers }
 
 type sessionRef struct {
 	s    *session.Session
@@ -239,6 +283,7 @@ func New(o Options) (*Tunnel, error) {
 		o: o, log: o.Logger, priv: o.PrivateKey, pub: o.PrivateKey.Public(),
 		mac1: session.MAC1Key(o.PrivateKey.Public()), hsq: make(chan hsJob, hsQueue), hsBudget: hsBudget{tokens: hsBurst},
 		uplinks: map[string]*uplink{}, sessions: map[uint32]*sessionRef{}, start: time.Now(),
+		errc: make(chan error, 1),
 	}
 	if t.log == nil {
 		t.log = slog.New(slog.DiscardHandler)
@@ -256,28 +301,22 @@ func New(o Options) (*Tunnel, error) {
 		if _, dup := t.uplinks[u.Name]; dup {
 			return nil, fmt.Errorf("tunnel: uplink %q twice", u.Name)
 		}
-		t.uplinks[u.Name] = &uplink{name: u.Name, conn: u.Conn, mtu: u.MTU, local: u.Local}
-		if u.Capacity > 0 {
-			t.uplinks[u.Name].pace = sched.NewBucket(float64(u.Capacity))
-		}
+		t.uplinks[u.Name] = newUplink(u)
 	}
+	if _, err := newScheduler(o.Scheduler); err != nil {
+		return nil, err
+	}
+	t.queueing = plans(o.Scheduler)
 	now := t.now()
+	var peers []*peer
 	for _, pc := range o.Peers {
-		p, err := newPeer(t, pc, now)
+		p, err := newPeer(t, t.uplinks, pc, o.Scheduler, now)
 		if err != nil {
 			return nil, err
 		}
-		t.peers = append(t.peers, p)
-		for _, r := range pc.Routes {
-			t.routes = append(t.routes, route{prefix: r.Masked(), peer: p})
-		}
+		peers = append(peers, p)
 	}
-	// Longest prefix first, so the first match is the best.
-	for i := 1; i < len(t.routes); i++ {
-		for j := i; j > 0 && t.routes[j].prefix.Bits() > t.routes[j-1].prefix.Bits(); j-- {
-			t.routes[j], t.routes[j-1] = t.routes[j-1], t.routes[j]
-		}
-	}
+	t.tab.Store(newTable(peers))
 	return t, nil
 }
 
@@ -291,40 +330,61 @@ func (t *Tunnel) micros(now int64) uint32 { return uint32(now / 1000) }
 func (t *Tunnel) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 1+len(t.uplinks))
-	t.wg.Go(func() { errc <- t.readDevice() })
+	t.wg.Go(func() { t.fail(t.readDevice()) })
+	t.reloadMu.Lock()
+	t.running = true
 	for _, u := range t.uplinks {
-		t.wg.Go(func() { errc <- t.readUplink(u) })
+		t.startReader(u)
 	}
+	nUplinks := len(t.uplinks)
+	t.reloadMu.Unlock()
 	t.wg.Go(func() { t.timers(ctx) })
 	t.wg.Go(func() { t.handshakes(ctx) })
 	encryption := "on"
 	if t.o.Cleartext {
 		encryption = "off: data in clear, authenticated only"
 	}
-	t.log.Info("tunnel up", "peers", len(t.peers), "uplinks", len(t.uplinks), "mtu", t.o.MTU, "public_key", t.pub.String(), "encryption", encryption)
+	t.log.Info("tunnel up", "peers", len(t.peerList()), "uplinks", nUplinks, "mtu", t.o.MTU, "public_key", t.pub.String(), "encryption", encryption)
 	if t.o.Cleartext {
 		t.log.Warn("encryption is off: data packets travel in clear (authenticated, not confidential); handshakes and control messages stay sealed")
 	}
 	var err error
 	select {
 	case <-ctx.Done():
-	case err = <-errc:
+	case err = <-t.errc:
 	}
+	t.reloadMu.Lock()
 	t.closing.Store(true)
 	cancel()
 	t.o.Device.Close()
 	for _, u := range t.uplinks {
 		u.conn.Close()
 	}
+	t.reloadMu.Unlock()
 	t.wg.Wait()
 	t.log.Info("tunnel down")
 	return err // the loops return nil when they stop because of closing
 }
 
+// startReader starts u's reader; t.reloadMu is held.
+func (t *Tunnel) startReader(u *uplink) {
+	t.wg.Go(func() { t.fail(t.readUplink(u)) })
+}
+
+// fail hands a loop's error to Run (the first one stops the tunnel); nil is no error.
+func (t *Tunnel) fail(err error) {
+	if err == nil {
+		return
+	}
+	select {
+	case t.errc <- err:
+	default:
+	}
+}
+
 // lookup returns the peer whose routes hold dst.
 func (t *Tunnel) lookup(dst netip.Addr) *peer {
-	for _, r := range t.routes {
+	for _, r := range t.tab.Load().routes {
 		if r.prefix.Contains(dst) {
 			return r.peer
 		}
