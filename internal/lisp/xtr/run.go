@@ -312,17 +312,11 @@ func (x *XTR) miss(now time.Time, f *flow, pkt []byte) {
 	}
 	start := false
 	if !found || !e.pending {
-		if !x.roomForPendingLocked() {
+		if e = x.startResolutionLocked(now, f.dst, f.src); e == nil {
 			x.mu.Unlock()
 			x.count(DropPendingFull)
 			return
 		}
-		e = &entry{prefix: netip.PrefixFrom(f.dst, f.dst.BitLen()), pending: true, query: f.dst, srcEID: f.src,
-			nonce: randomNonce(), sent: now}
-		x.cacheDeleteLocked(e.prefix) // an expired entry of the same prefix
-		x.cache.Insert(e.prefix, e)
-		x.byNonce[e.nonce] = e
-		x.pending++
 		start = true
 	}
 	if len(e.queue) < x.o.QueuePerEID && x.heldBytes+len(pkt) <= x.o.MaxHeldBytes {
@@ -427,22 +421,32 @@ type heldPacket struct {
 // holdForVerification keeps a copy of a decapsulated packet from an inner source without a
 // mapping and starts resolving that source (a remote site usually talks first, before our
 // ITR has its mapping). Bounded like the ITR's queue.
+// startResolutionLocked makes the pending map-cache entry of a resolution of query (asked
+// for srcEID), in place of an expired entry of the same host prefix; nil when as many
+// resolutions are pending as allowed.
+func (x *XTR) startResolutionLocked(now time.Time, query, srcEID netip.Addr) *entry {
+	if !x.roomForPendingLocked() {
+		return nil
+	}
+	e := &entry{prefix: netip.PrefixFrom(query, query.BitLen()), pending: true, query: query, srcEID: srcEID,
+		nonce: randomNonce(), sent: now}
+	x.cacheDeleteLocked(e.prefix) // an expired entry of the same prefix
+	x.cache.Insert(e.prefix, e)
+	x.byNonce[e.nonce] = e
+	x.pending++
+	return e
+}
+
 func (x *XTR) holdForVerification(now time.Time, from netip.Addr, f *flow, inner []byte) {
 	x.mu.Lock()
 	_, e, found := x.cache.Lookup(f.src)
 	start := false
 	if !found || !e.pending {
-		if !x.roomForPendingLocked() {
+		if e = x.startResolutionLocked(now, f.src, f.dst); e == nil {
 			x.mu.Unlock()
 			x.count(DropPendingFull)
 			return
 		}
-		e = &entry{prefix: netip.PrefixFrom(f.src, f.src.BitLen()), pending: true, query: f.src, srcEID: f.dst,
-			nonce: randomNonce(), sent: now}
-		x.cacheDeleteLocked(e.prefix) // an expired entry of the same prefix
-		x.cache.Insert(e.prefix, e)
-		x.byNonce[e.nonce] = e
-		x.pending++
 		start = true
 	}
 	if len(e.held) < x.o.QueuePerEID && x.heldBytes+len(inner) <= x.o.MaxHeldBytes {
