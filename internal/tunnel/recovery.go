@@ -221,6 +221,11 @@ func (t *Tunnel) onNack(p *peer, k mpath.Nack) {
 		t.stats.DropBadHeader.Add(1)
 		return
 	}
+	pp := p.fastest() // once per nack: every packet it names goes the same way
+	if pp == nil {
+		t.stats.DropNoPath.Add(1)
+		return
+	}
 	pb := t.getBuf()
 	defer t.putBuf(pb)
 	for i := range min(int(k.Count), maxNackRun) {
@@ -234,11 +239,6 @@ func (t *Tunnel) onNack(p *peer, k mpath.Nack) {
 		case resendBudget:
 			t.stats.ResendBudget.Add(1)
 			continue
-		}
-		pp := p.fastest()
-		if pp == nil {
-			t.stats.DropNoPath.Add(1)
-			return
 		}
 		if t.resend(p, pp, pb.b, n, seq) {
 			t.stats.Resent.Add(1)
