@@ -262,6 +262,54 @@ func TestProxyHostile(t *testing.T) {
 		}
 	})
 
+	t.Run("reload-listeners", func(t *testing.T) {
+		// The SOCKS listener moves: the old port stops answering, the new one serves, the peer
+		// listener (same port) keeps its socket.
+		moved := blue
+		moved.Socks = netip.MustParseAddrPort(hProxy + ":1081")
+		var ch proxy.Change
+		err := b.NS.Do(func() error { // listeners open in the caller's namespace
+			var err error
+			ch, err = plain.Reload([]proxy.Tenant{moved})
+			return err
+		})
+		if err != nil || fmt.Sprint(ch.TenantsChanged) != "[blue]" {
+			t.Fatalf("reload: %v %v", ch, err)
+		}
+		if c, err := dialFrom(ctx, a, hPeer, hProxy+":1080"); err == nil {
+			c.Close()
+			t.Error("the old SOCKS port still accepts")
+		}
+		c, err := dialFrom(ctx, a, hPeer, hProxy+":1081")
+		if err != nil {
+			t.Fatalf("the new SOCKS port: %v", err)
+		}
+		c.Close()
+		// A port that cannot be opened refuses the whole reload: nothing changes.
+		busy, err := b.Listen("tcp", hProxy+":1082")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer busy.Close()
+		worse := moved
+		worse.Socks = netip.MustParseAddrPort(hProxy + ":1082")
+		worse.Peers = nil
+		if err := b.NS.Do(func() error { _, err := plain.Reload([]proxy.Tenant{worse}); return err }); err == nil {
+			t.Fatal("a reload onto a port in use succeeded")
+		}
+		if c, err := dialFrom(ctx, a, hPeer, hProxy+":1081"); err != nil {
+			t.Errorf("after a refused reload the SOCKS port is gone: %v", err)
+		} else {
+			c.Close()
+		}
+		if st := plain.Status(); len(st.Tenants) != 1 || len(st.Tenants[0].PoolReady) != 1 {
+			t.Errorf("after a refused reload: %+v", st.Tenants)
+		}
+		if err := b.NS.Do(func() error { _, err := plain.Reload([]proxy.Tenant{blue}); return err }); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("unauthenticated-cap", func(t *testing.T) {
 		key, _ := ident.Generate()
 		farKey, _ := ident.Generate()
