@@ -278,6 +278,8 @@ type peerConn struct {
 
 func (pc *peerConn) abort() { reset(pc.raw) }
 
+var errPoolClosed = errors.New("proxy: the peer is no longer configured")
+
 // pool keeps connections to one peer open and authenticated, so that a new client connection
 // costs no round trip to the peer.
 type pool struct {
@@ -295,6 +297,11 @@ func newPool(p *Proxy, pr *peer) *pool {
 
 // get returns a pooled connection, or dials one when none is ready.
 func (pl *pool) get(ctx context.Context) (*peerConn, error) {
+	select {
+	case <-pl.closed: // the proxy stops, or a reload removed the peer
+		return nil, errPoolClosed
+	default:
+	}
 	for {
 		select {
 		case pc := <-pl.ready:
