@@ -172,6 +172,13 @@ peer_port = %d
 	if !strings.Contains(p1.Log(), "reload refused") {
 		t.Error("the refusal is not logged")
 	}
+	// The good file again, with the command: applied, and it changes nothing.
+	if err := os.WriteFile(p1.File, []byte(reloaded), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := p1h.Run(ctx, self, "proxy", "reload"); err != nil || !strings.Contains(string(out), "nothing changed") {
+		t.Errorf("braid proxy reload of the running file: %v %s", err, out)
+	}
 
 	r := <-done
 	if r.err != nil {
