@@ -467,8 +467,10 @@ func (p *Proxy) Active() int {
 }
 
 func (p *Proxy) drain() {
+	p.reloadMu.Lock() // a reload under way finishes first; later ones are refused
 	p.draining.Store(true)
 	p.closeListeners(false)
+	p.reloadMu.Unlock()
 	// Idle pooled connections from peers would carry new connections: close them, so that the
 	// peers' pools drop them before a client depends on them.
 	p.mu.Lock()
@@ -509,8 +511,10 @@ func (p *Proxy) closeListeners(all bool) {
 // Close stops everything at once: listeners, pools and every connection. Idempotent.
 func (p *Proxy) Close() error {
 	p.closeOnce.Do(func() {
+		p.reloadMu.Lock()
 		p.draining.Store(true)
 		p.closeListeners(true)
+		p.reloadMu.Unlock()
 		p.stop()
 		p.mu.Lock()
 		for _, c := range p.conns {
