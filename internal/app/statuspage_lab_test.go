@@ -11,13 +11,69 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"braid/internal/lab/labtest"
 	"braid/internal/lab/topo"
+	"braid/internal/lb"
+	"braid/internal/lisp/mapserver"
+	"braid/internal/metrics"
+	"braid/internal/proxy"
 	"braid/internal/tunnel/session"
 )
+
+// roleSource is a made-up status of a role, whose counters grow by one step on every read.
+type roleSource struct {
+	mu  sync.Mutex
+	n   uint64
+	doc func(n uint64) any
+}
+
+func (s *roleSource) WriteMetrics(*metrics.Writer) {}
+
+func (s *roleSource) StatusJSON() any {
+	s.mu.Lock()
+	s.n++
+	n := s.n
+	s.mu.Unlock()
+	return s.doc(n)
+}
+
+// roleSources are the other roles the page draws: a proxy with one connection of two subflows
+// carrying 6:4, a balancer with two backends carrying 1:3, a map server whose accepted
+// registrations grow.
+func roleSources() map[string]*roleSource {
+	ap := netip.MustParseAddrPort
+	return map[string]*roleSource{
+		"proxy": {doc: func(n uint64) any {
+			st := proxy.Status{Uptime: time.Duration(n) * time.Second, Tenants: []proxy.TenantStatus{{Name: "t1", Out: n, Active: 1, BytesUp: 1000 * n,
+				PoolReady: map[string]int{"p1": 2}, Refused: map[string]uint64{"acl": 1}}},
+				Connections: []proxy.ConnStatus{{ID: 7, Tenant: "t1", Role: "client", Peer: "p1", Src: ap("10.0.0.2:40000"), Dst: ap("192.0.2.1:443"),
+					Age: time.Duration(n) * time.Second, BytesUp: 1_000_000 * n, Down: 100_000 * n, MPTCP: true, Subflows: []proxy.SubflowStatus{
+						{Local: ap("10.1.0.1:40000"), Remote: ap("10.3.0.1:4780"), RTT: 5 * time.Millisecond, BytesSent: 600_000 * n},
+						{Local: ap("10.2.0.1:40001"), Remote: ap("10.3.0.1:4780"), RTT: 30 * time.Millisecond, BytesSent: 400_000 * n},
+					}}}}
+			return struct {
+				Role  string        `json:"role"`
+				Proxy *proxy.Status `json:"proxy"`
+			}{"proxy", &st}
+		}},
+		"lb": {doc: func(n uint64) any {
+			return lb.Status{Role: "lb", Services: []netip.AddrPort{ap("10.100.0.1:80")}, Mode: "mac", Aware: true, Counters: map[string]uint64{"packets": 4 * n},
+				Backends: []lb.BackendStatus{
+					{Name: "b1", Index: 0, Weight: 1, State: "active", Health: "up", Flows: 2, Conns: n, Packets: 1000 * n, Bytes: 1_000_000 * n},
+					{Name: "b2", Index: 1, Weight: 3, State: "active", Health: "up", Flows: 6, Conns: 3 * n, Packets: 3000 * n, Bytes: 3_000_000 * n},
+				}}
+		}},
+		"mapserver": {doc: func(n uint64) any {
+			return mapserverStatus{Role: "mapserver", Counters: map[string]uint64{"registrations_accepted": n, "registrations_refused": 0},
+				Registrations: []mapserver.Registration{{Site: "s1", Prefix: netip.MustParsePrefix("10.1.0.0/16"), ETR: "10.0.0.1", TTL: 3,
+					Locators: []mapserver.LocatorView{{Address: netip.MustParseAddr("10.0.0.1"), Priority: 1, Weight: 100, Reachable: true}}}}}
+		}},
+	}
+}
 
 // pageSnap is what testdata/statuspage.py reads from the page: window.braid's charts and
 // series, each canvas's point count and ink, and every URL the page loaded.
@@ -155,13 +211,28 @@ func TestStatusPageBrowser(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 
-	srv := exec.Command(self, "traffic", "serve", "--listen", "10.255.0.2:5201")
-	if err := l.Host("b").Start(srv); err != nil {
+	serve := exec.Command(self, "traffic", "serve", "--listen", "10.255.0.2:5201")
+	if err := l.Host("b").Start(serve); err != nil {
 		t.Fatal(err)
 	}
-
 	const trafficFor = 8 * time.Second
-	browser := exec.CommandContext(ctx, python, script, "http://127.0.0.1:9473/", driver, chromium, fmt.Sprint((trafficFor - 2*time.Second).Seconds()))
+
+	// The other roles' pages, served in a's namespace from made-up documents of their types.
+	roles := roleSources()
+	roleURLs := map[string]string{}
+	args := []string{script, "http://127.0.0.1:9473/", driver, chromium, fmt.Sprint((trafficFor - 2*time.Second).Seconds())}
+	for _, role := range []string{"proxy", "lb", "mapserver"} {
+		ln, err := l.Host("a").Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := metrics.Serve(ln, roles[role])
+		defer srv.Close()
+		u := "http://" + srv.Addr() + "/"
+		roleURLs[u] = role
+		args = append(args, u)
+	}
+	browser := exec.CommandContext(ctx, python, args...)
 	stdin, _ := browser.StdinPipe()
 	stdout, _ := browser.StdoutPipe()
 	var stderr strings.Builder
@@ -198,6 +269,15 @@ func TestStatusPageBrowser(t *testing.T) {
 	}
 	io.WriteString(stdin, "go\n")
 	next("traffic", &busy)
+	pages := map[string]*pageSnap{}
+	for range roleURLs {
+		var r struct {
+			URL  string
+			Snap pageSnap
+		}
+		next("role", &r)
+		pages[roleURLs[r.URL]] = &r.Snap
+	}
 	var log struct {
 		Entries []struct{ Level, Message, Source string }
 	}
@@ -261,7 +341,55 @@ func TestStatusPageBrowser(t *testing.T) {
 			t.Errorf("series %s does not end up: %v", k, pts)
 		}
 	}
+	checkRolePages(t, pages)
 	if t.Failed() {
 		t.Logf("browser stderr:\n%s\nlog a:\n%s", stderr.String(), logs[0])
+	}
+}
+
+// checkRolePages judges the pages of the made-up roles: each shows its role, polled without
+// error, and plots what its document says.
+func checkRolePages(t *testing.T, pages map[string]*pageSnap) {
+	t.Helper()
+	for _, role := range []string{"proxy", "lb", "mapserver"} {
+		p := pages[role]
+		if p == nil || p.Role != role || p.Samples < 3 || p.Errors != 0 {
+			t.Errorf("%s page: %+v; want its role, 3 polls or more, no failed poll", role, p)
+			delete(pages, role)
+		}
+	}
+	last := func(p *pageSnap, key string) float64 {
+		if p == nil {
+			return -1
+		}
+		if pts := p.Series[key]; len(pts) > 0 {
+			return pts[len(pts)-1][1]
+		}
+		return -1
+	}
+	if p := pages["proxy"]; p != nil {
+		if c := p.Charts["chart-proxy-subflows"]; len(c.Lines) != 2 || p.points("chart-proxy-subflows") < 4 {
+			t.Errorf("proxy page: subflow chart with %d lines and %d points; want 2 lines, 2 points each or more", len(c.Lines), p.points("chart-proxy-subflows"))
+		} else if a, b := last(p, c.Lines[0].Key), last(p, c.Lines[1].Key); b <= 0 || a/b < 1.4 || a/b > 1.6 {
+			t.Errorf("proxy page: subflows plotted at %.2f and %.2f Mbit/s, want 6:4", a, b)
+		}
+		if last(p, "proxy/connections") != 1 || last(p, "proxy/subflows") != 2 {
+			t.Errorf("proxy page: %v connections, %v subflows plotted; want 1 and 2", last(p, "proxy/connections"), last(p, "proxy/subflows"))
+		}
+	}
+	if p := pages["lb"]; p != nil {
+		a, b := last(p, "lb/b1/share"), last(p, "lb/b2/share")
+		if len(p.Charts["chart-lb-share"].Lines) != 2 || a < 24 || a > 26 || b < 74 || b > 76 {
+			t.Errorf("lb page: traffic shares plotted %.1f %% and %.1f %%, want 25 and 75", a, b)
+		}
+	}
+	if p := pages["mapserver"]; p != nil {
+		v := last(p, "mapserver/counter/registrations_accepted")
+		t.Logf("role pages: proxy subflows %.2f and %.2f Mbit/s, lb shares %.1f %% and %.1f %%, mapserver %.2f registrations/s",
+			last(pages["proxy"], "proxy/c7/10.1.0.1:40000/10.3.0.1:4780/rate"), last(pages["proxy"], "proxy/c7/10.2.0.1:40001/10.3.0.1:4780/rate"),
+			last(pages["lb"], "lb/b1/share"), last(pages["lb"], "lb/b2/share"), v)
+		if v <= 0 {
+			t.Errorf("mapserver page: accepted registrations plotted at %.2f/s, want a positive rate", v)
+		}
 	}
 }

@@ -116,6 +116,12 @@ func Listen(addr string, src Source) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
+	return Serve(ln, src), nil
+}
+
+// Serve serves src on ln, as Listen does on its socket (for a listener made elsewhere: in
+// another network namespace, say); Close closes ln.
+func Serve(ln net.Listener, src Source) *Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -135,7 +141,7 @@ func Listen(addr string, src Source) (*Server, error) {
 	page.Register(mux)
 	s := &Server{ln: ln, srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}}
 	go s.srv.Serve(ln)
-	return s, nil
+	return s
 }
 
 // Addr returns the listening address.

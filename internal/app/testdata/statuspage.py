@@ -1,11 +1,12 @@
 """Drives braid's live status page in headless Chromium for TestStatusPageBrowser.
 
-Usage: statuspage.py URL CHROMEDRIVER CHROMIUM SECONDS
+Usage: statuspage.py URL CHROMEDRIVER CHROMIUM SECONDS [ROLE_URL...]
 
 Loads URL, waits for the page's third poll, prints one JSON line {"phase": "idle", ...} with
 what the page plots (window.braid), then waits for a line on stdin (the test starts traffic),
-waits SECONDS, prints {"phase": "traffic", ...}, and last {"phase": "log", "entries": [...]}:
-the browser's console. The test judges; this script only reads.
+waits SECONDS, prints {"phase": "traffic", ...}; then opens each ROLE_URL in turn, waits for its
+third poll and prints {"phase": "role", "url": ..., ...}; last {"phase": "log", "entries": [...]}:
+the browser's console over all of them. The test judges; this script only reads.
 """
 import json
 import shutil
@@ -42,8 +43,19 @@ return JSON.stringify({
 """
 
 
+def open_page(drv, url):
+    """Loads url and waits (up to 20 s) for the page's third poll of its status."""
+    drv.get(url)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        if drv.execute_script("return window.braid ? window.braid.samples : -1") >= 3:
+            return
+        time.sleep(0.2)
+
+
 def main():
     url, driver_path, chromium, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+    role_urls = sys.argv[5:]
     opts = Options()
     opts.binary_location = chromium
     profile = tempfile.mkdtemp(prefix="braid-statuspage-")
@@ -56,17 +68,17 @@ def main():
     drv = webdriver.Chrome(service=Service(driver_path), options=opts)
     try:
         drv.set_page_load_timeout(20)
-        drv.get(url)
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            if drv.execute_script("return window.braid ? window.braid.samples : -1") >= 3:
-                break
-            time.sleep(0.2)
+        open_page(drv, url)
         print(json.dumps({"phase": "idle", "snap": json.loads(drv.execute_script(SNAPSHOT))}), flush=True)
         sys.stdin.readline()
         time.sleep(seconds)
         print(json.dumps({"phase": "traffic", "snap": json.loads(drv.execute_script(SNAPSHOT))}), flush=True)
-        print(json.dumps({"phase": "log", "entries": drv.get_log("browser")}), flush=True)
+        log = drv.get_log("browser")
+        for u in role_urls:
+            open_page(drv, u)
+            print(json.dumps({"phase": "role", "url": u, "snap": json.loads(drv.execute_script(SNAPSHOT))}), flush=True)
+            log += drv.get_log("browser")
+        print(json.dumps({"phase": "log", "entries": log}), flush=True)
     finally:
         drv.quit()
         shutil.rmtree(profile, ignore_errors=True)

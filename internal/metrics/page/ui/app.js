@@ -89,6 +89,8 @@
     return (i === 0 ? n : n.toFixed(1)) + " " + u[i];
   }
 
+  const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+
   const mbit = (bytesPerSecond) => (bytesPerSecond === null ? null : (bytesPerSecond * 8) / 1e6);
 
   // ---- sections: persistent blocks, each with a table area rebuilt on every poll and a chart
@@ -140,7 +142,7 @@
   function niceCeil(x) {
     if (!(x > 0)) return 1;
     const p = Math.pow(10, Math.floor(Math.log10(x)));
-    for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= x * 0.9999) return m * p;
+    for (const m of [1, 2, 4, 6, 8, 10]) if (m * p >= x * 0.9999) return m * p; // quarters stay round
     return 10 * p;
   }
 
@@ -203,6 +205,13 @@
         prevY = yy;
       });
       ctx.stroke();
+      if (s.length > 0) { // the latest value as a dot: visible even while the line is short
+        const [t, v] = s[s.length - 1];
+        ctx.fillStyle = COLORS[i % COLORS.length];
+        ctx.beginPath();
+        ctx.arc(x(t), y(v), 2.5, 0, 2 * Math.PI);
+        ctx.fill();
+      }
     });
     if (points === 0) {
       ctx.fillStyle = "#5f6b76";
@@ -224,7 +233,7 @@
 
   function renderTunnel(st) {
     document.getElementById("summary").textContent =
-      `public key ${st.PublicKey} · up ${duration(st.Uptime)} · tunnel MTU ${st.MTU} · ${(st.Peers || []).length} peers`;
+      `public key ${st.PublicKey} · up ${duration(st.Uptime)} · tunnel MTU ${st.MTU} · ${plural((st.Peers || []).length, "peer")}`;
     for (const p of st.Peers || []) {
       const sec = section("peer/" + p.Name, "Peer " + p.Name);
       const rows = [];
@@ -265,7 +274,7 @@
   }
 
   function renderMPT(st) {
-    document.getElementById("summary").textContent = `mode mpt · up ${duration(st.Uptime)} · IPv${st.IPVersion} · ${(st.Paths || []).length} paths`;
+    document.getElementById("summary").textContent = `mode mpt · up ${duration(st.Uptime)} · IPv${st.IPVersion} · ${plural((st.Paths || []).length, "path")}`;
     const sec = section("mpt", "Paths");
     const rows = [], lines = { tx: [], rx: [], state: [] };
     for (const pa of st.Paths || []) {
@@ -289,7 +298,7 @@
     let subflows = 0;
     for (const c of conns) subflows += (c.subflows || []).length;
     document.getElementById("summary").textContent =
-      `up ${duration(st.uptime_ns || st.Uptime || 0)} · ${conns.length} connections · ${subflows} subflows` + (st.draining ? " · draining" : "");
+      `up ${duration(st.uptime_ns || 0)} · ${plural(conns.length, "connection")} · ${plural(subflows, "subflow")}` + (st.draining ? " · draining" : "");
     const tsec = section("proxy/tenants", "Tenants");
     const trows = [];
     for (const t of st.tenants || []) {
@@ -341,7 +350,7 @@
     }
     const bs = st.backends || [];
     document.getElementById("summary").textContent =
-      `mode ${st.mode}${st.aware ? ", MPTCP-aware" : ""} · services ${(st.services || []).join(", ")} · ${bs.length} backends`;
+      `mode ${st.mode}${st.aware ? ", MPTCP-aware" : ""} · services ${(st.services || []).join(", ")} · ${plural(bs.length, "backend")}`;
     const sec = section("lb/backends", "Backends");
     let weights = 0, flows = 0;
     const rates = {};
