@@ -187,7 +187,7 @@ func runPM(e env, args []string) int {
 			return exitError
 		}
 		defer srv.Close()
-		log.Info("status and metrics", "addr", srv.Addr())
+		log.Info("status and metrics", "addr", srv.Addr(), "page", srv.PageURL())
 	}
 	ctx, cancel := daemonContext("braid pm", log, *file)
 	defer cancel()

@@ -403,7 +403,7 @@ func serveProxy(ctx context.Context, cfg *config.Proxy, log *slog.Logger) (err e
 			return err
 		}
 		defer srv.Close()
-		log.Info("status and metrics", "addr", srv.Addr())
+		log.Info("status and metrics", "addr", srv.Addr(), "page", srv.PageURL())
 	}
 	return p.Run(ctx)
 }

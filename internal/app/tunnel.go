@@ -313,7 +313,7 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 			return err
 		}
 		defer srv.Close()
-		log.Info("status and metrics", "addr", srv.Addr())
+		log.Info("status and metrics", "addr", srv.Addr(), "page", srv.PageURL())
 	}
 	if cfg.Control != "" {
 		stop, err := serveControl(ctx, cfg.Control, mutate, src.StatusJSON)

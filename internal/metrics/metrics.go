@@ -147,6 +147,9 @@ func Serve(ln net.Listener, src Source) *Server {
 // Addr returns the listening address.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
 
+// PageURL returns the address of the live status page, for the role's log.
+func (s *Server) PageURL() string { return "http://" + s.Addr() + "/" }
+
 // Close stops the server; idempotent.
 func (s *Server) Close() error {
 	var err error
