@@ -2,7 +2,9 @@ package app
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"strings"
 	"testing"
@@ -37,7 +39,14 @@ func TestLogFormatFlag(t *testing.T) {
 	if code, out, _ := run("--help"); code != exitOK || !strings.Contains(out, "--log-format text|json") {
 		t.Errorf("braid --help does not document --log-format:\n%s", out)
 	}
-	// A daemon's own flag takes the global default, and wins over it.
+	// A daemon's own flag takes the global default, and wins over it: runDaemon, as every
+	// daemon role runs, with a role that logs two lines and stops.
+	load := func(string) (int, error) { return 0, nil }
+	serve := func(_ context.Context, _ int, log *slog.Logger) error {
+		log.Info("backend up", "backend", "b1")
+		log.Warn("backend down", "backend", "b1", "err", "refused")
+		return nil
+	}
 	for _, c := range []struct {
 		args []string
 		json bool
@@ -48,12 +57,14 @@ func TestLogFormatFlag(t *testing.T) {
 		{[]string{"lb"}, false},
 	} {
 		var eb bytes.Buffer
-		l, err := newLogger(env{stderr: &eb, logFormat: logFormatOf(t, c.args)}, ownFormat(c.args), false)
+		e := env{stdout: io.Discard, stderr: &eb}
+		rest, err := parseGlobal(&e, c.args)
 		if err != nil {
 			t.Fatal(err)
 		}
-		l.Info("backend up", "backend", "b1")
-		l.Warn("backend down", "backend", "b1", "err", "refused")
+		if code := runDaemon(e, rest[0], "doc", append(rest[1:], "--config", "site.toml"), load, serve); code != exitOK {
+			t.Fatalf("%q: exit %d: %s", c.args, code, eb.String())
+		}
 		lines := strings.Split(strings.TrimSpace(eb.String()), "\n")
 		if len(lines) != 2 {
 			t.Fatalf("%q: %d lines: %q", c.args, len(lines), eb.String())
@@ -72,27 +83,9 @@ func TestLogFormatFlag(t *testing.T) {
 			}
 		}
 	}
-}
-
-// logFormatOf returns the global format of a command line, as Main would set it.
-func logFormatOf(t *testing.T, args []string) string {
-	e := env{}
-	if _, err := parseGlobal(&e, args); err != nil {
-		t.Fatal(err)
+	if code, _, errOut := run("lb", "--log-format", "xml", "--config", "x.toml"); code != exitUsage || !strings.Contains(errOut, `log format "xml"`) {
+		t.Errorf("braid lb --log-format xml: code %d, stderr %q; want a usage error naming the format", code, errOut)
 	}
-	return e.logFormat
-}
-
-// ownFormat is the daemon's --log-format after the command, or the global default.
-func ownFormat(args []string) string {
-	e := env{}
-	rest, _ := parseGlobal(&e, args)
-	for i := 1; i+1 < len(rest); i++ {
-		if rest[i] == "--log-format" {
-			return rest[i+1]
-		}
-	}
-	return e.defaultLogFormat()
 }
 
 // fakeClock is a time source the test moves by hand.
