@@ -432,7 +432,12 @@
       const doc = await resp.json();
       braid.now = Date.now() / 1000;
       braid.last = doc;
-      render(doc);
+      try {
+        render(doc);
+      } catch (err) { // a document this page does not know how to draw: say so, keep polling
+        err.message = "cannot draw the status document: " + err.message;
+        throw err;
+      }
       braid.samples++;
       failedSince = 0;
       conn.textContent = "live · updated " + new Date().toLocaleTimeString();
@@ -440,7 +445,7 @@
     } catch (err) {
       braid.errors++;
       if (!failedSince) failedSince = Date.now();
-      conn.textContent = `no answer for ${Math.round((Date.now() - failedSince) / 1000)} s (${err.message}); retrying`;
+      conn.textContent = `no usable answer for ${Math.round((Date.now() - failedSince) / 1000)} s (${err.message}); retrying`;
       conn.className = "conn bad";
     }
     setTimeout(poll, POLL_MS);
