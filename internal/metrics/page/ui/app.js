@@ -435,6 +435,7 @@
       try {
         render(doc);
       } catch (err) { // a document this page does not know how to draw: say so, keep polling
+        console.error("braid status page: cannot draw the status document:", err);
         err.message = "cannot draw the status document: " + err.message;
         throw err;
       }
