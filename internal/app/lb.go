@@ -203,7 +203,7 @@ func serveLB(ctx context.Context, cfg *config.LB, log *slog.Logger) error {
 			return err
 		}
 		defer srv.Close()
-		log.Info("status and metrics", "addr", srv.Addr())
+		log.Info("status and metrics", "addr", srv.Addr(), "page", srv.PageURL())
 	}
 	if cfg.Control != "" {
 		stop, err := serveControl(ctx, cfg.Control, func(r lbRequest) error { return applyLB(l, r) }, l.StatusJSON)

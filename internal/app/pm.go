@@ -106,7 +106,7 @@ func runPM(e env, args []string) int {
 	fs := newFlags(e, "braid pm", pmDoc)
 	file := fs.String("config", "", "the site `FILE` (TOML)")
 	policy := fs.String("policy", "", "the policy `NAME`, overriding the file's")
-	format := fs.String("log-format", "text", "log format: text or json")
+	format := fs.String("log-format", e.defaultLogFormat(), "log format: text or json")
 	verbose := fs.Bool("verbose", false, "log debug messages too (every event and command)")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
@@ -187,7 +187,7 @@ func runPM(e env, args []string) int {
 			return exitError
 		}
 		defer srv.Close()
-		log.Info("status and metrics", "addr", srv.Addr())
+		log.Info("status and metrics", "addr", srv.Addr(), "page", srv.PageURL())
 	}
 	ctx, cancel := daemonContext("braid pm", log, *file)
 	defer cancel()

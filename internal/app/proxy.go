@@ -162,7 +162,7 @@ func proxyRun(e env, args []string, check bool) int {
 	fs := newFlags(e, "braid proxy", proxyDoc)
 	file := fs.String("config", "", "the site `FILE` (TOML)")
 	cleanup := fs.Bool("cleanup", false, "remove the rules, routes and path-manager settings a killed proxy left, and exit")
-	format := fs.String("log-format", "text", "log format: text or json")
+	format := fs.String("log-format", e.defaultLogFormat(), "log format: text or json")
 	verbose := fs.Bool("verbose", false, "log debug messages too")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
@@ -421,7 +421,7 @@ func serveProxy(ctx context.Context, cfg *config.Proxy, log *slog.Logger) (err e
 			return err
 		}
 		defer srv.Close()
-		log.Info("status and metrics", "addr", srv.Addr())
+		log.Info("status and metrics", "addr", srv.Addr(), "page", srv.PageURL())
 	}
 	rl := &proxyReloader{p: p, ann: src.ann, log: log, cfg: cfg, load: loadProxyConfig, rules: installRules}
 	file := daemonFile(ctx)

@@ -173,7 +173,7 @@ func serveXTR(ctx context.Context, cfg *config.XTR, log *slog.Logger) error {
 			return err
 		}
 		defer srv.Close()
-		log.Info("status and metrics", "addr", srv.Addr())
+		log.Info("status and metrics", "addr", srv.Addr(), "page", srv.PageURL())
 	}
 	log.Info("xtr up", "interface", cfg.Interface, "mtu", o.MTU, "eids", cfg.EIDs, "rlocs", len(cfg.RLOCs), "placement", cfg.Placement)
 	return x.Run(ctx)
