@@ -89,6 +89,7 @@ func xtrCheck(e env, args []string) int {
 func xtrOptions(cfg *config.XTR, log *slog.Logger) xtr.Options {
 	o := xtr.Options{EIDs: cfg.EIDs, Resolvers: cfg.Resolvers, RegisterInterval: cfg.RegisterInterval,
 		RegisterTTL: cfg.RegisterTTL, RequestTimeout: cfg.RequestTimeout, RequestRetries: cfg.RequestRetries,
+		ResolverTimeout: cfg.ResolverTimeout, ResolverBackoff: cfg.ResolverBackoff,
 		ProbeInterval: cfg.ProbeInterval, DownAfter: cfg.DownAfter, Placement: cfg.Placement, AnyOuterSource: cfg.AnyOuterSource, Logger: log}
 	for _, r := range cfg.RLOCs {
 		o.Locators = append(o.Locators, xtr.Locator{Priority: r.Priority, Weight: r.Weight})
