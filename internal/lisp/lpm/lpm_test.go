@@ -48,16 +48,29 @@ func TestLispLPMLookupAndUncovered(t *testing.T) {
 	}
 }
 
-// TestAgainstLinear compares the trie with a linear scan on random tables.
+// TestLispLPMAgainstLinear compares the table with a linear scan on random tables, IPv4 and
+// IPv6.
 func TestLispLPMAgainstLinear(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
+	t.Run("ipv4", func(t *testing.T) {
+		againstLinear(t, r, 8, 32, func() netip.Addr {
+			return netip.AddrFrom4([4]byte{10, byte(r.IntN(4)), byte(r.IntN(256)), byte(r.IntN(256))})
+		})
+	})
+	t.Run("ipv6", func(t *testing.T) {
+		againstLinear(t, r, 16, 128, func() netip.Addr {
+			var b [16]byte
+			b[0], b[1], b[5], b[6], b[15] = 0xfd, byte(r.IntN(2)), byte(r.IntN(4)), byte(r.IntN(256)), byte(r.IntN(256))
+			return netip.AddrFrom16(b)
+		})
+	})
+}
+
+func againstLinear(t *testing.T, r *rand.Rand, minBits, maxBits int, randAddr func() netip.Addr) {
 	var tb Table[int]
 	set := map[netip.Prefix]int{}
-	randAddr := func() netip.Addr {
-		return netip.AddrFrom4([4]byte{10, byte(r.IntN(4)), byte(r.IntN(256)), byte(r.IntN(256))})
-	}
 	for i := range 3000 {
-		p := netip.PrefixFrom(randAddr(), 8+r.IntN(25)).Masked()
+		p := netip.PrefixFrom(randAddr(), minBits+r.IntN(maxBits-minBits+1)).Masked()
 		if r.IntN(4) == 0 {
 			tb.Delete(p)
 			delete(set, p)
@@ -122,7 +135,7 @@ func TestLispLPMAgainstLinear(t *testing.T) {
 			t.Fatalf("Delete(%v) false", p)
 		}
 	}
-	if tb.Len() != 0 || tb.root[0] != nil {
+	if tb.Len() != 0 {
 		t.Fatalf("not empty after deleting all: %d", tb.Len())
 	}
 }
