@@ -263,6 +263,13 @@ func printXTR(w io.Writer, st xtr.Status) {
 		}
 		fmt.Fprintf(w, "map server %v: %s\n", r.MapServer, s)
 	}
+	for _, r := range st.Resolvers {
+		s := "up"
+		if !r.Up {
+			s = fmt.Sprintf("down, %d requests unanswered in a row, asked again in %v", r.Misses, r.RetryIn.Round(time.Millisecond))
+		}
+		fmt.Fprintf(w, "map resolver %v: %s\n", r.Address, s)
+	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "COUNTER\tVALUE")
