@@ -500,12 +500,22 @@ func (x *XTR) tick(now time.Time) {
 			// Refresh an entry in use shortly before it expires: in its last tenth, at most
 			// the last minute.
 			ttl := time.Duration(e.ttl) * time.Minute
-			if e.tries >= 0 && e.expires.Sub(now) < min(ttl/10, time.Minute) && e.used.Load() {
+			// A refresh left unanswered goes to the next resolver like a resolution does
+			// (tries -1, -2, ...: refreshing, and how many times).
+			switch {
+			case e.tries >= 0 && e.expires.Sub(now) < min(ttl/10, time.Minute) && e.used.Load():
 				e.tries = -1 // refreshing: the nonce below matches the reply
 				e.query = p.Addr()
+				e.sent = now
 				x.setNonceLocked(e, randomNonce())
 				e.tried = 0
 				requests = append(requests, requestJob{p.Addr(), netip.Addr{}, e.nonce, 0, x.askResolverLocked(now, e)})
+			case e.tries < 0 && -e.tries <= x.o.RequestRetries && now.Sub(e.sent) >= x.attemptTimeout(-e.tries-1):
+				x.resolverMissLocked(now, e)
+				e.tries--
+				e.sent = now
+				x.setNonceLocked(e, randomNonce())
+				requests = append(requests, requestJob{p.Addr(), netip.Addr{}, e.nonce, -e.tries - 1, x.askResolverLocked(now, e)})
 			}
 			for _, pr := range e.pairs {
 				inUse[pr] = p

@@ -141,8 +141,7 @@ func (x *XTR) askResolverLocked(now time.Time, e *entry) int {
 func (x *XTR) resolverMissLocked(now time.Time, e *entry) {
 	x.count(CountResolverTimeouts)
 	if x.resolvers.miss(e.resolver, now) {
-		x.log.Warn("map-resolver did not answer: asking the next one", "map_resolver", x.o.Resolvers[e.resolver],
-			"timeout", x.attemptTimeout(e.tries))
+		x.log.Warn("map-resolver did not answer: asking the next one", "map_resolver", x.o.Resolvers[e.resolver])
 	}
 }
 

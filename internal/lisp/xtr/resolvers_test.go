@@ -131,17 +131,37 @@ func TestXTRResolverFailover(t *testing.T) {
 	if st := x.Status().Resolvers; !st[0].Up || st[0].Misses != 0 {
 		t.Fatalf("resolver 0 answered but is %+v", st[0])
 	}
+	// A refresh r0 leaves unanswered goes to r1 after ResolverTimeout.
+	x.mu.RLock()
+	x.cache.All(func(_ netip.Prefix, e *entry) bool { e.used.Store(false); return true })
+	_, ent, _ := x.cache.Lookup(netip.MustParseAddr("192.168.4.1"))
+	x.mu.RUnlock()
+	ent.used.Store(true)
+	at := ent.expires.Add(-30 * time.Second)
+	x.tick(at)
+	if _, req = r0.request(); req.Records[0].EID.IP != netip.MustParseAddr("192.168.4.0") {
+		t.Fatalf("refresh asks r0 for %v", req.Records[0].EID.IP)
+	}
+	x.tick(at.Add(310 * time.Millisecond))
+	_, req = r1.request()
+	resolve("192.168.4.1", r1, req.Nonce)
+	if st := x.Status().Resolvers; st[0].Up || !st[1].Up {
+		t.Fatalf("after an unanswered refresh: %+v", st)
+	}
+	x.mu.Lock()
+	x.resolvers.h[0] = resolverHealth{}
+	x.mu.Unlock()
 	// With both silent, the first round is quick, later retries keep RequestTimeout.
 	start = send("192.168.5.1")
 	r0.request()
 	x.tick(start.Add(310 * time.Millisecond))
 	r1.request()
 	x.tick(start.Add(620 * time.Millisecond))
-	if n := x.Counters()[CountRequests]; n != 6 {
-		t.Fatalf("requests %d, want 6: the third attempt waits RequestTimeout", n)
+	if n := x.Counters()[CountRequests]; n != 8 {
+		t.Fatalf("requests %d, want 8: the third attempt waits RequestTimeout", n)
 	}
 	x.tick(start.Add(1400 * time.Millisecond))
-	if n := x.Counters()[CountRequests]; n != 7 {
-		t.Fatalf("requests %d, want 7", n)
+	if n := x.Counters()[CountRequests]; n != 9 {
+		t.Fatalf("requests %d, want 9", n)
 	}
 }
