@@ -139,3 +139,26 @@ func againstLinear(t *testing.T, r *rand.Rand, minBits, maxBits int, randAddr fu
 		t.Fatalf("not empty after deleting all: %d", tb.Len())
 	}
 }
+
+// TestLispLPMLookupAllocs: lookups are on the xTR's and the map server's per-packet paths and
+// allocate nothing.
+func TestLispLPMLookupAllocs(t *testing.T) {
+	var tb Table[*int]
+	v := 1
+	for i := range 1000 {
+		tb.Insert(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24), &v)
+	}
+	tb.Insert(pfx("fd00::/16"), &v)
+	a4, a6, q := addr("10.3.7.9"), addr("fd00::1"), pfx("10.3.7.0/28")
+	allocs := testing.AllocsPerRun(1000, func() {
+		if _, _, ok := tb.Lookup(a4); !ok {
+			t.Fatal("miss")
+		}
+		tb.Lookup(a6)
+		tb.LookupPrefix(q)
+		tb.Get(q)
+	})
+	if allocs != 0 {
+		t.Errorf("%.1f allocations per lookup round, want 0", allocs)
+	}
+}
