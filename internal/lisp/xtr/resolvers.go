@@ -26,7 +26,16 @@ type resolverHealth struct {
 	misses    int       // unanswered requests in a row
 	restUntil time.Time // not asked before this while others are usable
 	lastOK    time.Time
+	// Logging: "did not answer" at most once per resolverLogEvery, and "answers again" only
+	// after a logged "did not answer", so a resolver that answers one request in two under a
+	// flood does not fill the log.
+	downLogged  bool
+	lastDownLog time.Time
+	flaps       int // down-and-up changes not logged since the last logged one
 }
+
+// resolverLogEvery is the least time between two "did not answer" lines for one resolver.
+const resolverLogEvery = 10 * time.Second
 
 // resolverSet is the health of the configured map-resolvers, in configured order. It is pure
 // (time is passed in) and not safe for concurrent use: the xTR holds mu.
@@ -140,14 +149,24 @@ func (x *XTR) askResolverLocked(now time.Time, e *entry) int {
 // held.
 func (x *XTR) resolverMissLocked(now time.Time, e *entry) {
 	x.count(CountResolverTimeouts)
-	if x.resolvers.miss(e.resolver, now) {
-		x.log.Warn("map-resolver did not answer: asking the next one", "map_resolver", x.o.Resolvers[e.resolver])
+	if !x.resolvers.miss(e.resolver, now) {
+		return
 	}
+	h := &x.resolvers.h[e.resolver]
+	if h.downLogged || (!h.lastDownLog.IsZero() && now.Sub(h.lastDownLog) < resolverLogEvery) {
+		h.flaps++
+		return
+	}
+	h.downLogged, h.lastDownLog = true, now
+	x.log.Warn("map-resolver did not answer: asking the next one", "map_resolver", x.o.Resolvers[e.resolver], "changes_not_logged", h.flaps)
+	h.flaps = 0
 }
 
 // resolverOKLocked records the answer to the request of e. Called with mu held.
 func (x *XTR) resolverOKLocked(now time.Time, e *entry) {
-	if x.resolvers.ok(e.resolver, now) {
+	h := &x.resolvers.h[e.resolver]
+	if x.resolvers.ok(e.resolver, now) && h.downLogged {
+		h.downLogged = false
 		x.log.Info("map-resolver answers again", "map_resolver", x.o.Resolvers[e.resolver])
 	}
 }

@@ -1,6 +1,8 @@
 package xtr
 
 import (
+	"context"
+	"log/slog"
 	"net"
 	"net/netip"
 	"testing"
@@ -163,5 +165,46 @@ func TestXTRResolverFailover(t *testing.T) {
 	x.tick(start.Add(1400 * time.Millisecond))
 	if n := x.Counters()[CountRequests]; n != 9 {
 		t.Fatalf("requests %d, want 9", n)
+	}
+}
+
+// countHandler counts log records by message.
+type countHandler struct{ n map[string]int }
+
+func (h *countHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *countHandler) Handle(_ context.Context, r slog.Record) error {
+	h.n[r.Message]++
+	return nil
+}
+func (h *countHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *countHandler) WithGroup(string) slog.Handler      { return h }
+
+// TestXTRResolverLogsLimited: a resolver that answers one request in two (a flood, a lossy
+// link) logs "did not answer" at most once in 10 s, and "answers again" only after it.
+func TestXTRResolverLogsLimited(t *testing.T) {
+	h := &countHandler{n: map[string]int{}}
+	x, err := New(Options{Device: nullDevice{}, EIDs: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")},
+		Uplinks: []*Uplink{{Addr: netip.MustParseAddr("127.0.0.1"), raw: -1}}, Locators: []Locator{{Priority: 1, Weight: 1}},
+		Resolvers: []netip.AddrPort{netip.MustParseAddrPort("10.0.9.1:4342"), netip.MustParseAddrPort("10.0.9.5:4342")},
+		Logger:    slog.New(h)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &entry{resolver: 0}
+	t0 := time.Unix(1000, 0)
+	x.mu.Lock()
+	for k := range 100 {
+		now := t0.Add(time.Duration(k) * 100 * time.Millisecond) // 10 s of flapping
+		x.resolverMissLocked(now, e)
+		x.resolverOKLocked(now.Add(50*time.Millisecond), e)
+	}
+	x.resolverMissLocked(t0.Add(11*time.Second), e)
+	x.mu.Unlock()
+	down, up := h.n["map-resolver did not answer: asking the next one"], h.n["map-resolver answers again"]
+	if down != 2 || up != 1 {
+		t.Errorf("100 flaps in 10 s then one miss logged %d \"did not answer\" and %d \"answers again\", want 2 and 1", down, up)
+	}
+	if c := x.Counters()[CountResolverTimeouts]; c != 101 {
+		t.Errorf("timeouts counted %d, want 101", c)
 	}
 }
