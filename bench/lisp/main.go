@@ -1,11 +1,14 @@
 // Command lisp benchmarks braid's LISP roles and writes its section of bench/BENCH.md.
 //
-// Two tables, each the median of -runs runs:
+// Three tables, each the median of -runs runs:
 //
 //   - map-resolver: ECM Map-Requests per second answered by an in-process map server on
 //     loopback with 10 000 registered EID prefixes (proxy replies), and the p50/p99 latency of
 //     each request, from closed-loop clients (one request in flight each); negative replies
 //     (space no site holds) measured the same way;
+//   - map server at scale (scale.go): for each -scale size (10 000 and 1 000 000 prefixes),
+//     the live heap the registrations hold (in all and per prefix), the registration rate, and
+//     the resolver's rate and p50/p99 at that size, as a ratio to the first size's rate;
 //   - xTR: TCP bulk goodput between two hosts through two braid xTRs (encapsulation on UDP
 //     4341, both ways), as a ratio to the same transfer forwarded natively over the same
 //     emulated links (the baseline, same run).
