@@ -14,6 +14,7 @@ require golang.org/x/crypto v0.58.0
 require github.com/cilium/ebpf v0.22.0
 
 require (
+	github.com/gaissmai/bart v0.30.0
 	github.com/mdlayher/genetlink v1.4.0
 	github.com/mdlayher/netlink v1.11.2
 )

@@ -1,11 +1,14 @@
 // Command lisp benchmarks braid's LISP roles and writes its section of bench/BENCH.md.
 //
-// Two tables, each the median of -runs runs:
+// Three tables, each the median of -runs runs:
 //
 //   - map-resolver: ECM Map-Requests per second answered by an in-process map server on
 //     loopback with 10 000 registered EID prefixes (proxy replies), and the p50/p99 latency of
 //     each request, from closed-loop clients (one request in flight each); negative replies
 //     (space no site holds) measured the same way;
+//   - map server at scale (scale.go): for each -scale size (10 000 and 1 000 000 prefixes),
+//     the live heap the registrations hold (in all and per prefix), the registration rate, and
+//     the resolver's rate and p50/p99 at that size, as a ratio to the first size's rate;
 //   - xTR: TCP bulk goodput between two hosts through two braid xTRs (encapsulation on UDP
 //     4341, both ways), as a ratio to the same transfer forwarded natively over the same
 //     emulated links (the baseline, same run).
@@ -48,6 +51,9 @@ func main() {
 	out := flag.String("out", "bench/out/lisp.md", "where to write this section (Markdown)")
 	prefixes := flag.Int("prefixes", 10000, "registered EID prefixes")
 	clientList := flag.String("clients", "4,16", "concurrent resolver clients, one table row per value (comma-separated)")
+	scaleList := flag.String("scale", "10000,1000000", "registered prefixes of the scale table's rows (comma-separated; empty: no table)")
+	withXTR := flag.Bool("xtr", true, "measure the xTR table too (a lab: needs root)")
+	scaleClients := flag.Int("scale-clients", 16, "concurrent resolver clients in the scale table")
 	flag.Parse()
 	log.SetFlags(0)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
@@ -58,29 +64,55 @@ func main() {
 	if *quick {
 		dur = time.Second
 	}
-	var clients []int
-	for _, f := range strings.Split(*clientList, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 {
-			log.Fatalf("-clients %q: want positive numbers separated by commas", *clientList)
-		}
-		clients = append(clients, n)
+	clients := positiveList("clients", *clientList)
+	var sizes []int
+	if *scaleList != "" {
+		sizes = positiveList("scale", *scaleList)
 	}
 	drive.Section(w, "LISP map-resolver")
 	fmt.Fprintf(w, "`go run ./bench/lisp -runs %d` (%s, %d cores). An in-process braid map server on loopback\nwith %d registered EID prefixes (100 sites, proxy replies, rate limit off); closed-loop clients\n(one ECM Map-Request in flight each, on the same machine, sharing its cores with the server) for\n%v per run. Latency is the client's, from send to reply. Medians of %d runs.\n\n",
 		*runs, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), *prefixes, dur, *runs)
 	resolver(w, *prefixes, clients, dur, *runs)
 	fmt.Fprintln(w)
+	if len(sizes) > 0 {
+		drive.Section(w, "LISP map server at scale")
+		fmt.Fprintf(w, "`go run ./bench/lisp -runs %d -scale %s` (%s, %d cores). A fresh in-process braid map server per run;\nsites of 1000 /24 EID prefixes each (two locators, proxy replies) register in Map-Registers of\n100 records. Heap: live heap after GC with the registrations less before them, and per prefix.\nThen %d closed-loop clients send ECM Map-Requests for random registered EIDs for %v on loopback\n(sharing the cores with the server), as in the table above. Medians of %d runs.\n\n",
+			*runs, *scaleList, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), *scaleClients, dur, *runs)
+		scale(w, sizes, *scaleClients, dur, *runs)
+		fmt.Fprintln(w)
+	}
+	if !*withXTR {
+		writeOut(*out, md.Bytes())
+		return
+	}
 	drive.Section(w, "LISP xTR encapsulation")
 	fmt.Fprintf(w, "TCP bulk h1 -> h2 for %v between two LISP sites of `scenario.LispTopology` (links unshaped,\n%s): through two braid xTRs (TUN, encapsulation on UDP 4341, hash placement), beside the\nbaseline of the same hosts forwarded natively over the same links. Medians of %d runs.\n\n", dur, lab.EmulatorName, *runs)
 	if err := xtrThroughput(ctx, w, dur, *runs); err != nil {
 		fmt.Fprintf(w, "not measured: %v\n", err)
 	}
-	if *out != "" {
-		if err := os.WriteFile(*out, md.Bytes(), 0o644); err != nil {
-			log.Fatal(err)
-		}
+	writeOut(*out, md.Bytes())
+}
+
+func writeOut(path string, b []byte) {
+	if path == "" {
+		return
 	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// positiveList parses the comma-separated positive numbers of flag name.
+func positiveList(name, list string) []int {
+	var out []int
+	for _, f := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			log.Fatalf("-%s %q: want positive numbers separated by commas", name, list)
+		}
+		out = append(out, n)
+	}
+	return out
 }
 
 type resolverResult struct {

@@ -89,6 +89,7 @@ func xtrCheck(e env, args []string) int {
 func xtrOptions(cfg *config.XTR, log *slog.Logger) xtr.Options {
 	o := xtr.Options{EIDs: cfg.EIDs, Resolvers: cfg.Resolvers, RegisterInterval: cfg.RegisterInterval,
 		RegisterTTL: cfg.RegisterTTL, RequestTimeout: cfg.RequestTimeout, RequestRetries: cfg.RequestRetries,
+		ResolverTimeout: cfg.ResolverTimeout, ResolverBackoff: cfg.ResolverBackoff,
 		ProbeInterval: cfg.ProbeInterval, DownAfter: cfg.DownAfter, Placement: cfg.Placement, AnyOuterSource: cfg.AnyOuterSource, Logger: log}
 	for _, r := range cfg.RLOCs {
 		o.Locators = append(o.Locators, xtr.Locator{Priority: r.Priority, Weight: r.Weight})
@@ -261,6 +262,13 @@ func printXTR(w io.Writer, st xtr.Status) {
 			s = "registered, last Map-Notify " + r.LastNotify.Format(time.RFC3339)
 		}
 		fmt.Fprintf(w, "map server %v: %s\n", r.MapServer, s)
+	}
+	for _, r := range st.Resolvers {
+		s := "up"
+		if !r.Up {
+			s = fmt.Sprintf("down, %d requests unanswered in a row, asked again in %v", r.Misses, r.RetryIn.Round(time.Millisecond))
+		}
+		fmt.Fprintf(w, "map resolver %v: %s\n", r.Address, s)
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

@@ -43,7 +43,10 @@ import (
 //	mtu = 0                     # 0: 1500 less the outer headers (36 bytes IPv4, 56 IPv6)
 //	eid_prefixes = ["192.168.1.0/24"] # the site's EIDs
 //	routes = ["192.168.0.0/16"] # EID space routed into the device (default: none)
-//	map_resolvers = ["10.0.9.1:4342"]
+//	map_resolvers = ["10.0.9.1:4342", "10.0.9.5:4342"] # asked in this order; a silent one is skipped
+//	resolver_timeout = "300ms"  # with several resolvers: a request unanswered this long goes to
+//	                            # the next one (at most request_timeout)
+//	resolver_backoff = "30s"    # a silent resolver rests 1 s, doubling per miss up to this
 //	probe_interval = "1s"       # RLOC-probe every pair in use this often
 //	down_after = "3s"           # a pair without probe replies for this long is not used
 //	register_interval = "1m"
@@ -59,7 +62,7 @@ import (
 //	  interface = "wan1"        # optional: packets of this RLOC leave through it
 //	  priority = 1              # lower is preferred; 255 = never for unicast
 //	  weight = 50
-//	  [[xtr.map_server]]
+//	  [[xtr.map_server]]       # one per map server: the site registers with every one
 //	  address = "10.0.9.1:4342"
 //	  key = "secret"            # at least 16 bytes; or key_file = "..."
 //	  key_id = 0
@@ -68,6 +71,9 @@ import (
 //	  auth_length = 0           # digest bytes sent: 0 = the full digest (20 or 32), or the
 //	                            # truncated 12 (sha1) or 16 (sha256)
 //	  proxy_reply = false       # ask the map server to answer for this site
+
+// MaxLispResolvers is the largest number of map_resolvers an xTR takes.
+const MaxLispResolvers = 64
 
 // Mapserver is the configuration of `braid mapserver`.
 type Mapserver struct {
@@ -119,6 +125,8 @@ type XTR struct {
 	RegisterTTL      uint32
 	RequestTimeout   time.Duration
 	RequestRetries   int
+	ResolverTimeout  time.Duration
+	ResolverBackoff  time.Duration
 	Placement        bool
 	AnyOuterSource   bool
 	Metrics          string
@@ -147,7 +155,8 @@ type LispMapServer struct {
 // XTRDefaults returns the defaults, without EIDs, RLOCs or map servers.
 func XTRDefaults() XTR {
 	return XTR{Interface: "lisp0", ProbeInterval: time.Second, DownAfter: 3 * time.Second, RegisterInterval: time.Minute,
-		RegisterTTL: 10, RequestTimeout: time.Second, RequestRetries: 3, Metrics: DefaultXTRMetrics}
+		RegisterTTL: 10, RequestTimeout: time.Second, RequestRetries: 3, ResolverTimeout: 300 * time.Millisecond,
+		ResolverBackoff: 30 * time.Second, Metrics: DefaultXTRMetrics}
 }
 
 type lispSite struct {
@@ -197,6 +206,8 @@ type fileXTR struct {
 	RegisterTTL      *int64          `toml:"register_ttl"`
 	RequestTimeout   any             `toml:"request_timeout"`
 	RequestRetries   *int64          `toml:"request_retries"`
+	ResolverTimeout  any             `toml:"resolver_timeout"`
+	ResolverBackoff  any             `toml:"resolver_backoff"`
 	Placement        *bool           `toml:"placement"`
 	AnyOuterSource   bool            `toml:"any_outer_source"`
 	Metrics          *string         `toml:"metrics"`
@@ -458,10 +469,18 @@ func LoadXTR(filename string, data []byte, env Env) (*XTR, error) {
 	}
 	x.Routes = l.prefixes(obj, "xtr.routes", "routes", fx.Routes)
 	for i, s := range fx.MapResolvers {
-		x.Resolvers = append(x.Resolvers, l.addrPort(obj, fmt.Sprintf("xtr.map_resolvers[%d]", i), "map_resolvers", s))
+		p := fmt.Sprintf("xtr.map_resolvers[%d]", i)
+		a := l.addrPort(obj, p, "map_resolvers", s)
+		if a.IsValid() && slices.Contains(x.Resolvers, a) {
+			l.fail(obj, p, "map_resolvers lists %v twice", a)
+		}
+		x.Resolvers = append(x.Resolvers, a)
 	}
 	if len(fx.MapResolvers) == 0 {
 		l.fail(obj, "xtr.map_resolvers", "map_resolvers is required")
+	}
+	if len(fx.MapResolvers) > MaxLispResolvers {
+		l.fail(obj, "xtr.map_resolvers", "%d map_resolvers: at most %d", len(fx.MapResolvers), MaxLispResolvers)
 	}
 	l.duration(obj, "xtr.probe_interval", "probe_interval", fx.ProbeInterval, &x.ProbeInterval)
 	if !l.duration(obj, "xtr.down_after", "down_after", fx.DownAfter, &x.DownAfter) {
@@ -469,12 +488,24 @@ func LoadXTR(filename string, data []byte, env Env) (*XTR, error) {
 	}
 	l.duration(obj, "xtr.register_interval", "register_interval", fx.RegisterInterval, &x.RegisterInterval)
 	l.duration(obj, "xtr.request_timeout", "request_timeout", fx.RequestTimeout, &x.RequestTimeout)
+	rtSet := l.duration(obj, "xtr.resolver_timeout", "resolver_timeout", fx.ResolverTimeout, &x.ResolverTimeout)
+	l.duration(obj, "xtr.resolver_backoff", "resolver_backoff", fx.ResolverBackoff, &x.ResolverBackoff)
+	switch {
+	case x.ResolverTimeout > x.RequestTimeout && rtSet:
+		l.fail(obj, "xtr.resolver_timeout", "resolver_timeout %v: at most request_timeout (%v)", x.ResolverTimeout, x.RequestTimeout)
+	case x.ResolverTimeout > x.RequestTimeout:
+		x.ResolverTimeout = x.RequestTimeout
+	}
+	if x.ResolverBackoff < time.Second {
+		l.fail(obj, "xtr.resolver_backoff", "resolver_backoff %v: at least 1s (a silent resolver's first rest)", x.ResolverBackoff)
+	}
 	for _, d := range []struct {
 		key string
 		v   time.Duration
 		lo  time.Duration
 	}{{"probe_interval", x.ProbeInterval, 10 * time.Millisecond}, {"register_interval", x.RegisterInterval, time.Second},
-		{"request_timeout", x.RequestTimeout, 10 * time.Millisecond}} {
+		{"request_timeout", x.RequestTimeout, 10 * time.Millisecond},
+		{"resolver_timeout", x.ResolverTimeout, 10 * time.Millisecond}} {
 		if d.v < d.lo {
 			l.fail(obj, "xtr."+d.key, "%s %v: at least %v", d.key, d.v, d.lo)
 		}
@@ -531,10 +562,15 @@ func LoadXTR(filename string, data []byte, env Env) (*XTR, error) {
 	} else if !usable {
 		l.fail(obj, "xtr.rloc", "every RLOC has priority 255 (not for unicast)")
 	}
+	msSeen := map[netip.AddrPort]bool{}
 	for i, fm := range fx.MapServer {
 		p := fmt.Sprintf("xtr.map_server[%d]", i)
 		mo := fmt.Sprintf("map_server %d", i+1)
 		ms := LispMapServer{Address: l.addrPort(mo, p+".address", "address", fm.Address), Algorithm: "hmac-sha256", ProxyReply: fm.ProxyReply}
+		if ms.Address.IsValid() && msSeen[ms.Address] {
+			l.fail(mo, p+".address", "map server %v is listed twice", ms.Address)
+		}
+		msSeen[ms.Address] = true
 		ms.Key = l.lispKey(filename, mo, p, fm.Key, fm.KeyFile)
 		l.byteRange(mo, p+".key_id", "key_id", fm.KeyID, 0, 255, &ms.KeyID)
 		if fm.Algorithm != nil {

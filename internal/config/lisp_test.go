@@ -82,11 +82,36 @@ roles = ["map-resolver"]
 			`x.toml:10: site a: 10.1.0.0/24 is also configured for site a`,
 			`x.toml:11: site a: replay "never": want "timestamp"`,
 		}},
+		{"xtr redundant", `
+[xtr]
+eid_prefixes = ["192.168.1.0/24"]
+map_resolvers = [
+  "10.0.9.1:4342",
+  "10.0.9.5:4342",
+  "10.0.9.1:4342",
+]
+request_timeout = "500ms"
+resolver_timeout = "600ms"
+resolver_backoff = "100ms"
+  [[xtr.rloc]]
+  address = "10.0.1.1"
+  [[xtr.map_server]]
+  address = "10.0.9.1:4342"
+  key = "site1-secret-0123456789"
+  [[xtr.map_server]]
+  address = "10.0.9.1:4342"
+  key = "site1-secret-0123456789"
+`, []string{
+			`x.toml:7: xtr: map_resolvers lists 10.0.9.1:4342 twice`,
+			`x.toml:10: xtr: resolver_timeout 600ms: at most request_timeout (500ms)`,
+			`x.toml:11: xtr: resolver_backoff 100ms: at least 1s`,
+			`x.toml:18: map_server 2: map server 10.0.9.1:4342 is listed twice`,
+		}},
 		{"typo", "[mapserver]\nlisten_addr = \"1.2.3.4:1\"\n", []string{"listen_addr"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var err error
-			if tt.name == "xtr" {
+			if strings.HasPrefix(tt.name, "xtr") {
 				_, err = LoadXTR("x.toml", []byte(tt.file), lispEnv{})
 			} else {
 				_, err = LoadMapserver("x.toml", []byte(tt.file))
@@ -145,5 +170,40 @@ map_resolvers = ["10.0.9.1:4342"]
 	_, err = LoadXTR(site, text("missing.key"), lispEnv{})
 	if err == nil || !strings.Contains(err.Error(), "key_file") {
 		t.Errorf("missing key file: %v", err)
+	}
+}
+
+// TestLispConfigRedundantMapping: several map resolvers (in order) and map servers are taken;
+// resolver_timeout defaults to 300 ms and never exceeds request_timeout.
+func TestLispConfigRedundantMapping(t *testing.T) {
+	base := `
+[xtr]
+eid_prefixes = ["192.168.1.0/24"]
+map_resolvers = ["10.0.9.5:4342", "[2001:db8::9]:4342", "10.0.9.1:4342"]
+%s
+  [[xtr.rloc]]
+  address = "10.0.1.1"
+  [[xtr.map_server]]
+  address = "10.0.9.1:4342"
+  key = "site1-secret-0123456789"
+  [[xtr.map_server]]
+  address = "10.0.9.5:4342"
+  key = "site1-secret-0123456789"
+`
+	x, err := LoadXTR("x.toml", []byte(strings.Replace(base, "%s", "", 1)), lispEnv{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(x.Resolvers) != 3 || x.Resolvers[0] != netip.MustParseAddrPort("10.0.9.5:4342") || x.Resolvers[1].Addr().Is4() ||
+		len(x.MapServers) != 2 || x.MapServers[1].Address != netip.MustParseAddrPort("10.0.9.5:4342") ||
+		x.ResolverTimeout != 300*time.Millisecond || x.ResolverBackoff != 30*time.Second {
+		t.Errorf("xtr %+v", x)
+	}
+	x, err = LoadXTR("x.toml", []byte(strings.Replace(base, "%s", "request_timeout = \"200ms\"\nresolver_backoff = \"1m\"", 1)), lispEnv{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x.ResolverTimeout != 200*time.Millisecond || x.ResolverBackoff != time.Minute {
+		t.Errorf("resolver_timeout %v (want request_timeout 200ms), backoff %v", x.ResolverTimeout, x.ResolverBackoff)
 	}
 }

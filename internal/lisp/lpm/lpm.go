@@ -1,157 +1,90 @@
-// Package lpm is a longest-prefix-match table over IPv4 and IPv6 prefixes (a binary trie per
-// family), with the query a LISP map resolver needs for negative answers: the largest prefix
-// around an address that overlaps no stored prefix. It is not safe for concurrent use; callers
-// lock, or publish a table that is no longer written.
+// Package lpm is a longest-prefix-match table over IPv4 and IPv6 prefixes, with the query a
+// LISP map resolver needs for negative answers: the largest prefix around an address that
+// overlaps no stored prefix. It is not safe for concurrent writes; callers lock (concurrent
+// reads are safe), or publish a table that is no longer written.
+//
+// The table is github.com/gaissmai/bart (a multibit trie with popcount-compressed nodes and
+// path compression) rather than a binary trie of our own: a map server keeps a million
+// registered prefixes in it, and a binary trie costs one node per bit of each prefix that no
+// other prefix shares (up to 32 nodes for an isolated IPv4 /32, 128 for IPv6), where bart
+// stays within a few dozen bytes per prefix and looks up in a handful of 8-bit strides.
 package lpm
 
-import "net/netip"
+import (
+	"net/netip"
 
-type node[V any] struct {
-	child [2]*node[V]
-	set   bool
-	val   V
-}
+	"github.com/gaissmai/bart"
+)
 
-// Table maps prefixes to values.
+// Table maps prefixes to values. The zero value is an empty table. A Table must not be
+// copied once used.
 type Table[V any] struct {
-	root [2]*node[V] // IPv4, IPv6
-	n    int
+	t bart.Table[V]
 }
 
-func family(a netip.Addr) int {
-	if a.Is4() {
-		return 0
+// norm returns p with its address unmapped and its host bits cleared, or false when p is not
+// a valid prefix.
+func norm(p netip.Prefix) (netip.Prefix, bool) {
+	if !p.IsValid() {
+		return p, false
 	}
-	return 1
-}
-
-func bit(a *[16]byte, i int) int { return int(a[i/8]>>(7-i%8)) & 1 }
-
-// bytesOf returns the address bytes left-aligned in 16 bytes.
-func bytesOf(a netip.Addr) [16]byte {
-	var b [16]byte
-	if a.Is4() {
-		x := a.As4()
-		copy(b[:], x[:])
-		return b
+	a := p.Addr()
+	bits := p.Bits()
+	if a.Is4In6() {
+		if bits < 96 {
+			return p, false
+		}
+		a, bits = a.Unmap(), bits-96
 	}
-	return a.As16()
+	return netip.PrefixFrom(a, bits).Masked(), true
 }
 
 // Len returns the number of stored prefixes.
-func (t *Table[V]) Len() int { return t.n }
+func (t *Table[V]) Len() int { return t.t.Size() }
 
-// Insert stores v under p (masked), replacing what was there.
+// Insert stores v under p (masked), replacing what was there. Invalid prefixes are ignored.
 func (t *Table[V]) Insert(p netip.Prefix, v V) {
-	p = p.Masked()
-	a := p.Addr().Unmap()
-	f := family(a)
-	if t.root[f] == nil {
-		t.root[f] = &node[V]{}
+	if p, ok := norm(p); ok {
+		t.t.Insert(p, v)
 	}
-	b := bytesOf(a)
-	n := t.root[f]
-	for i := 0; i < p.Bits(); i++ {
-		c := bit(&b, i)
-		if n.child[c] == nil {
-			n.child[c] = &node[V]{}
-		}
-		n = n.child[c]
-	}
-	if !n.set {
-		t.n++
-	}
-	n.set, n.val = true, v
 }
 
 // Delete removes p and reports whether it was stored.
 func (t *Table[V]) Delete(p netip.Prefix) bool {
-	p = p.Masked()
-	a := p.Addr().Unmap()
-	f := family(a)
-	b := bytesOf(a)
-	path := make([]*node[V], 0, p.Bits()+1)
-	n := t.root[f]
-	for i := 0; n != nil && i < p.Bits(); i++ {
-		path = append(path, n)
-		n = n.child[bit(&b, i)]
-	}
-	if n == nil || !n.set {
+	p, ok := norm(p)
+	if !ok {
 		return false
 	}
-	var zero V
-	n.set, n.val = false, zero
-	t.n--
-	// Prune nodes that hold nothing and lead nowhere.
-	for i := len(path) - 1; i >= 0 && n.child[0] == nil && n.child[1] == nil && !n.set; i-- {
-		path[i].child[bit(&b, i)] = nil
-		n = path[i]
+	if _, found := t.t.Get(p); !found {
+		return false
 	}
-	if n == t.root[f] && n.child[0] == nil && n.child[1] == nil && !n.set {
-		t.root[f] = nil
-	}
+	t.t.Delete(p)
 	return true
 }
 
 // Get returns the value stored exactly under p.
 func (t *Table[V]) Get(p netip.Prefix) (v V, ok bool) {
-	p = p.Masked()
-	a := p.Addr().Unmap()
-	b := bytesOf(a)
-	n := t.root[family(a)]
-	for i := 0; n != nil && i < p.Bits(); i++ {
-		n = n.child[bit(&b, i)]
-	}
-	if n == nil || !n.set {
+	if p, ok = norm(p); !ok {
 		return v, false
 	}
-	return n.val, true
+	return t.t.Get(p)
 }
 
 // Lookup returns the longest stored prefix that contains addr, and its value.
 func (t *Table[V]) Lookup(addr netip.Addr) (p netip.Prefix, v V, ok bool) {
 	addr = addr.Unmap()
-	best := -1
-	var bv V
-	if _, best, bv = t.walk(addr, addr.BitLen()); best < 0 {
+	if !addr.IsValid() {
 		return p, v, false
 	}
-	p, _ = addr.Prefix(best)
-	return p, bv, true
+	return t.t.LookupPrefixLPM(netip.PrefixFrom(addr, addr.BitLen()))
 }
 
 // LookupPrefix returns the longest stored prefix that contains all of q.
 func (t *Table[V]) LookupPrefix(q netip.Prefix) (p netip.Prefix, v V, ok bool) {
-	a := q.Addr().Unmap()
-	_, best, bv := t.walk(a, q.Bits())
-	if best < 0 {
+	if q, ok = norm(q); !ok {
 		return p, v, false
 	}
-	p, _ = a.Prefix(best)
-	return p, bv, true
-}
-
-// walk follows addr for up to bits bits; it returns the depth of the first missing node (or
-// bits + 1 when the walk reached the end), and the deepest stored prefix met.
-func (t *Table[V]) walk(addr netip.Addr, bits int) (missing, best int, bv V) {
-	if !addr.IsValid() {
-		return 0, -1, bv
-	}
-	b := bytesOf(addr)
-	n := t.root[family(addr)]
-	best = -1
-	for i := 0; ; i++ {
-		if n == nil {
-			return i, best, bv
-		}
-		if n.set {
-			best, bv = i, n.val
-		}
-		if i == bits {
-			return bits + 1, best, bv
-		}
-		n = n.child[bit(&b, i)]
-	}
+	return t.t.LookupPrefixLPM(q)
 }
 
 // Uncovered returns the largest prefix that contains addr and neither contains nor is contained
@@ -159,57 +92,37 @@ func (t *Table[V]) walk(addr netip.Addr, bits int) (missing, best int, bv V) {
 // itself.
 func (t *Table[V]) Uncovered(addr netip.Addr) (netip.Prefix, bool) {
 	addr = addr.Unmap()
-	missing, best, _ := t.walk(addr, addr.BitLen())
-	if best >= 0 || missing > addr.BitLen() {
+	if !addr.IsValid() {
 		return netip.Prefix{}, false
 	}
-	p, _ := addr.Prefix(missing)
+	if _, _, in := t.Lookup(addr); in {
+		return netip.Prefix{}, false
+	}
+	// No stored prefix contains addr, so addr/b overlaps one exactly when it contains one:
+	// true up to some length, false from there on. The first free length is searched.
+	overlaps := func(b int) bool { p, _ := addr.Prefix(b); return t.t.OverlapsPrefix(p) }
+	lo, hi := 0, addr.BitLen()+1 // the answer is in [lo, hi); hi: none
+	for lo < hi {
+		mid := (lo + hi) / 2
+		if overlaps(mid) {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	if lo > addr.BitLen() {
+		return netip.Prefix{}, false
+	}
+	p, _ := addr.Prefix(lo)
 	return p, true
 }
 
-// All calls fn for every stored prefix, IPv4 first, in address order, until fn returns false.
+// All calls fn for every stored prefix, IPv4 first, in address order (a prefix before its
+// more specific ones), until fn returns false.
 func (t *Table[V]) All(fn func(netip.Prefix, V) bool) {
-	for f, r := range t.root {
-		var b [16]byte
-		bits := 32
-		if f == 1 {
-			bits = 128
-		}
-		if !all(r, &b, 0, bits, fn) {
+	for p, v := range t.t.AllSorted() {
+		if !fn(p, v) {
 			return
 		}
 	}
-}
-
-func all[V any](n *node[V], b *[16]byte, depth, bits int, fn func(netip.Prefix, V) bool) bool {
-	if n == nil {
-		return true
-	}
-	if n.set {
-		var a netip.Addr
-		if bits == 32 {
-			a = netip.AddrFrom4([4]byte(b[:4]))
-		} else {
-			a = netip.AddrFrom16(*b)
-		}
-		if !fn(netip.PrefixFrom(a, depth), n.val) {
-			return false
-		}
-	}
-	for c := range 2 {
-		if n.child[c] == nil {
-			continue
-		}
-		if c == 1 {
-			b[depth/8] |= 1 << (7 - depth%8)
-		}
-		ok := all(n.child[c], b, depth+1, bits, fn)
-		if c == 1 {
-			b[depth/8] &^= 1 << (7 - depth%8)
-		}
-		if !ok {
-			return false
-		}
-	}
-	return true
 }

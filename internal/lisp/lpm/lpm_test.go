@@ -48,16 +48,29 @@ func TestLispLPMLookupAndUncovered(t *testing.T) {
 	}
 }
 
-// TestAgainstLinear compares the trie with a linear scan on random tables.
+// TestLispLPMAgainstLinear compares the table with a linear scan on random tables, IPv4 and
+// IPv6.
 func TestLispLPMAgainstLinear(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
+	t.Run("ipv4", func(t *testing.T) {
+		againstLinear(t, r, 8, 32, func() netip.Addr {
+			return netip.AddrFrom4([4]byte{10, byte(r.IntN(4)), byte(r.IntN(256)), byte(r.IntN(256))})
+		})
+	})
+	t.Run("ipv6", func(t *testing.T) {
+		againstLinear(t, r, 16, 128, func() netip.Addr {
+			var b [16]byte
+			b[0], b[1], b[5], b[6], b[15] = 0xfd, byte(r.IntN(2)), byte(r.IntN(4)), byte(r.IntN(256)), byte(r.IntN(256))
+			return netip.AddrFrom16(b)
+		})
+	})
+}
+
+func againstLinear(t *testing.T, r *rand.Rand, minBits, maxBits int, randAddr func() netip.Addr) {
 	var tb Table[int]
 	set := map[netip.Prefix]int{}
-	randAddr := func() netip.Addr {
-		return netip.AddrFrom4([4]byte{10, byte(r.IntN(4)), byte(r.IntN(256)), byte(r.IntN(256))})
-	}
 	for i := range 3000 {
-		p := netip.PrefixFrom(randAddr(), 8+r.IntN(25)).Masked()
+		p := netip.PrefixFrom(randAddr(), minBits+r.IntN(maxBits-minBits+1)).Masked()
 		if r.IntN(4) == 0 {
 			tb.Delete(p)
 			delete(set, p)
@@ -122,7 +135,30 @@ func TestLispLPMAgainstLinear(t *testing.T) {
 			t.Fatalf("Delete(%v) false", p)
 		}
 	}
-	if tb.Len() != 0 || tb.root[0] != nil {
+	if tb.Len() != 0 {
 		t.Fatalf("not empty after deleting all: %d", tb.Len())
+	}
+}
+
+// TestLispLPMLookupAllocs: lookups are on the xTR's and the map server's per-packet paths and
+// allocate nothing.
+func TestLispLPMLookupAllocs(t *testing.T) {
+	var tb Table[*int]
+	v := 1
+	for i := range 1000 {
+		tb.Insert(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24), &v)
+	}
+	tb.Insert(pfx("fd00::/16"), &v)
+	a4, a6, q := addr("10.3.7.9"), addr("fd00::1"), pfx("10.3.7.0/28")
+	allocs := testing.AllocsPerRun(1000, func() {
+		if _, _, ok := tb.Lookup(a4); !ok {
+			t.Fatal("miss")
+		}
+		tb.Lookup(a6)
+		tb.LookupPrefix(q)
+		tb.Get(q)
+	})
+	if allocs != 0 {
+		t.Errorf("%.1f allocations per lookup round, want 0", allocs)
 	}
 }

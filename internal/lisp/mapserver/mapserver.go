@@ -137,15 +137,20 @@ type Packet struct {
 	Data []byte
 }
 
-// registration is one registered EID prefix.
+// registration is one registered EID prefix (the key of the table it is stored in). A map
+// server holds a million of them, so it keeps only what replies and forwarding need: 88
+// bytes, and the locators are shared by every registration with the same locator set from
+// one Map-Register, and across refreshes (docs/lisp.md "Scale").
 type registration struct {
 	site       *site
-	prefix     netip.Prefix
-	record     lisp.Record // as registered; locators owned by the registration
 	etr        netip.AddrPort
+	locators   []lisp.Locator // as registered; shared: never modified
+	registered int64          // Unix nanoseconds
+	expires    int64          // Unix nanoseconds
+	ttl        uint32         // record TTL, minutes
+	mapVersion uint16
+	action     uint8
 	proxy      bool
-	registered time.Time
-	expires    time.Time
 }
 
 type site struct {
@@ -330,41 +335,57 @@ func (s *Server) register(now time.Time, from netip.AddrPort, b []byte, out []Pa
 		}
 		st.nonces[m.Nonce] = now
 	}
-	var changed []*registration
+	type change struct {
+		prefix netip.Prefix
+		locs   []lisp.Locator
+	}
+	var changed []change
+	var shared []lisp.Locator // the locators stored for the previous record
 	for i := range m.Records {
-		r := m.Records[i]
-		r.EID = lisp.AddrFrom(prefixes[i].Addr())
-		r.Locators = cloneLocators(r.Locators)
+		r := &m.Records[i]
 		if r.TTL == 0 {
 			if s.regs.Delete(prefixes[i]) {
 				s.count(CountDeregistered)
 			}
 			continue
 		}
-		reg := &registration{site: st, prefix: prefixes[i], record: r, etr: from,
-			proxy: m.Flags&lisp.RegProxyReply != 0 || st.ProxyReply, registered: now,
-			expires: now.Add(s.cfg.RegistrationTimeout)}
-		if m.Flags&lisp.RegTTLTimeout != 0 && r.TTL != 0xffffffff {
-			reg.expires = now.Add(time.Duration(r.TTL) * time.Minute)
-		}
 		old, ok := s.regs.Get(prefixes[i])
-		if ok {
-			reg.registered = old.registered
+		// One copy of a locator set for every record of the message that has it, kept
+		// across refreshes: a locator's Raw bytes alias the receive buffer, and most sites
+		// register all their prefixes with the same locators.
+		switch {
+		case shared != nil && identicalLocators(shared, r.Locators):
+		case ok && identicalLocators(old.locators, r.Locators):
+			shared = old.locators
+		default:
+			shared = cloneLocators(r.Locators)
 		}
-		if !ok || old.etr != from || !slices.EqualFunc(old.record.Locators, r.Locators, sameLocator) {
-			changed = append(changed, reg)
+		expires := now.Add(s.cfg.RegistrationTimeout)
+		if m.Flags&lisp.RegTTLTimeout != 0 && r.TTL != 0xffffffff {
+			expires = now.Add(time.Duration(r.TTL) * time.Minute)
 		}
-		s.regs.Insert(prefixes[i], reg)
+		if !ok || old.etr != from || !slices.EqualFunc(old.locators, r.Locators, sameLocator) {
+			changed = append(changed, change{prefixes[i], shared})
+		}
+		reg := old
+		if !ok {
+			reg = &registration{registered: now.UnixNano()}
+			s.regs.Insert(prefixes[i], reg)
+		}
+		// In place for a refresh: readers hold mu.RLock, this holds mu.
+		reg.site, reg.etr, reg.locators, reg.expires = st, from, shared, expires.UnixNano()
+		reg.ttl, reg.mapVersion, reg.action = r.TTL, r.MapVersion, r.Action
+		reg.proxy = m.Flags&lisp.RegProxyReply != 0 || st.ProxyReply
 		s.count(CountRegistered)
 	}
 	s.mu.Unlock()
 	// New or changed registrations are logged (refreshes are not: one a minute per site).
-	for _, reg := range changed {
-		locs := make([]string, len(reg.record.Locators))
-		for j, l := range reg.record.Locators {
+	for _, c := range changed {
+		locs := make([]string, len(c.locs))
+		for j, l := range c.locs {
 			locs[j] = fmt.Sprintf("%v/%d/%d", l.Addr.IP, l.Priority, l.Weight)
 		}
-		s.logLimited(now, slog.LevelInfo, "registration accepted", "site", st.Name, "prefix", reg.prefix, "from", from, "locators", locs)
+		s.logLimited(now, slog.LevelInfo, "registration accepted", "site", st.Name, "prefix", c.prefix, "from", from, "locators", locs)
 	}
 	if m.Flags&lisp.RegWantNotify == 0 {
 		return out
@@ -394,6 +415,16 @@ func cloneLocators(ls []lisp.Locator) []lisp.Locator {
 		out[i].Addr.Raw = bytes.Clone(out[i].Addr.Raw)
 	}
 	return out
+}
+
+// identicalLocators reports whether a and b are the same locators, field for field.
+func identicalLocators(a, b []lisp.Locator) bool {
+	return slices.EqualFunc(a, b, func(x, y lisp.Locator) bool {
+		return x.Priority == y.Priority && x.Weight == y.Weight && x.MPriority == y.MPriority && x.MWeight == y.MWeight &&
+			x.Flags == y.Flags && x.Addr.AFI == y.Addr.AFI && x.Addr.IP == y.Addr.IP && x.Addr.LCAFType == y.Addr.LCAFType &&
+			x.Addr.LCAFFlags == y.Addr.LCAFFlags && x.Addr.IIDMaskLen == y.Addr.IIDMaskLen && x.Addr.InstanceID == y.Addr.InstanceID &&
+			bytes.Equal(x.Addr.Raw, y.Addr.Raw)
+	})
 }
 
 func sameLocator(a, b lisp.Locator) bool {
@@ -486,8 +517,7 @@ func (s *Server) request(now time.Time, from netip.AddrPort, b []byte, out []Pac
 					return out
 				}
 			} else {
-				rec = reg.record
-				rec.Locators = slices.Clone(rec.Locators)
+				rec = lisp.Record{TTL: reg.ttl, MapVersion: reg.mapVersion, Action: reg.action, Locators: slices.Clone(reg.locators)}
 			}
 		}
 		s.mu.RUnlock()
@@ -538,7 +568,7 @@ func (s *Server) request(now time.Time, from netip.AddrPort, b []byte, out []Pac
 func forwardTarget(reg *registration, v4 bool) netip.AddrPort {
 	var best netip.Addr
 	bestPri, bestFam := 256, false
-	for _, l := range reg.record.Locators {
+	for _, l := range reg.locators {
 		if l.Addr.AFI != lisp.AFIIPv4 && l.Addr.AFI != lisp.AFIIPv6 || l.Priority == 255 || l.Flags&lisp.LocReachable == 0 {
 			continue
 		}
@@ -579,7 +609,7 @@ func (s *Server) Expire(now time.Time) {
 	s.mu.Lock()
 	var gone []netip.Prefix
 	s.regs.All(func(p netip.Prefix, r *registration) bool {
-		if !now.Before(r.expires) {
+		if now.UnixNano() >= r.expires {
 			gone = append(gone, p)
 		}
 		return true
@@ -599,6 +629,13 @@ func (s *Server) Expire(now time.Time) {
 	s.mu.Unlock()
 	s.limiter.Prune(now)
 	s.replies.Prune(now)
+}
+
+// RegisteredPrefixes returns the number of registered EID prefixes.
+func (s *Server) RegisteredPrefixes() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.regs.Len()
 }
 
 // Registration is one row of the registration table.
@@ -627,9 +664,9 @@ func (s *Server) Registrations(now time.Time) []Registration {
 	defer s.mu.RUnlock()
 	var out []Registration
 	s.regs.All(func(p netip.Prefix, r *registration) bool {
-		v := Registration{Site: r.site.Name, Prefix: p, ETR: r.etr.String(), ProxyReply: r.proxy, TTL: r.record.TTL,
-			Registered: r.registered, ExpiresIn: r.expires.Sub(now)}
-		for _, l := range r.record.Locators {
+		v := Registration{Site: r.site.Name, Prefix: p, ETR: r.etr.String(), ProxyReply: r.proxy, TTL: r.ttl,
+			Registered: time.Unix(0, r.registered), ExpiresIn: time.Duration(r.expires - now.UnixNano())}
+		for _, l := range r.locators {
 			v.Locators = append(v.Locators, LocatorView{Address: l.Addr.IP, Priority: l.Priority, Weight: l.Weight, Reachable: l.Flags&lisp.LocReachable != 0})
 		}
 		out = append(out, v)

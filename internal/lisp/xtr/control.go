@@ -302,6 +302,7 @@ func (x *XTR) mapReply(now time.Time, from netip.AddrPort, m *lisp.MapReply) {
 		return
 	}
 	x.count(CountReplies)
+	x.resolverOKLocked(now, e)
 	if e.pending {
 		if _, cur, ok := x.cache.Lookup(e.query); ok && cur == e {
 			x.cacheDeleteLocked(e.prefix)
@@ -348,10 +349,10 @@ func (x *XTR) mapNotify(now time.Time, from netip.AddrPort, b []byte) {
 	x.count(DropUnexpected)
 }
 
-// sendRequest sends an ECM Map-Request for eid to a resolver; attempt picks the resolver and
-// the uplink, so that retries go another way.
-func (x *XTR) sendRequest(eid, srcEID netip.Addr, nonce uint64, attempt int) {
-	ui, res, b := x.requestMessage(eid, srcEID, nonce, attempt)
+// sendRequest sends an ECM Map-Request for eid to resolver Resolvers[ri]; attempt picks the
+// uplink, so that retries go another way.
+func (x *XTR) sendRequest(eid, srcEID netip.Addr, nonce uint64, attempt, ri int) {
+	ui, res, b := x.requestMessage(eid, srcEID, nonce, attempt, ri)
 	if b == nil {
 		x.count(CountResolveFailed) // no EID of the query's family to put in the inner header
 		return
@@ -362,16 +363,16 @@ func (x *XTR) sendRequest(eid, srcEID netip.Addr, nonce uint64, attempt int) {
 }
 
 // requestMessage builds the ECM Map-Request of sendRequest and says where it goes: from
-// uplink ui to resolver res.
-func (x *XTR) requestMessage(eid, srcEID netip.Addr, nonce uint64, attempt int) (ui int, res netip.AddrPort, b []byte) {
+// uplink ui to resolver res = Resolvers[ri].
+func (x *XTR) requestMessage(eid, srcEID netip.Addr, nonce uint64, attempt, ri int) (ui int, res netip.AddrPort, b []byte) {
+	res = x.o.Resolvers[ri]
 	n := len(x.o.Uplinks)
 	for k := range n {
 		ui = (attempt + k) % n
-		if x.locals[ui].Addr.Is4() == x.o.Resolvers[attempt%len(x.o.Resolvers)].Addr().Is4() {
+		if x.locals[ui].Addr.Is4() == res.Addr().Is4() {
 			break
 		}
 	}
-	res = x.o.Resolvers[attempt%len(x.o.Resolvers)]
 	req := lisp.MapRequest{Nonce: nonce, Records: []lisp.RequestRecord{{MaskLen: uint8(eid.BitLen()), EID: lisp.AddrFrom(eid)}}}
 	if srcEID.IsValid() && srcEID.Is4() == eid.Is4() {
 		req.SourceEID = lisp.AddrFrom(srcEID)
@@ -457,6 +458,7 @@ type requestJob struct {
 	eid, src netip.Addr
 	nonce    uint64
 	attempt  int
+	resolver int
 }
 
 // tick is the xTR's clock work: map-cache expiry and refresh, resolution retries, probes,
@@ -476,9 +478,10 @@ func (x *XTR) tick(now time.Time) {
 	x.cache.All(func(p netip.Prefix, e *entry) bool {
 		switch {
 		case e.pending:
-			if now.Sub(e.sent) < x.o.RequestTimeout {
+			if now.Sub(e.sent) < x.attemptTimeout(e.tries) {
 				break
 			}
+			x.resolverMissLocked(now, e)
 			if e.tries >= x.o.RequestRetries {
 				gone = append(gone, p)
 				x.count(CountResolveFailed)
@@ -489,7 +492,7 @@ func (x *XTR) tick(now time.Time) {
 			e.tries++
 			e.sent = now
 			x.setNonceLocked(e, randomNonce())
-			requests = append(requests, requestJob{e.query, e.srcEID, e.nonce, e.tries})
+			requests = append(requests, requestJob{e.query, e.srcEID, e.nonce, e.tries, x.askResolverLocked(now, e)})
 		case !now.Before(e.expires):
 			gone = append(gone, p)
 			x.count(CountCacheExpired)
@@ -497,11 +500,22 @@ func (x *XTR) tick(now time.Time) {
 			// Refresh an entry in use shortly before it expires: in its last tenth, at most
 			// the last minute.
 			ttl := time.Duration(e.ttl) * time.Minute
-			if e.tries >= 0 && e.expires.Sub(now) < min(ttl/10, time.Minute) && e.used.Load() {
+			// A refresh left unanswered goes to the next resolver like a resolution does
+			// (tries -1, -2, ...: refreshing, and how many times).
+			switch {
+			case e.tries >= 0 && e.expires.Sub(now) < min(ttl/10, time.Minute) && e.used.Load():
 				e.tries = -1 // refreshing: the nonce below matches the reply
 				e.query = p.Addr()
+				e.sent = now
 				x.setNonceLocked(e, randomNonce())
-				requests = append(requests, requestJob{p.Addr(), netip.Addr{}, e.nonce, 0})
+				e.tried = 0
+				requests = append(requests, requestJob{p.Addr(), netip.Addr{}, e.nonce, 0, x.askResolverLocked(now, e)})
+			case e.tries < 0 && -e.tries <= x.o.RequestRetries && now.Sub(e.sent) >= x.attemptTimeout(-e.tries-1):
+				x.resolverMissLocked(now, e)
+				e.tries--
+				e.sent = now
+				x.setNonceLocked(e, randomNonce())
+				requests = append(requests, requestJob{p.Addr(), netip.Addr{}, e.nonce, -e.tries - 1, x.askResolverLocked(now, e)})
 			}
 			for _, pr := range e.pairs {
 				inUse[pr] = p
@@ -563,7 +577,7 @@ func (x *XTR) tick(now time.Time) {
 		}
 	}
 	for _, r := range requests {
-		x.sendRequest(r.eid, r.src, r.nonce, r.attempt)
+		x.sendRequest(r.eid, r.src, r.nonce, r.attempt, r.resolver)
 	}
 	for _, r := range regs {
 		x.register(r.k, r.ui, r.nonce)

@@ -326,10 +326,10 @@ func (x *XTR) miss(now time.Time, f *flow, pkt []byte) {
 	} else {
 		x.count(DropQueueFull)
 	}
-	nonce, tries := e.nonce, e.tries
+	nonce, tries, res := e.nonce, e.tries, e.resolver
 	x.mu.Unlock()
 	if start {
-		x.sendRequest(f.dst, f.src, nonce, tries)
+		x.sendRequest(f.dst, f.src, nonce, tries, res)
 	}
 }
 
@@ -434,6 +434,7 @@ func (x *XTR) startResolutionLocked(now time.Time, query, srcEID netip.Addr) *en
 	x.cache.Insert(e.prefix, e)
 	x.byNonce[e.nonce] = e
 	x.pending++
+	x.askResolverLocked(now, e)
 	return e
 }
 
@@ -456,9 +457,9 @@ func (x *XTR) holdForVerification(now time.Time, from netip.Addr, f *flow, inner
 	} else {
 		x.count(DropQueueFull)
 	}
-	nonce, tries := e.nonce, e.tries
+	nonce, tries, res := e.nonce, e.tries, e.resolver
 	x.mu.Unlock()
 	if start {
-		x.sendRequest(f.src, f.dst, nonce, tries)
+		x.sendRequest(f.src, f.dst, nonce, tries, res)
 	}
 }

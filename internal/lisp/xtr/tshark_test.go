@@ -117,7 +117,7 @@ func TestXtrTsharkDecodes(t *testing.T) {
 	// unregistered site and for space no site holds.
 	for i, q := range []string{"192.168.1.7", "fd00:1::7", "192.168.2.7", "192.0.2.1", "2001:db8::1"} {
 		eid := netip.MustParseAddr(q)
-		ui, res, b := x.requestMessage(eid, netip.Addr{}, uint64(200+i), i)
+		ui, res, b := x.requestMessage(eid, netip.Addr{}, uint64(200+i), i, i%len(x.o.Resolvers))
 		if b == nil || res != ms {
 			t.Fatalf("no request for %v", eid)
 		}
@@ -128,7 +128,7 @@ func TestXtrTsharkDecodes(t *testing.T) {
 	srv2, _ := mapserver.New(cfg)
 	b, _ := x.registerMessage(0, 300)
 	srv2.Handle(now, etr, b, nil)
-	_, _, req := x.requestMessage(netip.MustParseAddr("192.168.1.9"), netip.MustParseAddr("192.168.2.1"), 301, 0)
+	_, _, req := x.requestMessage(netip.MustParseAddr("192.168.1.9"), netip.MustParseAddr("192.168.2.1"), 301, 0, 0)
 	fwd := srv2.Handle(now, etr, req, nil)
 	if len(fwd) != 1 || fwd[0].To != etr {
 		t.Fatalf("not forwarded: %+v", fwd)

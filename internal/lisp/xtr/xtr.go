@@ -18,6 +18,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -66,10 +67,15 @@ type Options struct {
 	RegisterTTL      uint32        // record TTL of registrations, minutes (default 10)
 	RequestTimeout   time.Duration // before a Map-Request is sent again (default 1 s)
 	RequestRetries   int           // Map-Requests sent again before giving up (default 3)
-	ProbeInterval    time.Duration // default 1 s
-	DownAfter        time.Duration // default 3 × ProbeInterval
-	Placement        bool          // A-MPTCP placement for TCP
-	QueuePerEID      int           // packets held while a mapping is resolved (default 16)
+	// With several Resolvers, a request unanswered for ResolverTimeout (default 300 ms, at
+	// most RequestTimeout) goes to the next resolver, and the silent one rests from 1 s up to
+	// ResolverBackoff (default 30 s), doubling with each miss (resolvers.go).
+	ResolverTimeout time.Duration
+	ResolverBackoff time.Duration
+	ProbeInterval   time.Duration // default 1 s
+	DownAfter       time.Duration // default 3 × ProbeInterval
+	Placement       bool          // A-MPTCP placement for TCP
+	QueuePerEID     int           // packets held while a mapping is resolved (default 16)
 	// AnyOuterSource turns off the ETR's check that a packet's outer source is a locator of
 	// the mapping of its inner source (resolved first when unknown).
 	AnyOuterSource  bool
@@ -97,6 +103,13 @@ func (o *Options) defaults() {
 	}
 	if o.RequestRetries == 0 {
 		o.RequestRetries = 3
+	}
+	if o.ResolverTimeout == 0 {
+		o.ResolverTimeout = 300 * time.Millisecond
+	}
+	o.ResolverTimeout = min(o.ResolverTimeout, o.RequestTimeout)
+	if o.ResolverBackoff == 0 {
+		o.ResolverBackoff = 30 * time.Second
 	}
 	if o.ProbeInterval == 0 {
 		o.ProbeInterval = time.Second
@@ -168,6 +181,10 @@ type entry struct {
 	sent    time.Time
 	query   netip.Addr
 	srcEID  netip.Addr
+	// The resolver the outstanding request went to, and the resolvers this resolution
+	// asked (bit i: Resolvers[i]).
+	resolver int
+	tried    uint64
 }
 
 // XTR is a running tunnel router.
@@ -188,6 +205,7 @@ type XTR struct {
 	pending   int               // pending entries in cache; guarded by mu
 	byNonce   map[uint64]*entry // entries with a request outstanding, by its nonce; guarded by mu
 	heldBytes int               // bytes of packets in queue and held of all entries; guarded by mu
+	resolvers resolverSet       // map-resolver health; guarded by mu
 
 	replies *limit.Limiter // per reply destination
 	counts  map[string]*atomic.Uint64
@@ -258,13 +276,16 @@ const (
 	DropTooBig           = "drop_too_big"
 	CountCacheExpired    = "map_cache_expired"
 	CountResolveFailed   = "resolutions_failed"
+	// CountResolverTimeouts counts Map-Requests a map-resolver left unanswered in time (the
+	// resolution went on with the next resolver).
+	CountResolverTimeouts = "map_resolver_timeouts"
 )
 
 var counterNames = []string{CountTxPackets, CountRxPackets, CountRequests, CountReplies, CountNegative,
 	CountRegisters, CountNotifies, CountProbesSent, CountProbeReplies, CountRequestsIn, DropNoMapping,
 	DropNegative, DropNoPath, DropQueueFull, DropNotIP, DropNotUnicast, DropOwnEID, DropDecap, DropNotOurEID, DropForeignEID, DropSend,
 	DropControl, DropUnexpected, DropNotifyAuth, DropReplyRecord, DropSpoofedSource, DropOuterSource,
-	DropPendingFull, DropCacheFull, CountCacheEvicted, DropReplyRateLimited, DropITRRLOCFamily, DropECMSource, DropTooBig, CountCacheExpired, CountResolveFailed}
+	DropPendingFull, DropCacheFull, CountCacheEvicted, DropReplyRateLimited, DropITRRLOCFamily, DropECMSource, DropTooBig, CountCacheExpired, CountResolveFailed, CountResolverTimeouts}
 
 // New checks o and returns an xTR; Run starts it.
 func New(o Options) (*XTR, error) {
@@ -280,10 +301,12 @@ func New(o Options) (*XTR, error) {
 		return nil, errors.New("xtr: no EID prefix")
 	case len(o.Resolvers) == 0:
 		return nil, errors.New("xtr: no map-resolver")
+	case len(o.Resolvers) > MaxResolvers:
+		return nil, fmt.Errorf("xtr: %d map-resolvers: at most %d", len(o.Resolvers), MaxResolvers)
 	}
 	o.Locators = slices.Clone(o.Locators) // SetLocators changes them
 	x := &XTR{o: o, log: o.Logger, pairs: map[pairKey]*pair{}, probes: map[uint64]probe{}, byNonce: map[uint64]*entry{}, counts: map[string]*atomic.Uint64{},
-		regs: make([]registrationState, len(o.MapServers)), replies: limit.New(o.RatePerDestination, float64(o.BurstPerDestination))}
+		regs: make([]registrationState, len(o.MapServers)), resolvers: newResolverSet(len(o.Resolvers), o.ResolverBackoff), replies: limit.New(o.RatePerDestination, float64(o.BurstPerDestination))}
 	for _, n := range counterNames {
 		x.counts[n] = new(atomic.Uint64)
 	}
@@ -541,6 +564,7 @@ type Status struct {
 	Cache         []EntryStatus        `json:"map_cache"`
 	Pairs         []PairStatus         `json:"pairs"`
 	Registrations []RegistrationStatus `json:"registrations"`
+	Resolvers     []ResolverStatus     `json:"map_resolvers"`
 }
 
 // RegistrationStatus is the state of registration with one map-server.
@@ -605,6 +629,7 @@ func (x *XTR) Status() Status {
 		}
 		return compareAddr(a.Remote, b.Remote)
 	})
+	st.Resolvers = x.resolverStatusLocked(now)
 	for i, ms := range x.o.MapServers {
 		r := x.regs[i]
 		st.Registrations = append(st.Registrations, RegistrationStatus{MapServer: ms.Addr, LastNotify: r.lastNotify,
