@@ -161,7 +161,7 @@ func (x *XTR) answerMessageWithin(i int, m *lisp.MapRequest, probe bool, maxLen 
 		if !r.EID.IP.IsValid() || (r.EID.AFI == lisp.AFILCAF && r.EID.InstanceID != 0) {
 			continue
 		}
-		p, _, ok := x.eids.Lookup(r.EID.IP)
+		p, _, ok := x.db.Load().eids.Lookup(r.EID.IP)
 		if !ok || slices.Contains(answered, p) {
 			continue
 		}
@@ -212,7 +212,7 @@ const (
 
 // fromMapServer reports whether a is the address of a map-server the site registers with.
 func (x *XTR) fromMapServer(a netip.Addr) bool {
-	for _, ms := range x.o.MapServers {
+	for _, ms := range x.db.Load().MapServers {
 		if ms.Addr.Addr().Unmap() == a {
 			return true
 		}
@@ -222,7 +222,7 @@ func (x *XTR) fromMapServer(a netip.Addr) bool {
 
 // fromResolver reports whether a is one of the configured map-resolvers' addresses.
 func (x *XTR) fromResolver(a netip.Addr) bool {
-	for _, r := range x.o.Resolvers {
+	for _, r := range x.db.Load().Resolvers {
 		if r.Addr().Unmap() == a {
 			return true
 		}
@@ -250,7 +250,7 @@ func (x *XTR) replyRecordOK(r *lisp.Record, query, from netip.Addr, resolver boo
 		}
 		p = netip.PrefixFrom(query, minBits).Masked()
 	}
-	for _, own := range x.o.EIDs {
+	for _, own := range x.db.Load().EIDs {
 		// Packets to the site's own EIDs never use the map-cache, so a negative record over
 		// them is harmless; a positive one is a lie.
 		if p.Overlaps(own) && len(r.Locators) != 0 {
@@ -333,7 +333,7 @@ func (x *XTR) mapNotify(now time.Time, from netip.AddrPort, b []byte) {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	for k, ms := range x.o.MapServers {
+	for k, ms := range x.db.Load().MapServers {
 		if ms.Addr.Addr() != from.Addr() || x.regs[k].nonce != m.Nonce {
 			continue
 		}
@@ -364,14 +364,15 @@ func (x *XTR) sendRequest(eid, srcEID netip.Addr, nonce uint64, attempt int) {
 // requestMessage builds the ECM Map-Request of sendRequest and says where it goes: from
 // uplink ui to resolver res.
 func (x *XTR) requestMessage(eid, srcEID netip.Addr, nonce uint64, attempt int) (ui int, res netip.AddrPort, b []byte) {
+	db := x.db.Load()
 	n := len(x.o.Uplinks)
 	for k := range n {
 		ui = (attempt + k) % n
-		if x.locals[ui].Addr.Is4() == x.o.Resolvers[attempt%len(x.o.Resolvers)].Addr().Is4() {
+		if x.locals[ui].Addr.Is4() == db.Resolvers[attempt%len(db.Resolvers)].Addr().Is4() {
 			break
 		}
 	}
-	res = x.o.Resolvers[attempt%len(x.o.Resolvers)]
+	res = db.Resolvers[attempt%len(db.Resolvers)]
 	req := lisp.MapRequest{Nonce: nonce, Records: []lisp.RequestRecord{{MaskLen: uint8(eid.BitLen()), EID: lisp.AddrFrom(eid)}}}
 	if srcEID.IsValid() && srcEID.Is4() == eid.Is4() {
 		req.SourceEID = lisp.AddrFrom(srcEID)
@@ -384,8 +385,8 @@ func (x *XTR) requestMessage(eid, srcEID netip.Addr, nonce uint64, attempt int) 
 	}
 	innerSrc := srcEID
 	if !innerSrc.IsValid() || innerSrc.Is4() != eid.Is4() {
-		innerSrc = x.o.EIDs[0].Addr()
-		for _, p := range x.o.EIDs {
+		innerSrc = db.EIDs[0].Addr()
+		for _, p := range db.EIDs {
 			if p.Addr().Is4() == eid.Is4() {
 				innerSrc = p.Addr()
 			}
@@ -402,10 +403,10 @@ func (x *XTR) requestMessage(eid, srcEID netip.Addr, nonce uint64, attempt int) 
 	return ui, res, b
 }
 
-// register sends a Map-Register to map-server k from uplink ui.
-func (x *XTR) register(k, ui int, nonce uint64) {
-	ms := x.o.MapServers[k]
-	b, err := x.registerMessage(k, nonce)
+// register sends a Map-Register to map-server k of db from uplink ui.
+func (x *XTR) register(db *database, k, ui int, nonce uint64) {
+	ms := db.MapServers[k]
+	b, err := x.registerMessageOf(db, k, nonce)
 	if err != nil {
 		x.log.Error("cannot sign Map-Register", "map_server", ms.Addr, "err", err)
 		return
@@ -417,7 +418,12 @@ func (x *XTR) register(k, ui int, nonce uint64) {
 
 // registerMessage builds the signed Map-Register for map-server k.
 func (x *XTR) registerMessage(k int, nonce uint64) ([]byte, error) {
-	ms := x.o.MapServers[k]
+	return x.registerMessageOf(x.db.Load(), k, nonce)
+}
+
+// registerMessageOf builds the signed Map-Register of db's EIDs for its map-server k.
+func (x *XTR) registerMessageOf(db *database, k int, nonce uint64) ([]byte, error) {
+	ms := db.MapServers[k]
 	m := lisp.MapRegister{Flags: lisp.RegWantNotify, Nonce: nonce, KeyID: ms.KeyID, AlgID: ms.AlgID}
 	if ms.ProxyReply {
 		m.Flags |= lisp.RegProxyReply
@@ -427,7 +433,7 @@ func (x *XTR) registerMessage(k int, nonce uint64) ([]byte, error) {
 		l = lisp.AuthLen(ms.AlgID)
 	}
 	m.AuthData = make([]byte, l)
-	for _, p := range x.o.EIDs {
+	for _, p := range db.EIDs {
 		m.Records = append(m.Records, x.ownRecord(p, netip.Addr{}))
 	}
 	b := make([]byte, m.Len())
@@ -466,6 +472,7 @@ func (x *XTR) tick(now time.Time) {
 	var sends []outgoing
 	var requests []requestJob
 	type regJob struct {
+		db    *database
 		k, ui int
 		nonce uint64
 	}
@@ -536,7 +543,8 @@ func (x *XTR) tick(now time.Time) {
 			delete(x.probes, n)
 		}
 	}
-	for k := range x.o.MapServers {
+	db := x.db.Load() // replaced under mu only
+	for k := range db.MapServers {
 		r := &x.regs[k]
 		// Unconfirmed registrations are sent again after 1, 2 and 4 request timeouts (from the
 		// next RLOC each time), then only every RegisterInterval: never more than once a
@@ -553,7 +561,7 @@ func (x *XTR) tick(now time.Time) {
 			x.regTurn++
 			r.uplink = x.regTurn % len(x.o.Uplinks)
 			r.nonce, r.sent = x.registerNonceLocked(now), now
-			regs = append(regs, regJob{k, r.uplink, r.nonce})
+			regs = append(regs, regJob{db, k, r.uplink, r.nonce})
 		}
 	}
 	x.mu.Unlock()
@@ -566,7 +574,7 @@ func (x *XTR) tick(now time.Time) {
 		x.sendRequest(r.eid, r.src, r.nonce, r.attempt)
 	}
 	for _, r := range regs {
-		x.register(r.k, r.ui, r.nonce)
+		x.register(r.db, r.k, r.ui, r.nonce)
 	}
 }
 
