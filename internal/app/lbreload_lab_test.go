@@ -81,6 +81,11 @@ func TestLBReload(t *testing.T) {
 	self, _ := os.Executable()
 	lw := &lockedWriter{w: &strings.Builder{}}
 	logged := func() string { lw.mu.Lock(); defer lw.mu.Unlock(); return lw.w.String() }
+	defer func() {
+		if strings.Contains(logged(), "DATA RACE") {
+			t.Errorf("the daemon's log (built with -race) reports a data race:\n%s", logged())
+		}
+	}()
 	daemon := exec.Command(self, "lb", "--config", site)
 	daemon.Stderr = lw
 	if err := l.Host("lb").Start(daemon); err != nil {

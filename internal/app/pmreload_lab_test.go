@@ -43,6 +43,11 @@ func TestPMReload(t *testing.T) {
 	write("")
 	lw := &lockedWriter{w: &strings.Builder{}}
 	logged := func() string { lw.mu.Lock(); defer lw.mu.Unlock(); return lw.w.String() }
+	defer func() {
+		if strings.Contains(logged(), "DATA RACE") {
+			t.Errorf("the daemon's log (built with -race) reports a data race:\n%s", logged())
+		}
+	}()
 	daemon := exec.Command(self, "pm", "--config", site)
 	daemon.Stderr = lw
 	if err := a.Start(daemon); err != nil {
