@@ -278,6 +278,9 @@ func reloadLB(l *lb.LB, cur, next *config.LB) ([]string, error) {
 	for _, c := range changes {
 		out = append(out, c.String())
 	}
+	if err != nil && len(changes) > 0 {
+		return out, fmt.Errorf("%w: %w", errPartlyApplied, err)
+	}
 	return out, err
 }
 

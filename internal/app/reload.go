@@ -32,6 +32,10 @@ func (r *roleReloader) reload() (string, error) {
 		return "", fmt.Errorf("%w: the %s was not started from a site file", errReloadRefused, r.role)
 	}
 	changes, err := r.apply(r.file)
+	if errors.Is(err, errPartlyApplied) {
+		r.log.Error("reload partly applied", "file", r.file, "applied", len(changes), "err", err)
+		return "", fmt.Errorf("%s: %d changes applied (%s), then: %w", r.file, len(changes), strings.Join(changes, "; "), err)
+	}
 	if err != nil {
 		r.log.Error("reload refused: nothing changed", "file", r.file, "err", err)
 		return "", fmt.Errorf("%w: %s", errReloadRefused, err)
@@ -79,6 +83,10 @@ func (c *restartCheck) err() error {
 	}
 	return fmt.Errorf("%s changed: %w", strings.Join(c.what, ", "), errNeedsRestart)
 }
+
+// errPartlyApplied: the kernel refused a step of a reload that had begun (a map update of the
+// LB's data plane): the changes before it are in force, the rest not.
+var errPartlyApplied = errors.New("the data plane refused a step; the rest of the reload was not applied")
 
 // errNeedsRestart: the change is not applied by a reload.
 var errNeedsRestart = errors.New("only a restart applies that (restart the role, or put it back)")

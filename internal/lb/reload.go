@@ -53,8 +53,10 @@ type servicePlane interface {
 // what differs: a backend that stays keeps its slot, its flows and its tokens (a new weight
 // only changes the Maglev table, so its established connections go on), a service that stays
 // keeps its ID and tokens; a removed backend loses its flows and tokens, a removed service
-// its tokens. It returns the changes, each also logged. The services and backends are
-// checked first, so that a refusal changes nothing.
+// its tokens. It returns the changes, each also logged. What it can check (service count, free
+// slots, a data plane that can remove services) it checks first, so that such a refusal changes
+// nothing; an error of the data plane itself stops it where it happened, with the changes
+// made until then returned.
 func (l *LB) Apply(services []netip.AddrPort, backends []BackendSpec, s Settings) ([]Change, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
