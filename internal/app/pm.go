@@ -77,6 +77,7 @@ or, if there are none, of [[tunnel.uplink]]:
   [pm]
   policy = "fullmesh"
   metrics = "127.0.0.1:9475"    # GET /status (JSON) and /metrics (Prometheus)
+  control = "@braid/pm"         # 'braid pm reload' and status (an abstract socket)
   backup = ["lte"]              # subflows from these uplinks are backup
   poll = "100ms"                # statistics and timers (rbpm: 50ms)
   join_timeout = "1s"           # a join not up by then is retried (rbpm: 5s)
