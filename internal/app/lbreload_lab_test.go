@@ -130,7 +130,7 @@ func TestLBReload(t *testing.T) {
 	req := make([]byte, 9)
 	req[0] = 'D'
 	binary.BigEndian.PutUint64(req[1:], size)
-	c.SetDeadline(time.Now().Add(40 * time.Second))
+	c.SetDeadline(time.Now().Add(20 * time.Second))
 	if _, err := c.Write(req); err != nil {
 		t.Fatal(err)
 	}
