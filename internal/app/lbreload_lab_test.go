@@ -162,7 +162,7 @@ func TestLBReload(t *testing.T) {
 	}
 	// New connections reach the new backend.
 	reached := map[int]int{}
-	for range 30 {
+	for range 40 {
 		c, err := scenario.MPLBDial(ctx, l)
 		if err != nil {
 			t.Fatal(err)
@@ -174,7 +174,7 @@ func TestLBReload(t *testing.T) {
 		}
 		reached[k]++
 	}
-	t.Logf("download of %d MiB from b%d intact across the reload; 30 new connections after it reached %v", size>>20, first, reached)
+	t.Logf("download of %d MiB from b%d intact across the reload; 40 new connections after it reached %v", size>>20, first, reached)
 	if reached[2] == 0 {
 		t.Fatalf("no new connection reached b2 after the reload: %v", reached)
 	}

@@ -119,7 +119,7 @@ func TestMapServerReload(t *testing.T) {
 				return
 			case <-time.After(20 * time.Millisecond):
 			}
-			r, err := lig(netip.MustParseAddr("192.168.1.7"), addr, netip.MustParseAddr("127.0.0.1"), 1, 500*time.Millisecond)
+			r, err := lig(netip.MustParseAddr("192.168.1.7"), addr, netip.MustParseAddr("127.0.0.1"), 1, 2*time.Second)
 			mu.Lock()
 			asked++
 			if err == nil && len(r.Record.Locators) == 1 && r.Record.Locators[0].Addr.IP == rloc1 {
