@@ -104,3 +104,10 @@ if ! command -v nft >/dev/null 2>&1 || ! command -v curl >/dev/null 2>&1; then
 fi
 # help2man renders the man pages (make install, make deb); systemd-analyze checks the units (packaging tests).
 command -v help2man >/dev/null 2>&1 && command -v systemd-analyze >/dev/null 2>&1 || { echo "deps: installing help2man, systemd (Debian packages)" >&2; export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq help2man systemd >/dev/null; }
+# chromium, chromium-driver and python3-selenium: the status page's browser test
+# (TestStatusPageBrowser) opens a daemon's live page in headless Chromium driven by Selenium.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1 || ! /usr/bin/python3 -c 'import selenium' >/dev/null 2>&1; then
+  echo "deps: installing chromium, chromium-driver, python3-selenium (Debian packages)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq chromium chromium-driver python3-selenium >/dev/null
+fi

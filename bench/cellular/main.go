@@ -32,6 +32,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -129,8 +130,10 @@ type result struct {
 }
 
 type options struct {
-	braid string
-	dur   time.Duration
+	braid      string
+	dur        time.Duration
+	schedulers []string // the tunnel rows, in the order of schedulers
+	proxy      bool     // the kernel MPTCP row
 }
 
 func main() {
@@ -141,6 +144,8 @@ func main() {
 	out := flag.String("out", "bench/out/cellular.md", "where to write this section (Markdown)")
 	figures := flag.String("figures", "", "directory of the PNG figures (default: that of -out)")
 	only := flag.String("case", "", "run only this case (a or b); default: every case")
+	scheds := flag.String("schedulers", strings.Join(schedulers, ","), "the tunnel rows to run: schedulers, comma-separated (the default one also runs with capacities configured)")
+	withProxy := flag.Bool("proxy", true, "run the kernel MPTCP row (through braid proxy)")
 	flag.Parse()
 	log.SetFlags(0)
 	bin, err := filepath.Abs(*braid)
@@ -153,7 +158,16 @@ func main() {
 	if *figures == "" {
 		*figures = filepath.Dir(*out)
 	}
-	o := options{braid: bin, dur: *duration}
+	o := options{braid: bin, dur: *duration, proxy: *withProxy}
+	for _, n := range strings.Split(*scheds, ",") {
+		if n = strings.TrimSpace(n); n == "" {
+			continue
+		}
+		if !slices.Contains(schedulers, n) {
+			drive.Fatalf("-schedulers: no scheduler %q (%s)", n, strings.Join(schedulers, ", "))
+		}
+		o.schedulers = append(o.schedulers, n)
+	}
 	if *quick {
 		o.dur = 5 * time.Second
 	}
@@ -217,29 +231,38 @@ func runCase(ctx context.Context, w io.Writer, o options, c cellCase, runs int, 
 		for i, p := range c.paths {
 			alone[i] = add(p.name + " alone, no tunnel")
 		}
-		tunnels := make([]*row, len(schedulers))
-		for i, s := range schedulers {
+		tunnels := make([]*row, len(o.schedulers))
+		for i, s := range o.schedulers {
 			name := "braid tunnel, " + s
-			if i == 0 {
+			if s == schedulers[0] {
 				name += " (default)"
 			}
 			tunnels[i] = add(name + ", capacities measured")
 		}
-		configured := add("braid tunnel, " + schedulers[0] + ", capacities = the paths' means")
-		proxy := add("kernel MPTCP through braid proxy")
+		var configured, proxy *row
+		if slices.Contains(o.schedulers, schedulers[0]) {
+			configured = add("braid tunnel, " + schedulers[0] + ", capacities = the paths' means")
+		}
+		if o.proxy {
+			proxy = add("kernel MPTCP through braid proxy")
+		}
 		for r := range runs {
 			for i := range c.paths {
 				alone[i].runs = append(alone[i].runs, measureAlone(ctx, o, c, i, reverse))
 			}
-			for i, s := range schedulers {
+			for i, s := range o.schedulers {
 				res := measureTunnel(ctx, o, c, s, nil, reverse)
 				tunnels[i].runs = append(tunnels[i].runs, res)
-				if i == 0 && !reverse && r == 0 {
+				if s == schedulers[0] && !reverse && r == 0 {
 					figure = res
 				}
 			}
-			configured.runs = append(configured.runs, measureTunnel(ctx, o, c, schedulers[0], means(c, reverse), reverse))
-			proxy.runs = append(proxy.runs, measureProxy(ctx, o, c, reverse))
+			if configured != nil {
+				configured.runs = append(configured.runs, measureTunnel(ctx, o, c, schedulers[0], means(c, reverse), reverse))
+			}
+			if proxy != nil {
+				proxy.runs = append(proxy.runs, measureProxy(ctx, o, c, reverse))
+			}
 			log.Printf("case %s %s: run %d of %d done", c.id, direction(reverse), r+1, runs)
 		}
 		sum := &row{name: "sum of the paths alone", sum: true}
@@ -251,6 +274,9 @@ func runCase(ctx context.Context, w io.Writer, o options, c cellCase, runs int, 
 			sum.runs = append(sum.runs, s)
 		}
 		printTable(w, direction(reverse), rows, alone, sum)
+	}
+	if len(figure.samples) == 0 {
+		return // the default scheduler's row did not run
 	}
 	if err := os.MkdirAll(figures, 0o755); err == nil {
 		file := filepath.Join(figures, "cellular-"+c.id+".png")

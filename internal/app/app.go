@@ -24,6 +24,7 @@ var Version = "dev"
 type env struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
+	logFormat      string // the global --log-format ("" = text)
 }
 
 // command is one subcommand. run returns the process exit code.
@@ -47,6 +48,11 @@ const (
 // Main runs braid with args (without the program name) and returns the exit code.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	e := env{stdin: stdin, stdout: stdout, stderr: stderr}
+	args, err := parseGlobal(&e, args)
+	if err != nil {
+		fmt.Fprintf(stderr, "braid: %v (see 'braid help')\n", err)
+		return exitUsage
+	}
 	if len(args) == 0 {
 		usage(stderr)
 		return exitUsage
@@ -77,7 +83,12 @@ func usage(w io.Writer) {
 site) into connections that are faster than any one path and survive the loss of any one.
 
 Usage:
-  braid <command> [arguments]
+  braid [--log-format text|json] <command> [arguments]
+
+Options:
+  --log-format text|json
+             how the daemons and the lab write their log on stderr: text (key=value, the
+             default) or json (one object a line); a daemon's own --log-format overrides it
 
 Commands:
 `)

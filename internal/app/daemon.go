@@ -21,7 +21,7 @@ func runDaemon[C any](e env, role, doc string, args []string, load func(file str
 	serve func(ctx context.Context, cfg C, log *slog.Logger) error, opts ...daemonOption) int {
 	fs := newFlags(e, "braid "+role, doc)
 	file := fs.String("config", "", "the site `FILE` (TOML)")
-	format := fs.String("log-format", "text", "log format: text or json")
+	format := fs.String("log-format", e.defaultLogFormat(), "log format: text or json")
 	verbose := fs.Bool("verbose", false, "log debug messages too")
 	var befores []func() (func(), error)
 	for _, o := range opts {

@@ -76,7 +76,11 @@ func labLogger(e env, verbose bool) *slog.Logger {
 	if verbose {
 		level = slog.LevelInfo
 	}
-	return slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: level}))
+	log, err := newLoggerLevel(e.stderr, e.defaultLogFormat(), level)
+	if err != nil { // not reached: parseGlobal accepts known formats only
+		log, _ = newLoggerLevel(e.stderr, "text", level)
+	}
+	return log
 }
 
 // labFail prints one line and returns the exit code for a lab error; missing privilege is

@@ -216,7 +216,7 @@ func serveLB(ctx context.Context, cfg *config.LB, log *slog.Logger) error {
 			return err
 		}
 		defer srv.Close()
-		log.Info("status and metrics", "addr", srv.Addr())
+		log.Info("status and metrics", "addr", srv.Addr(), "page", srv.PageURL())
 	}
 	rl := newRoleReloader(ctx, "lb", log, func(file string) ([]string, error) {
 		next, err := loadLBConfig(file)

@@ -135,7 +135,7 @@ func startMapserver(cfg *config.Mapserver, log *slog.Logger) (*mapserverRun, err
 			conn.Close()
 			return nil, err
 		}
-		log.Info("status and metrics", "addr", r.web.Addr())
+		log.Info("status and metrics", "addr", r.web.Addr(), "page", r.web.PageURL())
 	}
 	log.Info("map server up", "listen", conn.LocalAddr(), "sites", len(cfg.Sites), "map_server", cfg.MapServer, "map_resolver", cfg.MapResolver)
 	return r, nil

@@ -126,7 +126,7 @@ func runPM(e env, args []string) int {
 	fs := newFlags(e, "braid pm", pmDoc)
 	file := fs.String("config", "", "the site `FILE` (TOML)")
 	policy := fs.String("policy", "", "the policy `NAME`, overriding the file's")
-	format := fs.String("log-format", "text", "log format: text or json")
+	format := fs.String("log-format", e.defaultLogFormat(), "log format: text or json")
 	verbose := fs.Bool("verbose", false, "log debug messages too (every event and command)")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
@@ -246,7 +246,7 @@ func servePM(ctx context.Context, cfg *config.PM, policy string, log *slog.Logge
 			return err
 		}
 		defer srv.Close()
-		log.Info("status and metrics", "addr", srv.Addr())
+		log.Info("status and metrics", "addr", srv.Addr(), "page", srv.PageURL())
 	}
 	rl := newRoleReloader(ctx, "pm", log, func(file string) ([]string, error) {
 		data, err := os.ReadFile(file)

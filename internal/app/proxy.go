@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -30,6 +31,7 @@ func init() {
 
 const proxyDoc = `Usage: braid proxy --config FILE [--log-format text|json] [--verbose]
        braid proxy check --config FILE
+       braid proxy reload [--control SOCKET]
        braid proxy keygen [--out FILE]
        braid proxy keygen --public < FILE
        braid proxy --cleanup [--config FILE]
@@ -72,6 +74,18 @@ The site file's [proxy] section (docs/proxy.md has a full two-site example):
     address = ["198.51.100.1:7101"]
     networks = ["10.2.0.0/24"]
 
+Who may use what: a peer must hold a pinned key (or, in plaintext, connect from one of its
+configured addresses or 'sources'), claim only sources in its networks and ask only for the
+tenant's own networks; a request without a source is refused unless the tenant sets
+'allow_sourceless = true'. The SOCKS5 listener serves the tenant's own networks only (or
+'socks_clients'). Connections not yet authenticated are capped ('max_unauthenticated'), and
+ADD_ADDR announces the other uplinks only to authenticated peers.
+
+'reload' (or SIGHUP) re-reads the site file the proxy started with and applies its tenants:
+tenants and peers added, removed or changed; what did not change keeps its connections. A
+file with a mistake, or a change only a restart applies (mode, key, uplinks, timeouts...), is
+refused with the reason and nothing changes.
+
 The proxy installs its nftables table (inet braid_proxy), a policy rule (fwmark -> route_table)
 and local routes, and removes them on exit. SIGTERM drains: new connections are refused,
 those under way get drain_timeout to finish. After a SIGKILL, 'braid proxy --cleanup' removes
@@ -92,6 +106,8 @@ func runProxy(e env, args []string) int {
 			return proxyKeygen(e, args[1:])
 		case "check":
 			return proxyRun(e, args[1:], true)
+		case "reload":
+			return proxyReload(e, args[1:])
 		}
 	}
 	return proxyRun(e, args, false)
@@ -146,7 +162,7 @@ func proxyRun(e env, args []string, check bool) int {
 	fs := newFlags(e, "braid proxy", proxyDoc)
 	file := fs.String("config", "", "the site `FILE` (TOML)")
 	cleanup := fs.Bool("cleanup", false, "remove the rules, routes and path-manager settings a killed proxy left, and exit")
-	format := fs.String("log-format", "text", "log format: text or json")
+	format := fs.String("log-format", e.defaultLogFormat(), "log format: text or json")
 	verbose := fs.Bool("verbose", false, "log debug messages too")
 	if done, code := parseFlags(e, fs, args); done {
 		return code
@@ -218,7 +234,7 @@ func proxyCleanup(e env, cfg *config.Proxy) int {
 
 func proxyOptions(cfg *config.Proxy, log *slog.Logger) (proxy.Options, error) {
 	o := proxy.Options{Pool: cfg.Pool, PoolIdle: cfg.PoolIdle, ConnectTimeout: cfg.ConnectTimeout,
-		HeaderTimeout: cfg.HeaderTimeout, DrainTimeout: cfg.DrainTimeout, Logger: log}
+		HeaderTimeout: cfg.HeaderTimeout, DrainTimeout: cfg.DrainTimeout, Logger: log, MaxUnauthenticated: cfg.MaxUnauthenticated}
 	switch cfg.Mode {
 	case "tproxy":
 		o.Intercept = proxy.InterceptTProxy
@@ -233,9 +249,10 @@ func proxyOptions(cfg *config.Proxy, log *slog.Logger) (proxy.Options, error) {
 		o.Cert = &cert
 	}
 	for _, t := range cfg.Tenants {
-		pt := proxy.Tenant{Name: t.Name, Networks: t.Networks, Port: t.Port, PeerPort: t.PeerPort, Socks: t.Socks}
+		pt := proxy.Tenant{Name: t.Name, Networks: t.Networks, Port: t.Port, PeerPort: t.PeerPort, Socks: t.Socks,
+			SocksClients: t.SocksClients, AllowSourceless: t.AllowSourceless}
 		for _, pr := range t.Peers {
-			pt.Peers = append(pt.Peers, proxy.Peer{Name: pr.Name, Key: pr.PublicKey, Addrs: pr.Addresses, Networks: pr.Networks})
+			pt.Peers = append(pt.Peers, proxy.Peer{Name: pr.Name, Key: pr.PublicKey, Addrs: pr.Addresses, Networks: pr.Networks, Sources: pr.Sources})
 		}
 		o.Tenants = append(o.Tenants, pt)
 	}
@@ -346,6 +363,7 @@ func serveProxy(ctx context.Context, cfg *config.Proxy, log *slog.Logger) (err e
 			return fmt.Errorf("path manager: %w", err)
 		}
 		defer ann.Close()
+		o.Authenticated = func(local, remote netip.AddrPort) { ann.Authenticated(pmCtx, local, remote) }
 		src.pmd, src.ann = d, ann
 		wg.Add(2)
 		go func() {
@@ -403,7 +421,29 @@ func serveProxy(ctx context.Context, cfg *config.Proxy, log *slog.Logger) (err e
 			return err
 		}
 		defer srv.Close()
-		log.Info("status and metrics", "addr", srv.Addr())
+		log.Info("status and metrics", "addr", srv.Addr(), "page", srv.PageURL())
+	}
+	rl := &proxyReloader{p: p, ann: src.ann, log: log, cfg: cfg, load: loadProxyConfig, rules: installRules}
+	file := daemonFile(ctx)
+	onHangup(ctx, func(file string) {
+		log.Info("SIGHUP: reloading", "file", file)
+		rl.reload(file) // logged either way
+	})
+	if cfg.Control != "" {
+		stop, err := serveControl(ctx, cfg.Control, func(r proxyRequest) error {
+			if r.Action != "reload" {
+				return fmt.Errorf("action %q: the proxy's control socket serves reload and status", r.Action)
+			}
+			ch, err := rl.reload(file)
+			if err != nil {
+				return err
+			}
+			return controlDone(file + ": " + ch.String())
+		}, src.StatusJSON)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	return p.Run(ctx)
 }
@@ -436,7 +476,8 @@ func printProxyStatus(e env, body []byte, asJSON bool) int {
 	if !st.Encrypted {
 		enc = "plaintext"
 	}
-	fmt.Fprintf(e.stdout, "proxy, up %s, %s, %s, path manager %s (%d addresses announced)\n\n", st.Uptime.Round(time.Second), state, enc, doc.PathManager, doc.Announced)
+	fmt.Fprintf(e.stdout, "proxy, up %s, %s, %s, path manager %s (%d addresses announced), %d/%d peer connections unauthenticated\n\n",
+		st.Uptime.Round(time.Second), state, enc, doc.PathManager, doc.Announced, st.Unauthenticated, st.MaxUnauthenticated)
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "TENANT\tOUT\tIN\tACTIVE\tBYTES UP\tBYTES DOWN\tPOOLED\tREFUSED")
 	for _, t := range st.Tenants {

@@ -55,7 +55,7 @@ func TestProxyHelpKeygenCheck(t *testing.T) {
 }
 
 func TestProxyStatusTable(t *testing.T) {
-	st := proxy.Status{Uptime: 90 * time.Second, Encrypted: true, Tenants: []proxy.TenantStatus{{Name: "blue", Out: 3, In: 1, Active: 1,
+	st := proxy.Status{Uptime: 90 * time.Second, Encrypted: true, Unauthenticated: 3, MaxUnauthenticated: 256, Tenants: []proxy.TenantStatus{{Name: "blue", Out: 3, In: 1, Active: 1,
 		PoolReady: map[string]int{"site2": 2}, Refused: map[string]uint64{"auth_failed": 4}}},
 		Connections: []proxy.ConnStatus{{ID: 7, Tenant: "blue", Role: "out", Peer: "site2", Src: netip.MustParseAddrPort("10.1.0.1:4000"),
 			Dst: netip.MustParseAddrPort("10.2.0.1:80"), BytesUp: 10, Down: 20, MPTCP: true,
@@ -65,7 +65,7 @@ func TestProxyStatusTable(t *testing.T) {
 	if code := printProxyStatus(env{stdout: &o, stderr: &e}, body, false); code != 0 {
 		t.Fatalf("code %d: %s", code, e.String())
 	}
-	for _, want := range []string{"TLS 1.3", "auth_failed=4", "10.1.0.1:4000", "10.9.1.2:7101", "rtt 2.0 ms", "blue"} {
+	for _, want := range []string{"TLS 1.3", "auth_failed=4", "10.1.0.1:4000", "10.9.1.2:7101", "rtt 2.0 ms", "blue", "3/256 peer connections unauthenticated"} {
 		if !strings.Contains(o.String(), want) {
 			t.Errorf("missing %q in:\n%s", want, o.String())
 		}

@@ -47,6 +47,9 @@ own), then each role's default status address (tunnel 127.0.0.1:9473, mapserver 
 :9475, lb :9476, xtr :9477, proxy :9478). A tunnel or balancer therefore needs no 'metrics'
 for braid status. --control asks one control socket, --addr one status address.
 
+Each status address also serves a live page at / (open http://127.0.0.1:9473/ in a browser):
+the role's state, with charts of the last minutes (docs/operations.md).
+
 Example:
   braid status
   braid status --control @braid/tunnel --json

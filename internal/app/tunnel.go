@@ -109,20 +109,6 @@ func cpuProfileFlag(fs *flag.FlagSet) func() (func(), error) {
 	}
 }
 
-func newLogger(e env, format string, verbose bool) (*slog.Logger, error) {
-	o := &slog.HandlerOptions{Level: slog.LevelInfo}
-	if verbose {
-		o.Level = slog.LevelDebug
-	}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(e.stderr, o)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(e.stderr, o)), nil
-	}
-	return nil, fmt.Errorf("log format %q is not text or json", format)
-}
-
 // systemEnv is the machine as config validation sees it.
 type systemEnv struct{}
 
@@ -327,7 +313,7 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 			return err
 		}
 		defer srv.Close()
-		log.Info("status and metrics", "addr", srv.Addr())
+		log.Info("status and metrics", "addr", srv.Addr(), "page", srv.PageURL())
 	}
 	if cfg.Control != "" {
 		stop, err := serveControl(ctx, cfg.Control, mutate, src.StatusJSON)

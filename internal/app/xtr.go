@@ -268,7 +268,7 @@ func serveXTR(ctx context.Context, cfg *config.XTR, log *slog.Logger) error {
 			return err
 		}
 		defer srv.Close()
-		log.Info("status and metrics", "addr", srv.Addr())
+		log.Info("status and metrics", "addr", srv.Addr(), "page", srv.PageURL())
 	}
 	rl := newRoleReloader(ctx, "xtr", log, func(file string) ([]string, error) {
 		next, err := loadXTRConfig(file)

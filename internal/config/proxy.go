@@ -45,6 +45,9 @@ import (
 //	fwmark = 0x1b5              # marks packets to the proxy's sockets (TPROXY, transparent)
 //	route_table = 4755          # the policy-routing table that delivers them locally
 //	metrics = "127.0.0.1:9478"  # status and Prometheus endpoint; "" disables it
+//	control = "@braid/proxy"    # control socket ('braid proxy reload'); "" disables it
+//	max_unauthenticated = 256   # connections from would-be peers not yet authenticated;
+//	                            # more are reset at once (counted as unauth_limit)
 //	backup = ["lte"]            # subflows over these uplinks are backup
 //	  [[proxy.uplink]]          # as [[tunnel.uplink]] (used when there is no proxy.uplink)
 //	  name = "fibre"
@@ -57,6 +60,10 @@ import (
 //	  port = 7001               # local port the interception delivers to (tproxy, redirect)
 //	  peer_port = 7101          # MPTCP port where this tenant's peers connect to us
 //	  socks = "10.1.0.254:1080" # optional SOCKS5 listener for ordinary clients
+//	  socks_clients = ["127.0.0.1/32"] # the clients it serves (default: the tenant's networks)
+//	  allow_sourceless = false  # true: a peer's request without a client source (its SOCKS
+//	                            # client outside its networks) is connected from this proxy's
+//	                            # own address; false refuses it (no_source)
 //	    [[proxy.tenant.peer]]
 //	    name = "site-b"
 //	    public_key = "<base64>" # the peer's 'braid proxy keygen --public'; required unless
@@ -65,6 +72,8 @@ import (
 //	                            # other uplinks arrive by ADD_ADDR
 //	    networks = ["10.2.0.0/24"] # the peer's networks of the tenant: destinations sent to
 //	                            # this peer, and the only sources it may claim
+//	    sources = ["198.51.100.0/29"] # plaintext only: the addresses the peer connects from
+//	                            # (default: those of address); nothing else is served
 
 // Proxy is the configuration of `braid proxy`.
 type Proxy struct {
@@ -84,8 +93,11 @@ type Proxy struct {
 	FwMark         uint32
 	RouteTable     int
 	Metrics        string
-	Uplinks        []PMUplink
-	Tenants        []ProxyTenant
+	Control        string // control socket; "" disables it
+	// MaxUnauthenticated caps the connections from would-be peers not yet authenticated.
+	MaxUnauthenticated int
+	Uplinks            []PMUplink
+	Tenants            []ProxyTenant
 }
 
 // ProxyTenant is one tenant of the proxy.
@@ -95,7 +107,12 @@ type ProxyTenant struct {
 	Port     uint16
 	PeerPort uint16
 	Socks    netip.AddrPort // invalid: none
-	Peers    []ProxyPeer
+	// SocksClients are the clients the SOCKS5 listener serves (empty: Networks).
+	SocksClients []netip.Prefix
+	// AllowSourceless lets a peer's request without a source be connected from this proxy's
+	// own address.
+	AllowSourceless bool
+	Peers           []ProxyPeer
 }
 
 // ProxyPeer is a peer proxy of a tenant.
@@ -104,7 +121,11 @@ type ProxyPeer struct {
 	PublicKey ident.PublicKey
 	Addresses []netip.AddrPort
 	Networks  []netip.Prefix
+	Sources   []netip.Prefix // plaintext: where the peer connects from (empty: Addresses)
 }
+
+// DefaultProxyControl is the proxy's control socket, an abstract one of its network namespace.
+const DefaultProxyControl = "@braid/proxy"
 
 // Proxy modes and path managers.
 var (
@@ -119,7 +140,8 @@ var (
 func ProxyDefaults() Proxy {
 	return Proxy{Mode: "tproxy", PathManager: "braid", PMPolicy: "fullmesh", Pool: 4, PoolIdle: time.Minute, ConnectTimeout: 5 * time.Second,
 		HeaderTimeout: 5 * time.Second, DrainTimeout: 30 * time.Second, SendBacklog: 100 * time.Millisecond,
-		ResetBacklog: 100 * time.Millisecond, FwMark: 0x1b5, RouteTable: 4755, Metrics: DefaultProxyMetrics}
+		ResetBacklog: 100 * time.Millisecond, FwMark: 0x1b5, RouteTable: 4755, Metrics: DefaultProxyMetrics,
+		Control: DefaultProxyControl, MaxUnauthenticated: 256}
 }
 
 type proxySite struct {
@@ -148,6 +170,8 @@ type fileProxy struct {
 	FwMark         *int64       `toml:"fwmark"`
 	RouteTable     *int64       `toml:"route_table"`
 	Metrics        *string      `toml:"metrics"`
+	Control        *string      `toml:"control"`
+	MaxUnauth      *int64       `toml:"max_unauthenticated"`
 	Backup         []string     `toml:"backup"`
 	Uplink         []fileUplink `toml:"uplink"`
 	Tenant         []fileTenant `toml:"tenant"`
@@ -159,6 +183,8 @@ type fileTenant struct {
 	Port     *int64          `toml:"port"`
 	PeerPort *int64          `toml:"peer_port"`
 	Socks    *string         `toml:"socks"`
+	SocksCl  any             `toml:"socks_clients"`
+	NoSource *bool           `toml:"allow_sourceless"`
 	Peer     []fileProxyPeer `toml:"peer"`
 }
 
@@ -167,6 +193,7 @@ type fileProxyPeer struct {
 	PublicKey *string `toml:"public_key"`
 	Address   any     `toml:"address"`
 	Networks  any     `toml:"networks"`
+	Sources   any     `toml:"sources"`
 }
 
 // LoadProxy reads the proxy's configuration from the site file data (named filename in
@@ -218,6 +245,12 @@ func LoadProxy(filename string, data []byte, env Env) (*Proxy, error) {
 	}
 	if fp.Pool != nil {
 		p.Pool = l.int(obj, "proxy.pool", "pool", *fp.Pool)
+	}
+	if fp.Control != nil {
+		p.Control = *fp.Control
+	}
+	if fp.MaxUnauth != nil {
+		p.MaxUnauthenticated = l.int(obj, "proxy.max_unauthenticated", "max_unauthenticated", *fp.MaxUnauth)
 	}
 	if fp.FwMark != nil {
 		if *fp.FwMark <= 0 || *fp.FwMark > 0xFFFFFFFF {
@@ -333,6 +366,12 @@ func (l *loader) tenant(i int, f *fileTenant) ProxyTenant {
 		}
 		t.Socks = a
 	}
+	if f.SocksCl != nil {
+		t.SocksClients = l.prefixes(obj, p+"socks_clients", "socks_clients", f.SocksCl)
+	}
+	if f.NoSource != nil {
+		t.AllowSourceless = *f.NoSource
+	}
 	for j := range f.Peer {
 		fpr := &f.Peer[j]
 		pr := ProxyPeer{Name: fpr.Name}
@@ -346,6 +385,9 @@ func (l *loader) tenant(i int, f *fileTenant) ProxyTenant {
 			pr.PublicKey = k
 		}
 		pr.Networks = l.prefixes(pobj, pp+"networks", "networks", fpr.Networks)
+		if fpr.Sources != nil {
+			pr.Sources = l.prefixes(pobj, pp+"sources", "sources", fpr.Sources)
+		}
 		var addrs []string
 		switch v := fpr.Address.(type) {
 		case nil:
@@ -394,6 +436,12 @@ func (p *Proxy) check(c *checker, prefix string, env Env, keyUnread bool) {
 		if _, err := netip.ParseAddrPort(p.Metrics); err != nil {
 			c.report(obj, fmt.Sprintf("metrics %q: want address:port such as 127.0.0.1:9478", p.Metrics), "proxy.metrics", "proxy")
 		}
+	}
+	if msg := controlProblem(p.Control); msg != "" {
+		c.report(obj, msg, "proxy.control", "proxy")
+	}
+	if p.MaxUnauthenticated < 1 || p.MaxUnauthenticated > 65536 {
+		c.report(obj, fmt.Sprintf("max_unauthenticated %d outside 1..65536", p.MaxUnauthenticated), "proxy.max_unauthenticated", "proxy")
 	}
 	if p.Pool < 0 || p.Pool > 64 {
 		c.report(obj, fmt.Sprintf("pool %d outside 0..64", p.Pool), "proxy.pool", "proxy")
@@ -482,6 +530,13 @@ func (p *Proxy) check(c *checker, prefix string, env Env, keyUnread bool) {
 		if len(t.Peers) == 0 {
 			c.report(tobj, "no peers: add a [[proxy.tenant.peer]]", tp)
 		}
+		if len(t.SocksClients) > 0 && !t.Socks.IsValid() {
+			c.report(tobj, "socks_clients without a socks listener", tp+".socks_clients", tp)
+		}
+		c.prefixList(tobj, tp+".socks_clients", "socks_clients", t.SocksClients)
+		// Plaintext: a peer is known by its source address alone, so no two peers of the
+		// tenant may share one.
+		srcOwner := map[netip.Prefix]string{}
 		pnames := map[string]bool{}
 		for j := range t.Peers {
 			pr := &t.Peers[j]
@@ -516,6 +571,33 @@ func (p *Proxy) check(c *checker, prefix string, env Env, keyUnread bool) {
 			}
 			if len(pr.Networks) == 0 {
 				c.report(pobj, "no networks: list the peer's networks of this tenant", pp+".networks", pp)
+			}
+			if len(pr.Sources) > 0 && !p.Plaintext {
+				c.report(pobj, "sources is for plaintext only (with keys, the key tells the peer)", pp+".sources", pp)
+			}
+			c.prefixList(pobj, pp+".sources", "sources", pr.Sources)
+			if p.Plaintext {
+				srcs := pr.Sources
+				if len(srcs) == 0 {
+					for _, a := range pr.Addresses {
+						ip := a.Addr().Unmap()
+						srcs = append(srcs, netip.PrefixFrom(ip, ip.BitLen()))
+					}
+				}
+				for _, s := range srcs {
+					for o, name := range srcOwner {
+						if s.IsValid() && o.IsValid() && s.Overlaps(o) && name != pr.Name {
+							key := pp + ".sources"
+							if len(pr.Sources) == 0 {
+								key = pp + ".address"
+							}
+							c.report(pobj, fmt.Sprintf("plaintext: source %s overlaps peer %s's %s (the source address is all that tells plaintext peers apart)", s, name, o), key, pp)
+						}
+					}
+				}
+				for _, s := range srcs {
+					srcOwner[s] = pr.Name
+				}
 			}
 			c.prefixList(pobj, pp+".networks", "networks", pr.Networks)
 			for _, n := range pr.Networks {

@@ -190,3 +190,73 @@ peer_port = 7101
 		}
 	}
 }
+
+// The security keys: the SOCKS5 allow-list, sourceless requests, plaintext peers' sources,
+// the cap on unauthenticated connections and the control socket; plaintext peers of a tenant
+// that share a source are refused with the line.
+func TestLoadProxySecurity(t *testing.T) {
+	doc := `
+[proxy]
+mode = "socks"
+plaintext = true
+path_manager = "none"
+max_unauthenticated = 32
+control = "@braid/proxy-a"
+
+[[proxy.tenant]]
+name = "blue"
+networks = ["10.1.0.0/24"]
+peer_port = 7101
+socks = "127.0.0.1:1080"
+socks_clients = ["127.0.0.1/32", "10.1.0.0/24"]
+allow_sourceless = true
+  [[proxy.tenant.peer]]
+  name = "site-b"
+  address = ["198.51.100.1:7101"]
+  networks = ["10.2.0.0/24"]
+  sources = ["198.51.100.0/29"]
+  [[proxy.tenant.peer]]
+  name = "site-c"
+  address = ["198.51.100.20:7101"]
+  networks = ["10.3.0.0/24"]
+`
+	p, err := LoadProxy("site.toml", []byte(doc), newEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn := p.Tenants[0]
+	if p.MaxUnauthenticated != 32 || p.Control != "@braid/proxy-a" || len(tn.SocksClients) != 2 || !tn.AllowSourceless ||
+		len(tn.Peers[0].Sources) != 1 || tn.Peers[0].Sources[0] != netip.MustParsePrefix("198.51.100.0/29") {
+		t.Errorf("proxy %+v", p)
+	}
+	if d := ProxyDefaults(); d.MaxUnauthenticated != 256 || d.Control != DefaultProxyControl {
+		t.Errorf("defaults: max_unauthenticated %d, control %q", d.MaxUnauthenticated, d.Control)
+	}
+	// site-c's address falls into site-b's sources: two peers could not be told apart.
+	bad := strings.Replace(doc, `address = ["198.51.100.20:7101"]`, `address = ["198.51.100.5:7101"]`, 1)
+	bad = strings.Replace(bad, "max_unauthenticated = 32", "max_unauthenticated = 0", 1)
+	_, err = LoadProxy("site.toml", []byte(bad), newEnv())
+	if err == nil {
+		t.Fatal("overlapping plaintext sources accepted")
+	}
+	for _, want := range []string{"site.toml:6: ", "max_unauthenticated 0", "site.toml:23: ", "overlaps peer site-b's 198.51.100.0/29"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+	// sources without plaintext is a mistake.
+	withKey := strings.Replace(doc, "plaintext = true", `private_key = "`+mustKey(t)+`"`, 1)
+	withKey = strings.ReplaceAll(withKey, `  networks = ["10.2.0.0/24"]`, `  networks = ["10.2.0.0/24"]`+"\n  public_key = \""+proxyPeerKey(t)+"\"")
+	withKey = strings.ReplaceAll(withKey, `  networks = ["10.3.0.0/24"]`, `  networks = ["10.3.0.0/24"]`+"\n  public_key = \""+proxyPeerKey(t)+"\"")
+	if _, err := LoadProxy("site.toml", []byte(withKey), newEnv()); err == nil || !strings.Contains(err.Error(), "sources is for plaintext only") {
+		t.Errorf("sources with keys: %v", err)
+	}
+}
+
+func mustKey(t *testing.T) string {
+	k, err := ident.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.String()
+}

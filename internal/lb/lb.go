@@ -249,8 +249,16 @@ func (l *LB) SetWeight(name string, w uint32) error {
 	if !ok {
 		return fmt.Errorf("%w: %s", ErrNoBackend, name)
 	}
+	old := b.spec.Weight
 	b.spec.Weight = w
-	l.log.Info("backend weight", "backend", name, "weight", w)
+	switch {
+	case w == 0 && old != 0:
+		l.log.Info("backend drained", "backend", name, "was_weight", old)
+	case w != 0 && old == 0:
+		l.log.Info("backend undrained", "backend", name, "weight", w)
+	default:
+		l.log.Info("backend weight", "backend", name, "weight", w)
+	}
 	return l.rebuildLocked()
 }
 

@@ -1,5 +1,6 @@
 // Package metrics writes the Prometheus text exposition format (version 0.0.4) and serves a
-// role's status endpoint: /metrics for Prometheus and /status as JSON for `braid status`.
+// role's status endpoint: /metrics for Prometheus, /status (also /status.json) as JSON for
+// `braid status`, and at / the live status page (package page) that polls it.
 package metrics
 
 import (
@@ -17,6 +18,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"braid/internal/metrics/page"
 )
 
 // Kind is a metric type.
@@ -107,11 +110,18 @@ type Server struct {
 }
 
 // Listen starts serving src on addr ("127.0.0.1:9473"); it returns once the socket listens.
+// Besides /metrics and /status it serves the live status page at / (package page).
 func Listen(addr string, src Source) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
+	return Serve(ln, src), nil
+}
+
+// Serve serves src on ln, as Listen does on its socket (for a listener made elsewhere: in
+// another network namespace, say); Close closes ln.
+func Serve(ln net.Listener, src Source) *Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -119,19 +129,26 @@ func Listen(addr string, src Source) (*Server, error) {
 		src.WriteMetrics(mw)
 		mw.Flush()
 	})
-	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
+	status := func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		enc.Encode(src.StatusJSON())
-	})
+	}
+	mux.HandleFunc("GET /status", status)
+	mux.HandleFunc("GET /status.json", status)
+	page.Register(mux)
 	s := &Server{ln: ln, srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}}
 	go s.srv.Serve(ln)
-	return s, nil
+	return s
 }
 
 // Addr returns the listening address.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// PageURL returns the address of the live status page, for the role's log.
+func (s *Server) PageURL() string { return "http://" + s.Addr() + "/" }
 
 // Close stops the server; idempotent.
 func (s *Server) Close() error {

@@ -40,7 +40,7 @@ func TestServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	for path, want := range map[string]string{"/metrics": "x_total 1", "/status": `"x": 1`} {
+	for path, want := range map[string]string{"/metrics": "x_total 1", "/status": `"x": 1`, "/status.json": `"x": 1`, "/": "ui/app.js"} {
 		resp, err := http.Get("http://" + s.Addr() + path)
 		if err != nil {
 			t.Fatal(err)

@@ -32,7 +32,7 @@ func (p *Proxy) serveIntercepted(t *tenant, c *net.TCPConn) {
 			return
 		}
 	}
-	if !contains(t.Networks, src.Addr()) {
+	if !contains(t.state().Networks, src.Addr()) {
 		// Interception rules only select the tenant's sources; anything else reached the port
 		// directly.
 		p.refuse(t, ReasonSrcDenied, "src", src, "dst", dst)
@@ -45,7 +45,8 @@ func (p *Proxy) serveIntercepted(t *tenant, c *net.TCPConn) {
 // relayOut carries the site connection c to the peer that serves dst. reply, when set, answers
 // a SOCKS5 client once the request is on its way.
 func (p *Proxy) relayOut(t *tenant, c *net.TCPConn, src, dst netip.AddrPort, reply func(code byte) error) {
-	pr := t.route(dst.Addr())
+	st := t.state()
+	pr := st.route(dst.Addr())
 	if pr == nil {
 		p.refuse(t, ReasonNoRoute, "src", src, "dst", dst)
 		if reply != nil {
@@ -66,7 +67,7 @@ func (p *Proxy) relayOut(t *tenant, c *net.TCPConn, src, dst netip.AddrPort, rep
 		return
 	}
 	h := socks5.Header{Dst: dst}
-	if contains(t.Networks, src.Addr()) {
+	if contains(st.Networks, src.Addr()) {
 		h.Src = src // restored at the far side; other sources (a local SOCKS client) are not
 	}
 	b, err := h.Append(make([]byte, 0, firstWriteMax))
@@ -93,7 +94,7 @@ func (p *Proxy) relayOut(t *tenant, c *net.TCPConn, src, dst netip.AddrPort, rep
 			return
 		}
 	}
-	cn := &conn{t: t, role: "out", peer: pr.Name, src: src, dst: dst, site: c, mp: pc.raw, sendBacklog: p.o.SendBacklog}
+	cn := &conn{t: t, role: "out", peer: pr.Name, pr: pr, src: src, dst: dst, site: c, mp: pc.raw, sendBacklog: p.o.SendBacklog}
 	cn.up.Add(uint64(len(b) - hlen))
 	p.register(cn)
 	defer p.unregister(cn)
@@ -168,6 +169,12 @@ func (r *readyReader) CloseWrite() error { return r.Conn.(halfCloser).CloseWrite
 // resolved here; the connection then goes to the peer that serves the address.
 func (p *Proxy) serveSocks(t *tenant, c *net.TCPConn) {
 	src := addrPortOf(c.RemoteAddr())
+	if st := t.state(); !contains(st.socksClients(), src.Addr()) {
+		// Not the tenant's: the listener is no open proxy into the tenant's other sites.
+		p.refuse(t, ReasonSrcDenied, "src", src, "listener", "socks")
+		reset(c)
+		return
+	}
 	c.SetDeadline(time.Now().Add(p.o.HeaderTimeout))
 	buf := make([]byte, socks5.MaxRequestLen)
 	fail := func(reason string, err error) {
@@ -271,6 +278,8 @@ type peerConn struct {
 
 func (pc *peerConn) abort() { reset(pc.raw) }
 
+var errPoolClosed = errors.New("proxy: the peer is no longer configured")
+
 // pool keeps connections to one peer open and authenticated, so that a new client connection
 // costs no round trip to the peer.
 type pool struct {
@@ -288,6 +297,11 @@ func newPool(p *Proxy, pr *peer) *pool {
 
 // get returns a pooled connection, or dials one when none is ready.
 func (pl *pool) get(ctx context.Context) (*peerConn, error) {
+	select {
+	case <-pl.closed: // the proxy stops, or a reload removed the peer
+		return nil, errPoolClosed
+	default:
+	}
 	for {
 		select {
 		case pc := <-pl.ready:

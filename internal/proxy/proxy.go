@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,7 +52,15 @@ type Tenant struct {
 	Port     uint16         // intercept listener (0: none)
 	PeerPort uint16         // MPTCP listener for the tenant's peers
 	Socks    netip.AddrPort // SOCKS5 listener (invalid: none)
-	Peers    []Peer
+	// SocksClients are the client addresses the SOCKS5 listener serves; empty: the tenant's
+	// own Networks. Anyone else is refused (src_not_allowed) before a byte is answered.
+	SocksClients []netip.Prefix
+	// AllowSourceless lets a peer's header without a source make this proxy connect to the
+	// destination from its own address (a peer's SOCKS client outside the peer's networks).
+	// Off: such headers are refused (no_source), so that a peer cannot borrow this site's
+	// trusted address.
+	AllowSourceless bool
+	Peers           []Peer
 }
 
 // Peer is a peer proxy of a tenant.
@@ -60,6 +69,22 @@ type Peer struct {
 	Key      ident.PublicKey // ignored in plaintext
 	Addrs    []netip.AddrPort
 	Networks []netip.Prefix
+	// Sources are the addresses the peer connects from, in plaintext (where they are all that
+	// identifies it); empty: the addresses of Addrs.
+	Sources []netip.Prefix
+}
+
+// sources returns the prefixes a plaintext connection from the peer may come from.
+func (pr Peer) sources() []netip.Prefix {
+	if len(pr.Sources) > 0 {
+		return pr.Sources
+	}
+	out := make([]netip.Prefix, 0, len(pr.Addrs))
+	for _, a := range pr.Addrs {
+		ip := a.Addr().Unmap()
+		out = append(out, netip.PrefixFrom(ip, ip.BitLen()))
+	}
+	return out
 }
 
 // Options configure a Proxy.
@@ -85,21 +110,36 @@ type Options struct {
 	// SendBacklog bounds the data queued on the MPTCP subflows and not yet sent to what they
 	// send in this time at their delivery rates (relay.go); 0: no bound but the kernel's.
 	SendBacklog time.Duration
+	// MaxUnauthenticated caps the connections accepted from would-be peers that have not yet
+	// authenticated (TLS, or in plaintext the source check and the header); more are reset at
+	// once and counted (unauth_limit). 0: DefaultMaxUnauthenticated.
+	MaxUnauthenticated int
+	// Authenticated, when set, is told of every peer connection once it has authenticated
+	// (the Announcer sends ADD_ADDR only then).
+	Authenticated func(local, remote netip.AddrPort)
 }
+
+// DefaultMaxUnauthenticated is Options.MaxUnauthenticated's default: a peer's pool (at most
+// 64) and its bursts fit many times over, a flood does not hold more goroutines and sockets.
+const DefaultMaxUnauthenticated = 256
 
 // Proxy is a running federation proxy.
 type Proxy struct {
 	o       Options
 	log     *slog.Logger
-	tenants []*tenant
+	tenants atomic.Pointer[[]*tenant] // replaced whole by Reload
 	start   time.Time
+
+	reloadMu sync.Mutex // one Reload at a time, and Run's start against it
+	running  bool       // Run has started the accept loops (guarded by reloadMu)
+	unauth   atomic.Int64
 
 	draining atomic.Bool
 	nextID   atomic.Uint64
 
 	mu      sync.Mutex // guards conns and pending
 	conns   map[uint64]*conn
-	pending map[*net.TCPConn]struct{} // accepted from peers, not yet relaying (pooled ones wait here)
+	pending map[*net.TCPConn]*pendingPeer // accepted from peers, not yet relaying (pooled ones wait here)
 
 	wg        sync.WaitGroup // every goroutine the proxy starts
 	stop      context.CancelFunc
@@ -108,15 +148,38 @@ type Proxy struct {
 	limiter   logLimiter
 }
 
+// tenant is a running tenant. Its configuration and peers are one immutable state that Reload
+// replaces whole (the connections' goroutines read it without a lock); its listeners change
+// only under reloadMu.
 type tenant struct {
-	Tenant
-	peers     []*peer
-	byKey     map[ident.PublicKey]*peer
+	Name      string
+	st        atomic.Pointer[tenantState]
 	tlsSrv    *tls.Config
-	intercept []net.Listener
-	socks     net.Listener
-	peerLn    []net.Listener // IPv4 and, with IPv6 peers, IPv6 apart: subflows are then never IPv4-mapped sockets, which path-manager commands could not name
+	intercept listeners
+	socks     listeners
+	peerLn    listeners // IPv4 and, with IPv6 peers, IPv6 apart: subflows are then never IPv4-mapped sockets, which path-manager commands could not name
 	c         *counters
+}
+
+// tenantState is a tenant's configuration and peers at one time.
+type tenantState struct {
+	Tenant
+	peers []*peer
+	byKey map[ident.PublicKey]*peer
+}
+
+func (t *tenant) state() *tenantState { return t.st.Load() }
+
+// listeners are the listeners of one kind of a tenant, with what they were opened for.
+type listeners struct {
+	key string
+	lns []net.Listener
+}
+
+func (l listeners) close() {
+	for _, ln := range l.lns {
+		ln.Close()
+	}
 }
 
 type peer struct {
@@ -124,6 +187,39 @@ type peer struct {
 	t    *tenant
 	pool *pool
 	tls  *tls.Config
+}
+
+// pendingPeer is a connection accepted from a would-be peer: its tenant, and its peer once
+// it has authenticated.
+type pendingPeer struct {
+	t  *tenant
+	pr atomic.Pointer[peer]
+}
+
+// has reports whether pr is one of the state's peers (a reload may have removed it).
+func (s *tenantState) has(pr *peer) bool {
+	for _, x := range s.peers {
+		if x == pr {
+			return true
+		}
+	}
+	return false
+}
+
+// bySource returns the peer a plaintext connection from a comes from: the one peer whose
+// sources hold it most specifically (the configuration refuses ambiguous sources).
+func (s *tenantState) bySource(a netip.Addr) *peer {
+	a = a.Unmap()
+	var best *peer
+	bits := -1
+	for _, pr := range s.peers {
+		for _, n := range pr.sources() {
+			if n.Contains(a) && n.Bits() > bits {
+				best, bits = pr, n.Bits()
+			}
+		}
+	}
+	return best
 }
 
 // New opens every listener, so that a port in use or a missing privilege is an error at start,
@@ -141,10 +237,14 @@ func New(o Options) (p *Proxy, err error) {
 	if o.DrainTimeout == 0 {
 		o.DrainTimeout = 30 * time.Second
 	}
-	p = &Proxy{o: o, log: o.Logger, conns: map[uint64]*conn{}, pending: map[*net.TCPConn]struct{}{}, start: time.Now()}
+	if o.MaxUnauthenticated == 0 {
+		o.MaxUnauthenticated = DefaultMaxUnauthenticated
+	}
+	p = &Proxy{o: o, log: o.Logger, conns: map[uint64]*conn{}, pending: map[*net.TCPConn]*pendingPeer{}, start: time.Now()}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
+	p.tenants.Store(&[]*tenant{})
 	p.ctx, p.stop = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
@@ -152,61 +252,125 @@ func New(o Options) (p *Proxy, err error) {
 			p.stop()
 		}
 	}()
+	var ts []*tenant
 	for _, tc := range o.Tenants {
-		t := &tenant{Tenant: tc, byKey: map[ident.PublicKey]*peer{}, c: newCounters()}
-		p.tenants = append(p.tenants, t)
-		for _, pc := range tc.Peers {
-			pr := &peer{Peer: pc, t: t}
-			if o.Cert != nil {
-				pr.tls = ident.ClientConfig(*o.Cert, pc.Key)
-				t.byKey[pc.Key] = pr
-			}
-			pr.pool = newPool(p, pr)
-			t.peers = append(t.peers, pr)
-		}
+		t := &tenant{Name: tc.Name, c: newCounters()}
+		t.st.Store(p.newState(t, tc, nil))
 		if o.Cert != nil {
-			t.tlsSrv = ident.ServerConfig(*o.Cert, func(k ident.PublicKey) bool { return t.byKey[k] != nil })
+			t.tlsSrv = serverConfig(p, t)
 		}
-		if err := p.listen(t); err != nil {
+		ts = append(ts, t)
+		p.tenants.Store(&ts)
+		var err error
+		if t.intercept, err = p.listenIntercept(tc, listeners{}); err == nil {
+			if t.socks, err = p.listenSocks(tc, listeners{}); err == nil {
+				t.peerLn, err = p.listenPeers(tc, listeners{})
+			}
+		}
+		if err != nil {
 			return nil, fmt.Errorf("proxy: tenant %s: %w", t.Name, err)
 		}
+	}
+	if o.Cert == nil {
+		p.log.Warn("PLAINTEXT between proxies: peers are not authenticated, only recognised by their source addresses; use only where the links are protected below (IPsec, a private network)")
 	}
 	return p, nil
 }
 
-func (p *Proxy) listen(t *tenant) error {
-	if t.Port != 0 && p.o.Intercept != InterceptNone {
-		for _, network := range []string{"tcp4", "tcp6"} {
-			if network == "tcp6" && !hasV6(t) {
-				continue
+// serverConfig is t's TLS server configuration: a client must hold the key of one of t's
+// peers at the time of the handshake.
+func serverConfig(p *Proxy, t *tenant) *tls.Config {
+	return ident.ServerConfig(*p.o.Cert, func(k ident.PublicKey) bool { return t.state().byKey[k] != nil })
+}
+
+// newState makes the state of tenant t for tc, reusing the peers of old whose configuration is
+// the same (with their pools and connections).
+func (p *Proxy) newState(t *tenant, tc Tenant, old *tenantState) *tenantState {
+	st := &tenantState{Tenant: tc, byKey: map[ident.PublicKey]*peer{}}
+	for _, pc := range tc.Peers {
+		var pr *peer
+		if old != nil {
+			for _, x := range old.peers {
+				if x.Name == pc.Name && reflect.DeepEqual(x.Peer, pc) {
+					pr = x
+				}
 			}
-			lc := net.ListenConfig{}
-			lc.SetMultipathTCP(false) // the site side is plain TCP
-			if p.o.Intercept == InterceptTProxy {
-				lc.Control = transparent(network)
-			}
-			addr := "0.0.0.0"
-			if network == "tcp6" {
-				addr = "::"
-			}
-			ln, err := lc.Listen(context.Background(), network, net.JoinHostPort(addr, fmt.Sprint(t.Port)))
-			if err != nil {
-				return fmt.Errorf("intercept listener: %w", err)
-			}
-			t.intercept = append(t.intercept, ln)
 		}
+		if pr == nil {
+			pr = &peer{Peer: pc, t: t}
+			if p.o.Cert != nil {
+				pr.tls = ident.ClientConfig(*p.o.Cert, pc.Key)
+			}
+			pr.pool = newPool(p, pr)
+		}
+		if p.o.Cert != nil {
+			st.byKey[pc.Key] = pr
+		}
+		st.peers = append(st.peers, pr)
 	}
-	if t.Socks.IsValid() {
-		lc := net.ListenConfig{}
-		lc.SetMultipathTCP(false)
-		ln, err := lc.Listen(context.Background(), "tcp", t.Socks.String())
-		if err != nil {
-			return fmt.Errorf("socks listener: %w", err)
-		}
-		t.socks = ln
+	return st
+}
+
+// listenIntercept opens the intercept listeners of tc, or keeps old when they are the same.
+func (p *Proxy) listenIntercept(tc Tenant, old listeners) (listeners, error) {
+	if tc.Port == 0 || p.o.Intercept == InterceptNone {
+		return listeners{}, nil
+	}
+	l := listeners{key: fmt.Sprint(tc.Port, hasV6(tc))}
+	if l.key == old.key {
+		return old, nil
 	}
 	for _, network := range []string{"tcp4", "tcp6"} {
-		if network == "tcp6" && !hasV6Peer(t) {
+		if network == "tcp6" && !hasV6(tc) {
+			continue
+		}
+		lc := net.ListenConfig{}
+		lc.SetMultipathTCP(false) // the site side is plain TCP
+		if p.o.Intercept == InterceptTProxy {
+			lc.Control = transparent(network)
+		}
+		addr := "0.0.0.0"
+		if network == "tcp6" {
+			addr = "::"
+		}
+		ln, err := lc.Listen(context.Background(), network, net.JoinHostPort(addr, fmt.Sprint(tc.Port)))
+		if err != nil {
+			l.close()
+			return listeners{}, fmt.Errorf("intercept listener: %w", err)
+		}
+		l.lns = append(l.lns, ln)
+	}
+	return l, nil
+}
+
+// listenSocks opens the SOCKS5 listener of tc, or keeps old when it is the same.
+func (p *Proxy) listenSocks(tc Tenant, old listeners) (listeners, error) {
+	if !tc.Socks.IsValid() {
+		return listeners{}, nil
+	}
+	l := listeners{key: tc.Socks.String()}
+	if l.key == old.key {
+		return old, nil
+	}
+	lc := net.ListenConfig{}
+	lc.SetMultipathTCP(false)
+	ln, err := lc.Listen(context.Background(), "tcp", tc.Socks.String())
+	if err != nil {
+		return listeners{}, fmt.Errorf("socks listener: %w", err)
+	}
+	l.lns = []net.Listener{ln}
+	return l, nil
+}
+
+// listenPeers opens the MPTCP listeners for the peers of tc, or keeps old when they are the
+// same.
+func (p *Proxy) listenPeers(tc Tenant, old listeners) (listeners, error) {
+	l := listeners{key: fmt.Sprint(tc.PeerPort, hasV6Peer(tc))}
+	if l.key == old.key {
+		return old, nil
+	}
+	for _, network := range []string{"tcp4", "tcp6"} {
+		if network == "tcp6" && !hasV6Peer(tc) {
 			continue
 		}
 		addr := "0.0.0.0"
@@ -215,17 +379,18 @@ func (p *Proxy) listen(t *tenant) error {
 		}
 		lc := net.ListenConfig{Control: mptcpControl, KeepAliveConfig: mptcpKeepAlive}
 		lc.SetMultipathTCP(true)
-		ln, err := lc.Listen(context.Background(), network, net.JoinHostPort(addr, fmt.Sprint(t.PeerPort)))
+		ln, err := lc.Listen(context.Background(), network, net.JoinHostPort(addr, fmt.Sprint(tc.PeerPort)))
 		if err != nil {
-			return fmt.Errorf("peer listener: %w", err)
+			l.close()
+			return listeners{}, fmt.Errorf("peer listener: %w", err)
 		}
-		t.peerLn = append(t.peerLn, ln)
+		l.lns = append(l.lns, ln)
 	}
-	return nil
+	return l, nil
 }
 
 // hasV6Peer reports whether a peer of t has an IPv6 address (and so connects over IPv6).
-func hasV6Peer(t *tenant) bool {
+func hasV6Peer(t Tenant) bool {
 	for _, pr := range t.Peers {
 		for _, a := range pr.Addrs {
 			if a.Addr().Is6() && !a.Addr().Is4In6() {
@@ -236,7 +401,7 @@ func hasV6Peer(t *tenant) bool {
 	return false
 }
 
-func hasV6(t *tenant) bool {
+func hasV6(t Tenant) bool {
 	for _, n := range t.Networks {
 		if n.Addr().Is6() {
 			return true
@@ -249,21 +414,15 @@ func hasV6(t *tenant) bool {
 // connections are refused), connections from peers are refused with a reset and counted, and
 // the connections under way get DrainTimeout to finish before they are cut.
 func (p *Proxy) Run(ctx context.Context) error {
-	for _, t := range p.tenants {
-		for _, ln := range t.intercept {
-			p.goAccept(ln, func(c *net.TCPConn) { p.serveIntercepted(t, c) })
-		}
-		if t.socks != nil {
-			p.goAccept(t.socks, func(c *net.TCPConn) { p.serveSocks(t, c) })
-		}
-		for _, ln := range t.peerLn {
-			p.goAccept(ln, func(c *net.TCPConn) { p.servePeer(t, c) })
-		}
-		for _, pr := range t.peers {
-			p.wg.Add(1)
-			go func() { defer p.wg.Done(); pr.pool.run(p.ctx) }()
+	p.reloadMu.Lock()
+	p.running = true
+	for _, t := range p.tenantList() {
+		p.startListeners(t, t.intercept, t.socks, t.peerLn)
+		for _, pr := range t.state().peers {
+			p.startPool(pr)
 		}
 	}
+	p.reloadMu.Unlock()
 	if p.o.Failover {
 		c, err := pmnl.Dial(pmnl.Options{})
 		if err != nil {
@@ -273,10 +432,31 @@ func (p *Proxy) Run(ctx context.Context) error {
 			go func() { defer p.wg.Done(); defer c.Close(); p.failover(p.ctx, c) }()
 		}
 	}
-	p.log.Info("proxy running", "tenants", len(p.tenants), "encrypted", p.o.Cert != nil, "failover", p.o.Failover)
+	p.log.Info("proxy running", "tenants", len(p.tenantList()), "encrypted", p.o.Cert != nil, "failover", p.o.Failover)
 	<-ctx.Done()
 	p.drain()
 	return nil
+}
+
+// tenantList returns the running tenants.
+func (p *Proxy) tenantList() []*tenant { return *p.tenants.Load() }
+
+// startListeners starts the accept loops of t's listeners.
+func (p *Proxy) startListeners(t *tenant, intercept, socks, peerLn listeners) {
+	for _, ln := range intercept.lns {
+		p.goAccept(ln, func(c *net.TCPConn) { p.serveIntercepted(t, c) })
+	}
+	for _, ln := range socks.lns {
+		p.goAccept(ln, func(c *net.TCPConn) { p.serveSocks(t, c) })
+	}
+	for _, ln := range peerLn.lns {
+		p.goAccept(ln, func(c *net.TCPConn) { p.servePeer(t, c) })
+	}
+}
+
+func (p *Proxy) startPool(pr *peer) {
+	p.wg.Add(1)
+	go func() { defer p.wg.Done(); pr.pool.run(p.ctx) }()
 }
 
 // Active returns the number of relayed connections under way.
@@ -287,8 +467,10 @@ func (p *Proxy) Active() int {
 }
 
 func (p *Proxy) drain() {
+	p.reloadMu.Lock() // a reload under way finishes first; later ones are refused
 	p.draining.Store(true)
 	p.closeListeners(false)
+	p.reloadMu.Unlock()
 	// Idle pooled connections from peers would carry new connections: close them, so that the
 	// peers' pools drop them before a client depends on them.
 	p.mu.Lock()
@@ -296,8 +478,8 @@ func (p *Proxy) drain() {
 		reset(c)
 	}
 	p.mu.Unlock()
-	for _, t := range p.tenants {
-		for _, pr := range t.peers {
+	for _, t := range p.tenantList() {
+		for _, pr := range t.state().peers {
 			pr.pool.close()
 		}
 	}
@@ -317,17 +499,11 @@ func (p *Proxy) drain() {
 // all is set (it stays open while draining, because an MPTCP connection cannot add subflows
 // once its listener is gone).
 func (p *Proxy) closeListeners(all bool) {
-	for _, t := range p.tenants {
-		for _, ln := range t.intercept {
-			ln.Close()
-		}
-		if t.socks != nil {
-			t.socks.Close()
-		}
+	for _, t := range p.tenantList() {
+		t.intercept.close()
+		t.socks.close()
 		if all {
-			for _, ln := range t.peerLn {
-				ln.Close()
-			}
+			t.peerLn.close()
 		}
 	}
 }
@@ -335,8 +511,10 @@ func (p *Proxy) closeListeners(all bool) {
 // Close stops everything at once: listeners, pools and every connection. Idempotent.
 func (p *Proxy) Close() error {
 	p.closeOnce.Do(func() {
+		p.reloadMu.Lock()
 		p.draining.Store(true)
 		p.closeListeners(true)
+		p.reloadMu.Unlock()
 		p.stop()
 		p.mu.Lock()
 		for _, c := range p.conns {
@@ -346,14 +524,14 @@ func (p *Proxy) Close() error {
 			reset(c)
 		}
 		p.mu.Unlock()
-		for _, t := range p.tenants {
-			for _, pr := range t.peers {
+		for _, t := range p.tenantList() {
+			for _, pr := range t.state().peers {
 				pr.pool.close()
 			}
 		}
 		p.wg.Wait()
-		for _, t := range p.tenants { // dials that finished while closing
-			for _, pr := range t.peers {
+		for _, t := range p.tenantList() { // dials that finished while closing
+			for _, pr := range t.state().peers {
 				pr.pool.close()
 			}
 		}
@@ -385,7 +563,7 @@ func (p *Proxy) goAccept(ln net.Listener, serve func(*net.TCPConn)) {
 }
 
 // route returns the peer whose networks hold dst most specifically.
-func (t *tenant) route(dst netip.Addr) *peer {
+func (t *tenantState) route(dst netip.Addr) *peer {
 	var best *peer
 	bits := -1
 	for _, pr := range t.peers {
@@ -433,4 +611,12 @@ func (l *logLimiter) allow(key string) bool {
 	}
 	l.last[key] = now
 	return true
+}
+
+// socksClients are the client addresses the SOCKS5 listener serves.
+func (s *tenantState) socksClients() []netip.Prefix {
+	if len(s.SocksClients) > 0 {
+		return s.SocksClients
+	}
+	return s.Networks
 }

@@ -19,6 +19,7 @@ type conn struct {
 	t      *tenant
 	role   string // "out": from this site to a peer; "in": from a peer to this site
 	peer   string
+	pr     *peer // the peer (a reload that removes or changes it cuts the connection)
 	src    netip.AddrPort
 	dst    netip.AddrPort
 	start  time.Time

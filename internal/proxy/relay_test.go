@@ -125,7 +125,7 @@ func TestReadyReader(t *testing.T) {
 
 func TestRouteLongestPrefix(t *testing.T) {
 	pf := netip.MustParsePrefix
-	t1 := &tenant{}
+	t1 := &tenantState{}
 	wide := &peer{Peer: Peer{Name: "wide", Networks: []netip.Prefix{pf("10.0.0.0/8")}}}
 	narrow := &peer{Peer: Peer{Name: "narrow", Networks: []netip.Prefix{pf("10.2.0.0/16"), pf("fd02::/64")}}}
 	t1.peers = []*peer{wide, narrow}

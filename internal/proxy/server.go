@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"net/netip"
 	"time"
 
 	"braid/internal/proxy/ident"
@@ -24,8 +23,22 @@ func (p *Proxy) servePeer(t *tenant, raw *net.TCPConn) {
 		reset(raw)
 		return
 	}
+	// Until it has authenticated, a connection counts against MaxUnauthenticated.
+	authed := false
+	if p.unauth.Add(1) > int64(p.o.MaxUnauthenticated) {
+		p.unauth.Add(-1)
+		p.refuse(t, ReasonUnauthLimit, "from", from, "max_unauthenticated", p.o.MaxUnauthenticated)
+		reset(raw)
+		return
+	}
+	defer func() {
+		if !authed {
+			p.unauth.Add(-1)
+		}
+	}()
+	pp := &pendingPeer{t: t}
 	p.mu.Lock()
-	p.pending[raw] = struct{}{}
+	p.pending[raw] = pp
 	p.mu.Unlock()
 	defer func() {
 		p.mu.Lock()
@@ -50,8 +63,23 @@ func (p *Proxy) servePeer(t *tenant, raw *net.TCPConn) {
 			return
 		}
 		k, _ := ident.PeerKey(tc.ConnectionState())
-		pr = t.byKey[k]
+		pr = t.state().byKey[k]
 		c = tc
+	} else {
+		// Plaintext: the source address is all that tells a peer; never any peer of the
+		// tenant.
+		pr = t.state().bySource(from.Addr())
+	}
+	if pr == nil {
+		p.refuse(t, ReasonAuth, "from", from, "err", "not the address of a peer of the tenant")
+		reset(raw)
+		return
+	}
+	pp.pr.Store(pr)
+	authed = true
+	p.unauth.Add(-1)
+	if p.o.Authenticated != nil {
+		p.o.Authenticated(addrPortOf(raw.LocalAddr()), from)
 	}
 	if _, err := c.Write([]byte{readyByte}); err != nil {
 		reset(raw)
@@ -97,31 +125,37 @@ func (p *Proxy) servePeer(t *tenant, raw *net.TCPConn) {
 		return
 	}
 	raw.SetDeadline(time.Time{})
-	peerName, peerNets := "", []netip.Prefix(nil)
-	if pr != nil {
-		peerName, peerNets = pr.Name, pr.Networks
-	} else {
-		for _, x := range t.peers { // plaintext: any of the tenant's peers
-			peerNets = append(peerNets, x.Networks...)
-		}
-	}
-	if !contains(t.Networks, h.Dst.Addr()) {
-		p.refuse(t, ReasonDstDenied, "peer", peerName, "dst", h.Dst)
+	// The rules of now: a reload may have removed or changed the peer while this connection
+	// waited in the pool.
+	st := t.state()
+	if !st.has(pr) {
+		p.refuse(t, ReasonAuth, "from", from, "peer", pr.Name, "err", "the peer is no longer configured")
 		reset(raw)
 		return
 	}
-	if h.Src.IsValid() && !contains(peerNets, h.Src.Addr()) {
-		p.refuse(t, ReasonSrcDenied, "peer", peerName, "src", h.Src, "dst", h.Dst)
+	if !contains(st.Networks, h.Dst.Addr()) {
+		p.refuse(t, ReasonDstDenied, "peer", pr.Name, "dst", h.Dst)
+		reset(raw)
+		return
+	}
+	if h.Src.IsValid() && !contains(pr.Networks, h.Src.Addr()) {
+		p.refuse(t, ReasonSrcDenied, "peer", pr.Name, "src", h.Src, "dst", h.Dst)
+		reset(raw)
+		return
+	}
+	if !h.Src.IsValid() && !st.AllowSourceless {
+		// Connecting from this proxy's own address would lend the peer this site's trust.
+		p.refuse(t, ReasonNoSource, "peer", pr.Name, "dst", h.Dst)
 		reset(raw)
 		return
 	}
 	out, err := p.dialOut(h)
 	if err != nil {
-		p.refuse(t, ReasonDstUnreachable, "peer", peerName, "src", h.Src, "dst", h.Dst, "err", err)
+		p.refuse(t, ReasonDstUnreachable, "peer", pr.Name, "src", h.Src, "dst", h.Dst, "err", err)
 		reset(raw)
 		return
 	}
-	cn := &conn{t: t, role: "in", peer: peerName, src: h.Src, dst: h.Dst, site: out, mp: raw, sendBacklog: p.o.SendBacklog}
+	cn := &conn{t: t, role: "in", peer: pr.Name, pr: pr, src: h.Src, dst: h.Dst, site: out, mp: raw, sendBacklog: p.o.SendBacklog}
 	p.register(cn)
 	defer p.unregister(cn)
 	relay(cn, out, c)

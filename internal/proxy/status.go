@@ -26,11 +26,13 @@ const (
 	ReasonDstUnreachable  = "dst_unreachable"  // connecting to the destination failed
 	ReasonDraining        = "draining"         // the proxy is shutting down
 	ReasonOriginalDst     = "original_dst"     // REDIRECT: the original destination is unknown
+	ReasonNoSource        = "no_source"        // a peer's header without a source, and the tenant does not allow it
+	ReasonUnauthLimit     = "unauth_limit"     // too many connections not yet authenticated (max_unauthenticated)
 )
 
 // Reasons lists every refusal reason.
 var Reasons = []string{ReasonNoRoute, ReasonPeerUnreachable, ReasonPeerRefused, ReasonAuth, ReasonMalformed, ReasonTimeout,
-	ReasonAddrType, ReasonCommand, ReasonDstDenied, ReasonSrcDenied, ReasonDstUnreachable, ReasonDraining, ReasonOriginalDst}
+	ReasonAddrType, ReasonCommand, ReasonDstDenied, ReasonSrcDenied, ReasonDstUnreachable, ReasonDraining, ReasonOriginalDst, ReasonNoSource, ReasonUnauthLimit}
 
 type counters struct {
 	out, in             atomic.Uint64 // connections relayed to and from peers
@@ -53,11 +55,14 @@ func newCounters() *counters {
 
 // Status is the proxy's state for `braid status`.
 type Status struct {
-	Uptime      time.Duration  `json:"uptime_ns"`
-	Encrypted   bool           `json:"encrypted"`
-	Draining    bool           `json:"draining"`
-	Tenants     []TenantStatus `json:"tenants"`
-	Connections []ConnStatus   `json:"connections"`
+	Uptime    time.Duration `json:"uptime_ns"`
+	Encrypted bool          `json:"encrypted"`
+	Draining  bool          `json:"draining"`
+	// Unauthenticated connections from would-be peers, and their cap.
+	Unauthenticated    int64          `json:"unauthenticated"`
+	MaxUnauthenticated int            `json:"max_unauthenticated"`
+	Tenants            []TenantStatus `json:"tenants"`
+	Connections        []ConnStatus   `json:"connections"`
 }
 
 // TenantStatus is one tenant's counters.
@@ -104,13 +109,14 @@ type SubflowStatus struct {
 
 // Status returns the current state, with every live connection's subflows.
 func (p *Proxy) Status() Status {
-	st := Status{Uptime: time.Since(p.start), Encrypted: p.o.Cert != nil, Draining: p.draining.Load()}
-	for _, t := range p.tenants {
+	st := Status{Uptime: time.Since(p.start), Encrypted: p.o.Cert != nil, Draining: p.draining.Load(),
+		Unauthenticated: p.unauth.Load(), MaxUnauthenticated: p.o.MaxUnauthenticated}
+	for _, t := range p.tenantList() {
 		ts := TenantStatus{Name: t.Name, Out: t.c.out.Load(), In: t.c.in.Load(), Active: t.c.active.Load(),
 			BytesUp: t.c.bytesUp.Load(), BytesDown: t.c.bytesDown.Load(), PoolFailures: t.c.poolFailures.Load(),
 			Failovers: t.c.failovers.Load(), Restores: t.c.restores.Load(), Destroyed: t.c.destroyed.Load(),
 			Aborted: t.c.aborted.Load(), PoolReady: map[string]int{}, Refused: map[string]uint64{}}
-		for _, pr := range t.peers {
+		for _, pr := range t.state().peers {
 			ts.PoolReady[pr.Name] = len(pr.pool.ready)
 		}
 		for r, v := range t.c.refused {
@@ -155,6 +161,8 @@ func (p *Proxy) StatusJSON() any {
 // subflow.
 func (p *Proxy) WriteMetrics(w *metrics.Writer) {
 	st := p.Status()
+	w.Sample("braid_proxy_unauthenticated", metrics.Gauge, "Connections from would-be peers not yet authenticated.", float64(st.Unauthenticated))
+	w.Sample("braid_proxy_unauthenticated_max", metrics.Gauge, "The cap on connections not yet authenticated (max_unauthenticated).", float64(st.MaxUnauthenticated))
 	for _, t := range st.Tenants {
 		w.Sample("braid_proxy_connections_total", metrics.Counter, "Connections relayed, by direction (out: to a peer).", float64(t.Out), "tenant", t.Name, "direction", "out")
 		w.Sample("braid_proxy_connections_total", metrics.Counter, "Connections relayed, by direction (out: to a peer).", float64(t.In), "tenant", t.Name, "direction", "in")

@@ -586,6 +586,9 @@ func (p *peer) expire(now int64) {
 	if cur := p.cur.Load(); cur != nil && time.Duration(now-cur.created) > rejectAfter {
 		p.t.dropIndex(cur.s.LocalIndex)
 		p.cur.Store(nil)
+		// No rekey came in time (the peer is gone or its handshakes fail): the tunnel to it
+		// carries nothing until a new handshake succeeds.
+		p.t.log.Warn("session expired", "peer", p.name, "age", time.Duration(now-cur.created).Round(time.Second))
 	}
 }
 

@@ -171,3 +171,35 @@ func hexBytes(s string) ([]byte, error) {
 	}
 	return out, nil
 }
+
+// FuzzReply checks the RFC 1928 reply decoder (what a SOCKS5 client of an untrusted server
+// reads): errors from the documented set leave a zero value and no length, the length equals
+// RequestLen's (the same shape), decoding into a dirty value equals decoding into a zero one,
+// and encode(decode(b)) reproduces b. Seeds: testdata/fuzz/FuzzReply.
+func FuzzReply(f *testing.F) {
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var r Reply
+		n, err := r.Decode(b)
+		dirty := Reply{Code: 7, Bind: Addr{Name: "x", Port: 1}}
+		n2, err2 := dirty.Decode(b)
+		if n != n2 || err != err2 || r != dirty {
+			t.Fatalf("dirty decode differs: %+v %d %v vs %+v %d %v", r, n, err, dirty, n2, err2)
+		}
+		if err != nil {
+			if !oneOf(err, []error{ErrShort, ErrVersion, ErrAddrType, ErrReserved, ErrAddress}) || r != (Reply{}) || n != 0 {
+				t.Fatalf("error %v, %+v %d", err, r, n)
+			}
+			return
+		}
+		if n > len(b) || n > MaxRequestLen {
+			t.Fatalf("length %d of %d bytes (max %d)", n, len(b), MaxRequestLen)
+		}
+		if l, lerr := RequestLen(b); lerr != nil || l != n {
+			t.Fatalf("RequestLen %d %v, Decode %d", l, lerr, n)
+		}
+		out, err := r.Append(nil)
+		if err != nil || !bytes.Equal(out, b[:n]) {
+			t.Fatalf("encode(decode(%x)) = %x, %v", b[:n], out, err)
+		}
+	})
+}
