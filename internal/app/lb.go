@@ -32,6 +32,7 @@ const lbDoc = `Usage: braid lb --config FILE [--log-format text|json] [--verbose
        braid lb drain NAME [--control SOCKET]
        braid lb remove NAME [--control SOCKET]
        braid lb add NAME --mac MAC [--interface IF] [--address ADDR] [--weight W] [--control SOCKET]
+       braid lb reload [--control SOCKET]
 
 braid lb balances TCP connections to virtual services (VIP:port) over backends that hold the
 VIP themselves and answer clients directly (direct server return). It is MPTCP-aware: every
@@ -70,6 +71,15 @@ elsewhere. Adding a backend moves no established connection. A backend with a 'h
 takes connections only while TCP connects to it succeed ('rise' in a row to come up, 'fall' to
 go down).
 
+'reload' (or SIGHUP to the daemon) re-reads the site file the balancer started with and applies
+the difference: services and backends added or removed, weights (0 drains), targets, health
+checks, stateless ports, and the hashing, collision, learning-rate and token-timer settings. A
+backend or service that stays keeps its flows and tokens, so established connections to it go
+on; a removed backend loses its flows. A file with a mistake is refused with its file and line,
+as is a change only a restart applies (interfaces, attach, table sizes, health_interval, sweep,
+metrics, control); then nothing changes and 'reload' exits 1. Each change is logged on one line
+(docs/lb.md, "Reload").
+
 The site file's [lb] section:
 
   [lb]
@@ -90,6 +100,7 @@ Example:
   braid lb --config /etc/braid/site.toml
   braid lb backends
   braid lb drain web1
+  braid lb reload
   braid lb tokens --json
 `
 
@@ -102,6 +113,8 @@ func runLB(e env, args []string) int {
 			return lbShow(e, args[0], args[1:])
 		case "weight", "drain", "remove", "add":
 			return lbControl(e, args[0], args[1:])
+		case "reload":
+			return runReloadCommand(e, "lb", lbDoc, config.LBDefaults().Control, args[1:])
 		}
 	}
 	return runDaemon(e, "lb", lbDoc, args, loadLBConfig, serveLB)
@@ -205,8 +218,24 @@ func serveLB(ctx context.Context, cfg *config.LB, log *slog.Logger) error {
 		defer srv.Close()
 		log.Info("status and metrics", "addr", srv.Addr(), "page", srv.PageURL())
 	}
+	rl := newRoleReloader(ctx, "lb", log, func(file string) ([]string, error) {
+		next, err := loadLBConfig(file)
+		if err != nil {
+			return nil, configLines(err)
+		}
+		changes, err := reloadLB(l, cfg, next)
+		if err == nil {
+			cfg = next
+		}
+		return changes, err
+	})
 	if cfg.Control != "" {
-		stop, err := serveControl(ctx, cfg.Control, func(r lbRequest) error { return applyLB(l, r) }, l.StatusJSON)
+		stop, err := serveControl(ctx, cfg.Control, func(r lbRequest) error {
+			if r.Action == "reload" {
+				return rl.controlReload()
+			}
+			return applyLB(l, r)
+		}, l.StatusJSON)
 		if err != nil {
 			return err
 		}
@@ -215,9 +244,49 @@ func serveLB(ctx context.Context, cfg *config.LB, log *slog.Logger) error {
 	return l.Run(ctx)
 }
 
+// reloadLB applies the site file next to the balancer l that runs cur: the changes only a
+// restart applies are refused first, then the backends are resolved (an interface that does
+// not exist refuses the file), then l applies the difference.
+func reloadLB(l *lb.LB, cur, next *config.LB) ([]string, error) {
+	var rc restartCheck
+	rc.check("interface", cur.Interface, next.Interface)
+	rc.check("interfaces", cur.Interfaces, next.Interfaces)
+	rc.check("attach", cur.Attach, next.Attach)
+	rc.check("metrics", cur.Metrics, next.Metrics)
+	rc.check("control", cur.Control, next.Control)
+	rc.check("source_mac", cur.SourceMAC, next.SourceMAC)
+	rc.check("sweep", cur.Sweep, next.Sweep)
+	rc.check("health_interval", cur.HealthInterval, next.HealthInterval)
+	rc.check("table sizes", []uint32{cur.ConnTable, cur.EmbryonicTable, cur.TokenTable, cur.PendingTable},
+		[]uint32{next.ConnTable, next.EmbryonicTable, next.TokenTable, next.PendingTable})
+	if err := rc.err(); err != nil {
+		return nil, err
+	}
+	var specs []lb.BackendSpec
+	for _, b := range next.Backends {
+		s, err := lbBackendSpec(b)
+		if err != nil {
+			return nil, err
+		}
+		specs = append(specs, s)
+	}
+	// The frames' source MAC was chosen at start; it stays.
+	plane := lbPlaneConfig(next, l.PlaneConfig().SrcMAC)
+	changes, err := l.Apply(next.Services, specs, lb.Settings{Plane: plane, TokenIdle: next.TokenIdle,
+		TokenClosing: next.TokenClosing, HealthTimeout: next.HealthTimeout, Rise: next.Rise, Fall: next.Fall})
+	var out []string
+	for _, c := range changes {
+		out = append(out, c.String())
+	}
+	if err != nil && len(changes) > 0 {
+		return out, fmt.Errorf("%w: %w", errPartlyApplied, err)
+	}
+	return out, err
+}
+
 // lbRequest is one request on the balancer's control socket.
 type lbRequest struct {
-	Action    string `json:"action"` // weight, remove, add
+	Action    string `json:"action"` // weight, remove, add, reload
 	Name      string `json:"name"`
 	Weight    uint32 `json:"weight"`
 	MAC       string `json:"mac,omitempty"`

@@ -73,6 +73,7 @@ func TestLigAgainstMapserver(t *testing.T) {
 	cfg := config.MapserverDefaults()
 	cfg.Listen = netip.MustParseAddrPort("127.0.0.1:0")
 	cfg.Metrics = "127.0.0.1:0"
+	cfg.Control = ""
 	cfg.Sites = []config.LispSite{{Name: "site2", Key: "site2-secret", Prefixes: []netip.Prefix{netip.MustParsePrefix("192.168.2.0/24")}}}
 	ms, err := startMapserver(&cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -80,7 +81,7 @@ func TestLigAgainstMapserver(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- ms.run(ctx) }()
+	go func() { done <- ms.run(ctx, &cfg) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {

@@ -25,6 +25,7 @@ func init() {
 const mapserverDoc = `Usage: braid mapserver --config FILE [--log-format text|json] [--verbose]
        braid mapserver check --config FILE
        braid mapserver show [--metrics HOST:PORT] [--json]
+       braid mapserver reload [--control SOCKET]
 
 braid mapserver is a LISP Map-Server and Map-Resolver (RFC 9301) in one process, or either
 role alone. As a map-server it accepts Map-Registers from the ETRs of the sites in its
@@ -43,10 +44,20 @@ one; a source sending more than rate_per_source messages per second is rate limi
 The site file's [mapserver] section configures it (see docs/lisp.md). 'show' prints the
 registration table and counters of a running map server, read from its metrics address.
 
+'reload' (or SIGHUP to the daemon) re-reads the site file the map server started with and
+applies its sites: sites added, removed, or with new keys, prefixes, proxy_reply or replay. A
+site that stays keeps its registrations (a changed one those of the prefixes it still owns,
+and its replay state); a removed site's registrations are dropped at once. A file with a
+mistake is refused with its file and line, as is a change only a restart applies (roles,
+listen, forward, timers, TTLs, rate limits, metrics, control): then nothing changes and 'reload'
+exits 1. Each change is logged on one line. It uses the 'control' socket (default
+@braid/mapserver, an abstract socket of the network namespace).
+
 Example:
   braid mapserver check --config /etc/braid/ms.toml
   braid mapserver --config /etc/braid/ms.toml
   braid mapserver show
+  braid mapserver reload
   braid lig 192.168.2.1 --resolver 10.0.9.1
 `
 
@@ -57,6 +68,8 @@ func runMapserver(e env, args []string) int {
 			return mapserverCheck(e, args[1:])
 		case "show":
 			return mapserverShow(e, args[1:])
+		case "reload":
+			return runReloadCommand(e, "mapserver", mapserverDoc, config.MapserverDefaults().Control, args[1:])
 		}
 	}
 	return runDaemon(e, "mapserver", mapserverDoc, args, loadMapserverConfig,
@@ -65,7 +78,7 @@ func runMapserver(e env, args []string) int {
 			if err != nil {
 				return err
 			}
-			return ms.run(ctx)
+			return ms.run(ctx, cfg)
 		})
 }
 
@@ -105,13 +118,7 @@ func startMapserver(cfg *config.Mapserver, log *slog.Logger) (*mapserverRun, err
 	mc.RegistrationTimeout, mc.NegativeTTL, mc.UnregisteredTTL = cfg.RegistrationTimeout, cfg.NegativeTTL, cfg.UnregisteredTTL
 	mc.RatePerSource, mc.BurstPerSource, mc.Logger = cfg.RatePerSource, cfg.BurstPerSource, log
 	mc.RatePerDestination, mc.BurstPerDestination, mc.MaxAmplification = cfg.RatePerDestination, cfg.BurstPerDestination, cfg.MaxAmplification
-	for _, s := range cfg.Sites {
-		mc.Sites = append(mc.Sites, mapserver.Site{Name: s.Name, Keys: map[uint8][]byte{s.KeyID: []byte(s.Key)}, Prefixes: s.Prefixes, ProxyReply: s.ProxyReply,
-			TimestampNonces: s.Replay != "window"})
-		if s.Replay == "window" {
-			log.Warn("site takes registrations with any nonce (replay = \"window\"): a captured registration can be replayed after 10 minutes", "site", s.Name)
-		}
-	}
+	mc.Sites = mapserverSites(cfg, log)
 	srv, err := mapserver.New(mc)
 	if err != nil {
 		return nil, err
@@ -134,12 +141,79 @@ func startMapserver(cfg *config.Mapserver, log *slog.Logger) (*mapserverRun, err
 	return r, nil
 }
 
-// run serves until ctx ends.
-func (r *mapserverRun) run(ctx context.Context) error {
+// mapserverSites are the sites of cfg as the server takes them.
+func mapserverSites(cfg *config.Mapserver, log *slog.Logger) []mapserver.Site {
+	var sites []mapserver.Site
+	for _, s := range cfg.Sites {
+		sites = append(sites, mapserver.Site{Name: s.Name, Keys: map[uint8][]byte{s.KeyID: []byte(s.Key)}, Prefixes: s.Prefixes, ProxyReply: s.ProxyReply,
+			TimestampNonces: s.Replay != "window"})
+		if s.Replay == "window" {
+			log.Warn("site takes registrations with any nonce (replay = \"window\"): a captured registration can be replayed after 10 minutes", "site", s.Name)
+		}
+	}
+	return sites
+}
+
+// run serves cfg until ctx ends, with its control socket (reload, status).
+func (r *mapserverRun) run(ctx context.Context, cfg *config.Mapserver) error {
 	if r.web != nil {
 		defer r.web.Close()
 	}
+	rl := newRoleReloader(ctx, "mapserver", r.log, func(file string) ([]string, error) {
+		next, err := loadMapserverConfig(file)
+		if err != nil {
+			return nil, configLines(err)
+		}
+		changes, err := reloadMapserver(r.srv, cfg, next, r.log)
+		if err == nil {
+			cfg = next
+		}
+		return changes, err
+	})
+	if cfg.Control != "" {
+		stop, err := serveReloadControl(ctx, cfg.Control, rl, mapserverSource{r.srv}.StatusJSON)
+		if err != nil {
+			r.conn.Close()
+			return err
+		}
+		defer stop()
+	}
 	return r.srv.Serve(ctx, r.conn)
+}
+
+// reloadMapserver applies next's sites to srv, which runs cur; the other settings only a
+// restart applies.
+func reloadMapserver(srv *mapserver.Server, cur, next *config.Mapserver, log *slog.Logger) ([]string, error) {
+	var rc restartCheck
+	rc.check("roles", []bool{cur.MapServer, cur.MapResolver}, []bool{next.MapServer, next.MapResolver})
+	rc.check("listen", cur.Listen, next.Listen)
+	rc.check("forward", cur.Forward, next.Forward)
+	rc.check("registration_timeout", cur.RegistrationTimeout, next.RegistrationTimeout)
+	rc.check("negative_ttl", cur.NegativeTTL, next.NegativeTTL)
+	rc.check("unregistered_ttl", cur.UnregisteredTTL, next.UnregisteredTTL)
+	rc.check("rate limits", []float64{cur.RatePerSource, float64(cur.BurstPerSource), cur.RatePerDestination, float64(cur.BurstPerDestination), cur.MaxAmplification},
+		[]float64{next.RatePerSource, float64(next.BurstPerSource), next.RatePerDestination, float64(next.BurstPerDestination), next.MaxAmplification})
+	rc.check("metrics", cur.Metrics, next.Metrics)
+	rc.check("control", cur.Control, next.Control)
+	if err := rc.err(); err != nil {
+		return nil, err
+	}
+	changes, err := srv.SetSites(mapserverSites(next, log))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, c := range changes {
+		s := c.What + " " + c.Site
+		if len(c.Changed) > 0 {
+			s += " (" + strings.Join(c.Changed, ", ") + ")"
+		}
+		if len(c.Dropped) > 0 {
+			s += fmt.Sprintf(", registrations dropped %v", c.Dropped)
+		}
+		out = append(out, s)
+	}
+	return out, nil
 }
 
 // mapserverStatus is what the map server's /status returns.

@@ -1,10 +1,13 @@
 package app
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
+	"reflect"
 	"slices"
 
 	"braid/internal/config"
@@ -19,6 +22,7 @@ func init() {
 
 const pmDoc = `Usage: braid pm --config FILE [--policy NAME] [--log-format text|json] [--verbose]
        braid pm check --config FILE
+       braid pm reload [--control SOCKET]
 
 braid pm manages the subflows of every MPTCP connection of the network namespace it runs in. It
 selects the kernel's userspace path manager (sysctl net.mptcp.pm_type = 1; the previous value is
@@ -73,6 +77,7 @@ or, if there are none, of [[tunnel.uplink]]:
   [pm]
   policy = "fullmesh"
   metrics = "127.0.0.1:9475"    # GET /status (JSON) and /metrics (Prometheus)
+  control = "@braid/pm"         # 'braid pm reload' and status (an abstract socket)
   backup = ["lte"]              # subflows from these uplinks are backup
   poll = "100ms"                # statistics and timers (rbpm: 50ms)
   join_timeout = "1s"           # a join not up by then is retried (rbpm: 5s)
@@ -92,13 +97,28 @@ or, if there are none, of [[tunnel.uplink]]:
 A command the kernel refuses (a connection that has just closed, an address it will not use) is
 logged and counted, and the daemon goes on with the other connections.
 
+'reload' (or SIGHUP to the daemon) re-reads the site file the daemon started with and applies
+the policy and its settings (fullmesh <-> rbpm; amptcp's routing, eid_prefixes, min_bytes,
+subflows), join_timeout, dead_after, retry, port_base, port_span and the uplinks' backup flags
+(signalled to the peer with MP_PRIO on the next poll). The connections it manages keep their
+subflows; the next poll applies the new settings to them. A --policy given at start stays. A
+file with a mistake is refused with its file and line, as is a change only a restart applies
+(the uplinks themselves, poll, a policy change to or from amptcp, its resolvers and lookup
+settings, metrics, control): then nothing changes and 'reload' exits 1. Each change is logged
+on one line. It uses the 'control' socket (default @braid/pm, an abstract socket of the
+network namespace).
+
 Example:
   braid pm check --config /etc/braid/site.toml
   braid pm --config /etc/braid/site.toml --policy fullmesh
+  braid pm reload
   curl -s 127.0.0.1:9475/metrics | grep braid_pm_
 `
 
 func runPM(e env, args []string) int {
+	if len(args) > 0 && args[0] == "reload" {
+		return runReloadCommand(e, "pm", pmDoc, config.PMDefaults().Control, args[1:])
+	}
 	check := false
 	if len(args) > 0 && args[0] == "check" {
 		check, args = true, args[1:]
@@ -127,15 +147,8 @@ func runPM(e env, args []string) int {
 	if *policy != "" {
 		cfg.UsePolicy(*policy)
 	}
-	pol, ok := core.Policies[cfg.Policy]
-	if cfg.Policy == "amptcp" {
-		pol, ok = nil, len(cfg.AMPTCP.Resolvers) > 0
-	}
-	if cfg.Policy == "rbpm" {
-		pol, ok = core.NewRBPM(pm.RBPMHoldDown), true
-	}
-	if !ok {
-		fmt.Fprintf(e.stderr, "braid pm: unknown policy %q, or amptcp without resolvers (known: fullmesh, amptcp, rbpm)\n", cfg.Policy)
+	if _, err := pmPolicy(cfg, nil); err != nil {
+		fmt.Fprintf(e.stderr, "braid pm: %v\n", err)
 		return exitUsage
 	}
 	if check {
@@ -147,33 +160,80 @@ func runPM(e env, args []string) int {
 		fmt.Fprintf(e.stderr, "braid pm: %v\n", err)
 		return exitUsage
 	}
+	ctx, cancel := daemonContext("braid pm", log, *file)
+	defer cancel()
+	if err := servePM(ctx, cfg, *policy, log); err != nil {
+		fmt.Fprintf(e.stderr, "braid pm: %v\n", err)
+		return exitError
+	}
+	return exitOK
+}
+
+// pmPolicy is the policy cfg names; res serves amptcp's lookups (nil: only checked).
+func pmPolicy(cfg *config.PM, res *pm.Resolver) (core.Policy, error) {
+	switch cfg.Policy {
+	case "amptcp":
+		if len(cfg.AMPTCP.Resolvers) == 0 {
+			return nil, fmt.Errorf("policy amptcp without resolvers: set resolvers in [pm]")
+		}
+		if res == nil {
+			return nil, nil
+		}
+		return amptcpPolicy(cfg.AMPTCP, res), nil
+	case "rbpm":
+		return core.NewRBPM(pm.RBPMHoldDown), nil
+	}
+	if p, ok := core.Policies[cfg.Policy]; ok {
+		return p, nil
+	}
+	return nil, fmt.Errorf("unknown policy %q (known: fullmesh, amptcp, rbpm)", cfg.Policy)
+}
+
+// pmUplinks are the uplinks of cfg, with their interfaces' indexes.
+func pmUplinks(cfg *config.PM) ([]core.Uplink, error) {
 	var ups []core.Uplink
 	for _, u := range cfg.Uplinks {
 		ifi, err := net.InterfaceByName(u.Interface)
 		if err != nil {
-			fmt.Fprintf(e.stderr, "braid pm: uplink %s: interface %s: %v\n", u.Name, u.Interface, err)
-			return exitError
+			return nil, fmt.Errorf("uplink %s: interface %s: %w", u.Name, u.Interface, err)
 		}
 		ups = append(ups, core.Uplink{Name: u.Name, Addr: u.Address.String(), IfIndex: int32(ifi.Index), Backup: u.Backup, V6: u.Address.Is6()})
+	}
+	return ups, nil
+}
+
+func pmCore(cfg *config.PM) core.Config {
+	return core.Config{JoinTimeout: cfg.JoinTimeout, DeadAfter: cfg.DeadAfter, Retry: cfg.Retry, PortBase: cfg.PortBase, PortSpan: cfg.PortSpan}
+}
+
+// servePM runs the path manager of cfg (policy: --policy, which a reload keeps) until ctx
+// ends, with its status endpoint and control socket (reload, status).
+func servePM(ctx context.Context, cfg *config.PM, policy string, log *slog.Logger) error {
+	ups, err := pmUplinks(cfg)
+	if err != nil {
+		return err
 	}
 	var res *pm.Resolver
 	if cfg.Policy == "amptcp" {
 		res, err = pm.NewResolver(pm.ResolverOptions{Resolvers: cfg.AMPTCP.Resolvers, Source: cfg.AMPTCP.LookupSource,
 			Timeout: cfg.AMPTCP.LookupTimeout, Retries: cfg.AMPTCP.LookupRetries, MaxAge: cfg.AMPTCP.MaxAge, Logger: log})
 		if err != nil {
-			fmt.Fprintf(e.stderr, "braid pm: %v\n", err)
-			return exitError
+			return err
 		}
-		pol = amptcpPolicy(cfg.AMPTCP, res)
 	}
-	d, err := pm.New(pm.Options{Uplinks: ups, Policy: pol, Logger: log, Poll: cfg.Poll, Resolver: res,
-		Core: core.Config{JoinTimeout: cfg.JoinTimeout, DeadAfter: cfg.DeadAfter, Retry: cfg.Retry, PortBase: cfg.PortBase, PortSpan: cfg.PortSpan}})
+	pol, err := pmPolicy(cfg, res)
 	if err != nil {
 		if res != nil {
 			res.Close()
 		}
-		fmt.Fprintf(e.stderr, "braid pm: %v\n", err)
-		return exitError
+		return err
+	}
+	d, err := pm.New(pm.Options{Uplinks: ups, Policy: pol, Logger: log, Poll: cfg.Poll, Resolver: res, Core: pmCore(cfg)})
+	if err != nil {
+		if res != nil {
+			res.Close()
+		}
+		return err
 	}
 	defer func() {
 		if err := d.Close(); err != nil {
@@ -183,19 +243,115 @@ func runPM(e env, args []string) int {
 	if cfg.Metrics != "" {
 		srv, err := metrics.Listen(cfg.Metrics, d)
 		if err != nil {
-			fmt.Fprintf(e.stderr, "braid pm: %v\n", err)
-			return exitError
+			return err
 		}
 		defer srv.Close()
 		log.Info("status and metrics", "addr", srv.Addr(), "page", srv.PageURL())
 	}
-	ctx, cancel := daemonContext("braid pm", log, *file)
-	defer cancel()
-	if err := d.Run(ctx); err != nil {
-		fmt.Fprintf(e.stderr, "braid pm: %v\n", err)
-		return exitError
+	rl := newRoleReloader(ctx, "pm", log, func(file string) ([]string, error) {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return nil, err
+		}
+		next, err := config.LoadPM(file, data, systemEnv{})
+		if err != nil {
+			return nil, configLines(err)
+		}
+		if policy != "" {
+			next.UsePolicy(policy)
+		}
+		changes, err := reloadPM(d, res, cfg, next, log)
+		if err == nil {
+			cfg = next
+		}
+		return changes, err
+	})
+	if cfg.Control != "" {
+		stop, err := serveReloadControl(ctx, cfg.Control, rl, d.StatusJSON)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
-	return exitOK
+	return d.Run(ctx)
+}
+
+// reloadPM applies next to the daemon d, which runs cur: the policy and its settings, the
+// timers and ports, the uplinks' backup flags. The uplinks, poll, map-resolvers, metrics and
+// control only a restart changes; so does a change of policy to or from amptcp.
+func reloadPM(d *pm.Daemon, res *pm.Resolver, cur, next *config.PM, log *slog.Logger) ([]string, error) {
+	var rc restartCheck
+	type uplinkID struct {
+		Name, Interface string
+		Address         netip.Addr
+	}
+	ids := func(c *config.PM) []uplinkID {
+		var out []uplinkID
+		for _, u := range c.Uplinks {
+			out = append(out, uplinkID{u.Name, u.Interface, u.Address})
+		}
+		return out
+	}
+	rc.check("uplinks", ids(cur), ids(next))
+	rc.check("poll", cur.Poll, next.Poll)
+	rc.check("metrics", cur.Metrics, next.Metrics)
+	rc.check("control", cur.Control, next.Control)
+	if (cur.Policy == "amptcp") != (next.Policy == "amptcp") {
+		rc.check("policy (to or from amptcp)", cur.Policy, next.Policy)
+	}
+	if cur.Policy == "amptcp" && next.Policy == "amptcp" {
+		rc.check("resolvers", cur.AMPTCP.Resolvers, next.AMPTCP.Resolvers)
+		rc.check("lookup_source", cur.AMPTCP.LookupSource, next.AMPTCP.LookupSource)
+		rc.check("lookup_timeout", cur.AMPTCP.LookupTimeout, next.AMPTCP.LookupTimeout)
+		rc.check("lookup_retries", cur.AMPTCP.LookupRetries, next.AMPTCP.LookupRetries)
+		rc.check("mapping_max_age", cur.AMPTCP.MaxAge, next.AMPTCP.MaxAge)
+	}
+	if err := rc.err(); err != nil {
+		return nil, err
+	}
+	ups, err := pmUplinks(next)
+	if err != nil {
+		return nil, err
+	}
+	var changes []string
+	note := func(what string, args ...any) {
+		s := what
+		for i := 0; i+1 < len(args); i += 2 {
+			s += fmt.Sprintf(" %v=%v", args[i], args[i+1])
+		}
+		changes = append(changes, s)
+		log.Info("reload: "+what, args...)
+	}
+	pol := d.Policy()
+	policyChanged := cur.Policy != next.Policy || !reflect.DeepEqual(cur.AMPTCP, next.AMPTCP)
+	if policyChanged {
+		if pol, err = pmPolicy(next, res); err != nil {
+			return nil, err
+		}
+	}
+	if err := d.Reconfigure(ups, pol, pmCore(next)); err != nil {
+		return nil, err
+	}
+	if cur.Policy != next.Policy {
+		note("policy changed", "from", cur.Policy, "to", next.Policy)
+	} else if policyChanged {
+		note("policy settings changed", "policy", next.Policy)
+	}
+	for _, t := range []struct {
+		name     string
+		old, new any
+	}{{"join_timeout", cur.JoinTimeout, next.JoinTimeout}, {"dead_after", cur.DeadAfter, next.DeadAfter},
+		{"retry", cur.Retry, next.Retry}, {"port_base", cur.PortBase, next.PortBase}, {"port_span", cur.PortSpan, next.PortSpan}} {
+		if t.old != t.new {
+			note("setting changed", "name", t.name, "from", t.old, "to", t.new)
+		}
+	}
+	for i, u := range next.Uplinks {
+		if u.Backup != cur.Uplinks[i].Backup {
+			note("uplink backup changed", "uplink", u.Name, "backup", u.Backup)
+		}
+	}
+	return changes, nil
 }
 
 // amptcpPolicy builds the amptcp policy from its configuration over the resolver.

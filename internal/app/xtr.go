@@ -2,10 +2,13 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -26,6 +29,7 @@ func init() {
 const xtrDoc = `Usage: braid xtr --config FILE [--log-format text|json] [--verbose]
        braid xtr check --config FILE
        braid xtr show [--metrics HOST:PORT] [--json]
+       braid xtr reload [--control SOCKET]
 
 braid xtr is a LISP tunnel router (RFC 9300, RFC 9301). As an ITR it reads the packets routed
 into its TUN device (the 'routes' of its configuration, typically the EID space of the other
@@ -48,10 +52,22 @@ The site file's [xtr] section configures it (see docs/lisp.md); braid xtr needs 
 to create TUN devices and raw sockets. 'show' prints the map-cache, the RLOC pairs and the
 counters of a running xTR.
 
+'reload' (or SIGHUP to the daemon) re-reads the site file the xTR started with and applies its
+mapping: EID prefixes added or removed (the site registers the new mapping at once), the RLOCs'
+priorities and weights, the map-resolvers, the map servers (one whose address and settings stay
+keeps its registration state) and the routes into the device. The map-cache stays (but for
+entries over a new EID prefix of the site), and so do the RLOC pairs and their probes: traffic
+to unchanged sites goes on. A file with a mistake is refused with its file and line, as is a
+change only a restart applies (interface, mtu, the RLOCs' addresses and interfaces, the timers,
+placement, any_outer_source, metrics, control): then nothing changes and 'reload' exits 1. Each
+change is logged on one line. It uses the 'control' socket (default @braid/xtr, an abstract
+socket of the network namespace).
+
 Example:
   braid xtr check --config /etc/braid/site.toml
   braid xtr --config /etc/braid/site.toml
   braid xtr show
+  braid xtr reload
 `
 
 func runXTR(e env, args []string) int {
@@ -61,6 +77,8 @@ func runXTR(e env, args []string) int {
 			return xtrCheck(e, args[1:])
 		case "show":
 			return xtrShow(e, args[1:])
+		case "reload":
+			return runReloadCommand(e, "xtr", xtrDoc, config.XTRDefaults().Control, args[1:])
 		}
 	}
 	return runDaemon(e, "xtr", xtrDoc, args, loadXTRConfig, serveXTR)
@@ -91,18 +109,95 @@ func xtrOptions(cfg *config.XTR, log *slog.Logger) xtr.Options {
 		RegisterTTL: cfg.RegisterTTL, RequestTimeout: cfg.RequestTimeout, RequestRetries: cfg.RequestRetries,
 		ResolverTimeout: cfg.ResolverTimeout, ResolverBackoff: cfg.ResolverBackoff,
 		ProbeInterval: cfg.ProbeInterval, DownAfter: cfg.DownAfter, Placement: cfg.Placement, AnyOuterSource: cfg.AnyOuterSource, Logger: log}
+	m := xtrMapping(cfg)
+	o.Locators, o.MapServers = m.Locators, m.MapServers
+	return o
+}
+
+// xtrMapping is the part of cfg a reload applies.
+func xtrMapping(cfg *config.XTR) xtr.Mapping {
+	m := xtr.Mapping{EIDs: cfg.EIDs, Resolvers: cfg.Resolvers}
 	for _, r := range cfg.RLOCs {
-		o.Locators = append(o.Locators, xtr.Locator{Priority: r.Priority, Weight: r.Weight})
+		m.Locators = append(m.Locators, xtr.Locator{Priority: r.Priority, Weight: r.Weight})
 	}
-	for _, m := range cfg.MapServers {
+	for _, ms := range cfg.MapServers {
 		alg := uint8(lisp.AlgHMACSHA1)
-		if m.Algorithm == "hmac-sha256" {
+		if ms.Algorithm == "hmac-sha256" {
 			alg = lisp.AlgHMACSHA256
 		}
-		o.MapServers = append(o.MapServers, xtr.MapServer{Addr: m.Address, Key: []byte(m.Key), KeyID: m.KeyID, AlgID: alg,
-			AuthLen: m.AuthLength, ProxyReply: m.ProxyReply})
+		m.MapServers = append(m.MapServers, xtr.MapServer{Addr: ms.Address, Key: []byte(ms.Key), KeyID: ms.KeyID, AlgID: alg,
+			AuthLen: ms.AuthLength, ProxyReply: ms.ProxyReply})
 	}
-	return o
+	return m
+}
+
+// reloadXTR applies next to the xTR x, which runs cur: the mapping, then the routes into the
+// device (nl: a netlink handle of the xTR's namespace).
+func reloadXTR(x *xtr.XTR, nl *netlink.Handle, cur, next *config.XTR, log *slog.Logger) ([]string, error) {
+	var rc restartCheck
+	rc.check("interface", cur.Interface, next.Interface)
+	rc.check("mtu", cur.MTU, next.MTU)
+	type rloc struct {
+		Address   netip.Addr
+		Interface string
+	}
+	rlocs := func(c *config.XTR) []rloc {
+		var out []rloc
+		for _, r := range c.RLOCs {
+			out = append(out, rloc{r.Address, r.Interface})
+		}
+		return out
+	}
+	rc.check("rloc addresses or interfaces", rlocs(cur), rlocs(next))
+	rc.check("probe_interval", cur.ProbeInterval, next.ProbeInterval)
+	rc.check("down_after", cur.DownAfter, next.DownAfter)
+	rc.check("register_interval", cur.RegisterInterval, next.RegisterInterval)
+	rc.check("register_ttl", cur.RegisterTTL, next.RegisterTTL)
+	rc.check("request_timeout", cur.RequestTimeout, next.RequestTimeout)
+	rc.check("request_retries", cur.RequestRetries, next.RequestRetries)
+	rc.check("placement", cur.Placement, next.Placement)
+	rc.check("any_outer_source", cur.AnyOuterSource, next.AnyOuterSource)
+	rc.check("metrics", cur.Metrics, next.Metrics)
+	rc.check("control", cur.Control, next.Control)
+	if err := rc.err(); err != nil {
+		return nil, err
+	}
+	changes, err := x.SetMapping(xtrMapping(next))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, c := range changes {
+		out = append(out, c.What+" "+c.Detail)
+	}
+	// Routes: the new ones first, then those the file no longer has.
+	var routeErrs []error
+	for _, p := range next.Routes {
+		if !slices.Contains(cur.Routes, p) {
+			if err := tun.AddRoute(nl, next.Interface, p); err != nil {
+				routeErrs = append(routeErrs, err)
+				continue
+			}
+			out = append(out, "route added "+p.String())
+			log.Info("reload: route added", "detail", p.String())
+		}
+	}
+	for _, p := range cur.Routes {
+		if !slices.Contains(next.Routes, p) {
+			if err := tun.DelRoute(nl, next.Interface, p); err != nil {
+				routeErrs = append(routeErrs, err)
+				continue
+			}
+			out = append(out, "route removed "+p.String())
+			log.Info("reload: route removed", "detail", p.String())
+		}
+	}
+	if err := errors.Join(routeErrs...); err != nil {
+		// The mapping is applied: the reload is not refused, but it says what lags.
+		log.Error("reloaded, but the routes into the device did not all follow", "err", err)
+		out = append(out, "routes did not all follow: "+err.Error())
+	}
+	return out, nil
 }
 
 // xtrMTU is the configured MTU, or 1500 less the outer headers of the widest RLOC family.
@@ -175,6 +270,25 @@ func serveXTR(ctx context.Context, cfg *config.XTR, log *slog.Logger) error {
 		}
 		defer srv.Close()
 		log.Info("status and metrics", "addr", srv.Addr(), "page", srv.PageURL())
+	}
+	rl := newRoleReloader(ctx, "xtr", log, func(file string) ([]string, error) {
+		next, err := loadXTRConfig(file)
+		if err != nil {
+			return nil, configLines(err)
+		}
+		changes, err := reloadXTR(x, nl, cfg, next, log)
+		if err == nil {
+			cfg = next
+		}
+		return changes, err
+	})
+	if cfg.Control != "" {
+		stop, err := serveReloadControl(ctx, cfg.Control, rl, xtrSource{x}.StatusJSON)
+		if err != nil {
+			closeAll()
+			return err
+		}
+		defer stop()
 	}
 	log.Info("xtr up", "interface", cfg.Interface, "mtu", o.MTU, "eids", cfg.EIDs, "rlocs", len(cfg.RLOCs), "placement", cfg.Placement)
 	return x.Run(ctx)

@@ -25,6 +25,10 @@ const (
 const (
 	DefaultTunnelControl = "@braid/tunnel"
 	DefaultLBControl     = "@braid/lb"
+
+	DefaultMapserverControl = "@braid/mapserver"
+	DefaultXTRControl       = "@braid/xtr"
+	DefaultPMControl        = "@braid/pm"
 )
 
 // controlProblem says what is wrong with a control socket name, or "" when it is usable: an

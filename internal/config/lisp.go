@@ -28,6 +28,7 @@ import (
 //	burst_per_destination = 200
 //	max_amplification = 3       # a reply is at most this many times its request; 0 = no bound
 //	metrics = "127.0.0.1:9474"  # status and Prometheus endpoint; "" disables it
+//	control = "@braid/mapserver" # control socket ('braid mapserver reload'); "" disables it
 //	  [[mapserver.site]]
 //	  name = "site1"
 //	  key = "secret"            # the site's shared key (key ID key_id, default 0), at least
@@ -57,6 +58,7 @@ import (
 //	any_outer_source = false    # true: the ETR takes packets from any outer source (not only
 //	                            # from a locator of the mapping of the inner source)
 //	metrics = "127.0.0.1:9477"
+//	control = "@braid/xtr"      # control socket ('braid xtr reload'); "" disables it
 //	  [[xtr.rloc]]
 //	  address = "10.0.1.1"
 //	  interface = "wan1"        # optional: packets of this RLOC leave through it
@@ -89,6 +91,7 @@ type Mapserver struct {
 	BurstPerDestination    int
 	MaxAmplification       float64
 	Metrics                string
+	Control                string // control socket ('braid mapserver reload'); "" for none
 	Sites                  []LispSite
 }
 
@@ -109,7 +112,7 @@ func MapserverDefaults() Mapserver {
 	return Mapserver{MapServer: true, MapResolver: true, Listen: netip.MustParseAddrPort("0.0.0.0:4342"),
 		RegistrationTimeout: 3 * time.Minute, NegativeTTL: 15, UnregisteredTTL: 1, RatePerSource: 1000,
 		BurstPerSource: 1000, RatePerDestination: 100, BurstPerDestination: 200, MaxAmplification: 3,
-		Metrics: DefaultMapserverMetrics}
+		Metrics: DefaultMapserverMetrics, Control: DefaultMapserverControl}
 }
 
 // XTR is the configuration of `braid xtr`.
@@ -130,6 +133,7 @@ type XTR struct {
 	Placement        bool
 	AnyOuterSource   bool
 	Metrics          string
+	Control          string // control socket ('braid xtr reload'); "" for none
 	RLOCs            []RLOC
 	MapServers       []LispMapServer
 }
@@ -156,7 +160,7 @@ type LispMapServer struct {
 func XTRDefaults() XTR {
 	return XTR{Interface: "lisp0", ProbeInterval: time.Second, DownAfter: 3 * time.Second, RegisterInterval: time.Minute,
 		RegisterTTL: 10, RequestTimeout: time.Second, RequestRetries: 3, ResolverTimeout: 300 * time.Millisecond,
-		ResolverBackoff: 30 * time.Second, Metrics: DefaultXTRMetrics}
+		ResolverBackoff: 30 * time.Second, Metrics: DefaultXTRMetrics, Control: DefaultXTRControl}
 }
 
 type lispSite struct {
@@ -181,6 +185,7 @@ type fileMapserver struct {
 	BurstPerDest        *int64         `toml:"burst_per_destination"`
 	MaxAmplification    *float64       `toml:"max_amplification"`
 	Metrics             *string        `toml:"metrics"`
+	Control             *string        `toml:"control"`
 	Site                []fileLispSite `toml:"site"`
 }
 
@@ -211,6 +216,7 @@ type fileXTR struct {
 	Placement        *bool           `toml:"placement"`
 	AnyOuterSource   bool            `toml:"any_outer_source"`
 	Metrics          *string         `toml:"metrics"`
+	Control          *string         `toml:"control"`
 	RLOC             []fileRLOC      `toml:"rloc"`
 	MapServer        []fileMapServer `toml:"map_server"`
 }
@@ -391,6 +397,12 @@ func LoadMapserver(filename string, data []byte) (*Mapserver, error) {
 			l.addrPort(obj, "mapserver.metrics", "metrics", m.Metrics)
 		}
 	}
+	if fm.Control != nil {
+		m.Control = *fm.Control
+		if msg := controlProblem(m.Control); msg != "" {
+			l.fail(obj, "mapserver.control", "%s", msg)
+		}
+	}
 	owner := map[netip.Prefix]string{}
 	names := map[string]bool{}
 	for i, fs := range fm.Site {
@@ -535,6 +547,12 @@ func LoadXTR(filename string, data []byte, env Env) (*XTR, error) {
 		x.Metrics = *fx.Metrics
 		if x.Metrics != "" {
 			l.addrPort(obj, "xtr.metrics", "metrics", x.Metrics)
+		}
+	}
+	if fx.Control != nil {
+		x.Control = *fx.Control
+		if msg := controlProblem(x.Control); msg != "" {
+			l.fail(obj, "xtr.control", "%s", msg)
 		}
 	}
 	seen := map[netip.Addr]bool{}

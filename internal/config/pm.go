@@ -18,6 +18,7 @@ import (
 type PM struct {
 	Policy      string
 	Metrics     string // address of the status and metrics endpoint; "" for none
+	Control     string // control socket ('braid pm reload'); "" for none
 	Poll        time.Duration
 	JoinTimeout time.Duration
 	DeadAfter   time.Duration
@@ -58,7 +59,7 @@ var PMPolicies = []string{"fullmesh", "amptcp", "rbpm"}
 
 // PMDefaults returns the defaults, without uplinks, for the fullmesh policy.
 func PMDefaults() PM {
-	return PM{Policy: "fullmesh", Metrics: "127.0.0.1:9475", Poll: 100 * time.Millisecond, JoinTimeout: time.Second,
+	return PM{Policy: "fullmesh", Metrics: "127.0.0.1:9475", Control: DefaultPMControl, Poll: 100 * time.Millisecond, JoinTimeout: time.Second,
 		DeadAfter: time.Second, Retry: 250 * time.Millisecond, PortBase: 45000, PortSpan: 5000,
 		AMPTCP: PMAMPTCP{Routing: "any", LookupTimeout: time.Second, LookupRetries: 2, MaxAge: time.Minute}}
 }
@@ -114,6 +115,7 @@ type pmSite struct {
 type filePM struct {
 	Policy      *string      `toml:"policy"`
 	Metrics     *string      `toml:"metrics"`
+	Control     *string      `toml:"control"`
 	Poll        any          `toml:"poll"`
 	JoinTimeout any          `toml:"join_timeout"`
 	DeadAfter   any          `toml:"dead_after"`
@@ -172,6 +174,9 @@ func LoadPM(filename string, data []byte, env Env) (*PM, error) {
 	}
 	if fp.Metrics != nil {
 		pm.Metrics = *fp.Metrics
+	}
+	if fp.Control != nil {
+		pm.Control = *fp.Control
 	}
 	l.duration("pm", "pm.poll", "poll", fp.Poll, &pm.Poll)
 	l.duration("pm", "pm.join_timeout", "join_timeout", fp.JoinTimeout, &pm.JoinTimeout)
@@ -266,6 +271,9 @@ func (pm *PM) check(c *checker, prefix string, env Env) {
 		known := slices.Clone(PMPolicies)
 		sort.Strings(known)
 		c.report("pm", fmt.Sprintf("policy %q: known policies are %s", pm.Policy, strings.Join(known, ", ")), "pm.policy", "pm")
+	}
+	if msg := controlProblem(pm.Control); msg != "" {
+		c.report("pm", msg, "pm.control", "pm")
 	}
 	if pm.Metrics != "" {
 		if _, err := netip.ParseAddrPort(pm.Metrics); err != nil {

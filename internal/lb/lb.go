@@ -169,11 +169,7 @@ func (l *LB) addLocked(s BackendSpec) error {
 	b := &backend{spec: s, index: uint32(idx), up: s.Health == ""}
 	l.backends[s.Name] = b
 	if s.StatelessPort != 0 {
-		for _, v := range l.o.Services {
-			if err := l.plane.SetStateless(netip.AddrPortFrom(v.Addr(), s.StatelessPort), b.index); err != nil {
-				return err
-			}
-		}
+		return l.statelessLocked(s.StatelessPort, b.index, false)
 	}
 	return nil
 }
@@ -221,30 +217,26 @@ func (l *LB) RemoveBackend(name string) error {
 	if err := l.rebuildLocked(); err != nil {
 		return err
 	}
+	if err := l.forgetLocked(b); err != nil {
+		return err
+	}
+	l.log.Info("backend removed", "backend", name)
+	return nil
+}
+
+// forgetLocked frees the slot of b, which the Maglev tables no longer name, with its
+// stateless entries, tokens and flows.
+func (l *LB) forgetLocked(b *backend) error {
 	if b.spec.StatelessPort != 0 {
-		for _, v := range l.o.Services {
-			l.plane.DeleteStateless(netip.AddrPortFrom(v.Addr(), b.spec.StatelessPort))
-		}
+		l.statelessLocked(b.spec.StatelessPort, b.index, true)
 	}
 	if err := l.plane.RemoveBackend(b.index); err != nil {
 		return err
 	}
 	l.used[b.index] = false
-	toks, err := l.plane.Tokens()
-	if err != nil {
+	if err := l.dropTokensLocked(func(t xdp.Token) bool { return t.Backend == b.index }); err != nil {
 		return err
 	}
-	pend, err := l.plane.PendingTokens()
-	if err != nil {
-		return err
-	}
-	for _, t := range append(toks, pend...) {
-		if t.Backend == b.index {
-			l.plane.DeleteToken(t.Service, t.Token)
-			l.removed++
-		}
-	}
-	l.log.Info("backend removed", "backend", name)
 	return l.plane.DropFlowsOf(b.index)
 }
 
@@ -321,12 +313,13 @@ func (l *LB) CheckHealth(ctx context.Context) {
 			jobs = append(jobs, job{name, b.spec.Health})
 		}
 	}
+	timeout := l.o.HealthTimeout
 	l.mu.Unlock()
 	results := make([]error, len(jobs))
 	var wg sync.WaitGroup
 	for i, j := range jobs {
 		wg.Go(func() {
-			cctx, cancel := context.WithTimeout(ctx, l.o.HealthTimeout)
+			cctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
 			results[i] = l.o.Check(cctx, j.addr)
 		})
@@ -451,11 +444,20 @@ type Status struct {
 
 // Status reads the data plane's counters and tables; withTokens lists every token.
 func (l *LB) Status(withTokens bool) (Status, error) {
-	st := Status{Role: "lb", Services: l.o.Services, Aware: l.o.Plane.Aware, Counters: map[string]uint64{}}
+	l.mu.Lock()
+	st := Status{Role: "lb", Aware: l.o.Plane.Aware, Counters: map[string]uint64{}}
+	for _, v := range l.o.Services {
+		if v.IsValid() {
+			st.Services = append(st.Services, v)
+		}
+	}
+	services := slices.Clone(l.o.Services)
+	unjoinedAfter := l.o.Plane.UnjoinedAfter
 	st.Mode = "mac"
 	if l.o.Plane.Mode == xdp.ModeIPIP {
 		st.Mode = "ipip"
 	}
+	l.mu.Unlock()
 	c, err := l.plane.Counters()
 	if err != nil {
 		return st, err
@@ -478,7 +480,7 @@ func (l *LB) Status(withTokens bool) (Status, error) {
 	st.TokensJoined = len(toks)
 	now := l.o.Mono()
 	for _, t := range pend {
-		if l.o.Plane.UnjoinedAfter == 0 || now-t.Created <= uint64(l.o.Plane.UnjoinedAfter) {
+		if unjoinedAfter == 0 || now-t.Created <= uint64(unjoinedAfter) {
 			toks = append(toks, t)
 			st.TokensPending++
 		}
@@ -500,8 +502,8 @@ func (l *LB) Status(withTokens bool) (Status, error) {
 			}
 			ts := TokenStatus{Token: fmt.Sprintf("%08x", t.Token), Backend: names[t.Backend], Version: v,
 				Closing: t.Closing, Collided: t.Collided, Joined: t.Joined, AgeMS: msSince(now, t.Created), IdleMS: msSince(now, t.Active)}
-			if int(t.Service) < len(l.o.Services) {
-				ts.Service = l.o.Services[t.Service]
+			if int(t.Service) < len(services) {
+				ts.Service = services[t.Service]
 			}
 			st.Tokens = append(st.Tokens, ts)
 		}

@@ -155,15 +155,50 @@ type registration struct {
 
 type site struct {
 	Site
-	nonces map[uint64]time.Time // recent Map-Register nonces
+	nonces map[uint64]time.Time // recent Map-Register nonces; guarded by Server.mu
+}
+
+// siteSet is the configured sites and the prefixes each may register; immutable.
+type siteSet struct {
+	configured lpm.Table[*site]
+	list       []*site
+}
+
+// newSiteSet checks that no prefix is configured twice; keep supplies the state of sites
+// that stay (nil: every site is new).
+func newSiteSet(sites []Site, keep func(Site) *site) (*siteSet, error) {
+	set := &siteSet{}
+	names := map[string]bool{}
+	for _, c := range sites {
+		if names[c.Name] {
+			return nil, fmt.Errorf("mapserver: site %s is configured twice", c.Name)
+		}
+		names[c.Name] = true
+		var st *site
+		if keep != nil {
+			st = keep(c)
+		}
+		if st == nil {
+			st = &site{Site: c, nonces: map[uint64]time.Time{}}
+		}
+		set.list = append(set.list, st)
+		for _, p := range c.Prefixes {
+			if other, ok := set.configured.Get(p); ok {
+				return nil, fmt.Errorf("mapserver: prefix %v is configured for sites %s and %s", p, other.Name, c.Name)
+			}
+			set.configured.Insert(p, st)
+		}
+	}
+	return set, nil
 }
 
 // Server is the Map-Server/Map-Resolver. Its methods are safe for concurrent use.
 type Server struct {
-	cfg        Config
-	log        *slog.Logger
-	configured lpm.Table[*site] // immutable after New
-	sites      []*site
+	cfg Config
+	log *slog.Logger
+	// sites is the configured sites, replaced whole by SetSites (under mu, so that a
+	// registration is stored under the site set it was checked against).
+	sites atomic.Pointer[siteSet]
 
 	mu   sync.RWMutex
 	regs lpm.Table[*registration] // guarded by mu
@@ -194,16 +229,11 @@ func New(cfg Config) (*Server, error) {
 	s.limiter = limit.New(cfg.RatePerSource, float64(cfg.BurstPerSource))
 	s.replies = limit.New(cfg.RatePerDestination, float64(cfg.BurstPerDestination))
 	s.logs = limit.New(10, 20)
-	for _, c := range cfg.Sites {
-		st := &site{Site: c, nonces: map[uint64]time.Time{}}
-		s.sites = append(s.sites, st)
-		for _, p := range c.Prefixes {
-			if other, ok := s.configured.Get(p); ok {
-				return nil, fmt.Errorf("mapserver: prefix %v is configured for sites %s and %s", p, other.Name, c.Name)
-			}
-			s.configured.Insert(p, st)
-		}
+	set, err := newSiteSet(cfg.Sites, nil)
+	if err != nil {
+		return nil, err
 	}
+	s.sites.Store(set)
 	return s, nil
 }
 
@@ -284,7 +314,8 @@ func (s *Server) register(now time.Time, from netip.AddrPort, b []byte, out []Pa
 		}
 		prefixes[i] = p
 	}
-	_, st, ok := s.configured.LookupPrefix(prefixes[0])
+	set := s.sites.Load()
+	_, st, ok := set.configured.LookupPrefix(prefixes[0])
 	if !ok {
 		s.count(DropUnknownSite)
 		return out
@@ -326,6 +357,11 @@ func (s *Server) register(now time.Time, from netip.AddrPort, b []byte, out []Pa
 		}
 	}
 	s.mu.Lock()
+	if s.sites.Load() != set {
+		// SetSites replaced the sites since the checks above: check again under the new ones.
+		s.mu.Unlock()
+		return s.register(now, from, b, out)
+	}
 	if m.Nonce != 0 {
 		if t, seen := st.nonces[m.Nonce]; seen && now.Sub(t) < s.cfg.ReplayWindow {
 			s.mu.Unlock()
@@ -591,11 +627,12 @@ func forwardTarget(reg *registration, v4 bool) netip.AddrPort {
 // not registered, or the largest prefix around q that no site holds.
 func (s *Server) negative(q netip.Prefix) lisp.Record {
 	r := lisp.Record{Action: lisp.ActNativelyForward, Authoritative: true}
-	if _, _, ok := s.configured.LookupPrefix(q); ok {
+	set := s.sites.Load()
+	if _, _, ok := set.configured.LookupPrefix(q); ok {
 		r.TTL, r.EID, r.MaskLen = s.cfg.UnregisteredTTL, lisp.AddrFrom(q.Addr()), uint8(q.Bits())
 		return r
 	}
-	p, ok := s.configured.Uncovered(q.Addr())
+	p, ok := set.configured.Uncovered(q.Addr())
 	if !ok || p.Bits() > q.Bits() {
 		// q itself contains configured space: answer for the queried prefix only.
 		p = q
@@ -619,7 +656,7 @@ func (s *Server) Expire(now time.Time) {
 		s.count(CountExpired)
 		s.log.Info("registration expired", "prefix", p)
 	}
-	for _, st := range s.sites {
+	for _, st := range s.sites.Load().list {
 		for n, t := range st.nonces {
 			if now.Sub(t) >= s.cfg.ReplayWindow {
 				delete(st.nonces, n)

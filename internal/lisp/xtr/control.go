@@ -161,7 +161,7 @@ func (x *XTR) answerMessageWithin(i int, m *lisp.MapRequest, probe bool, maxLen 
 		if !r.EID.IP.IsValid() || (r.EID.AFI == lisp.AFILCAF && r.EID.InstanceID != 0) {
 			continue
 		}
-		p, _, ok := x.eids.Lookup(r.EID.IP)
+		p, _, ok := x.db.Load().eids.Lookup(r.EID.IP)
 		if !ok || slices.Contains(answered, p) {
 			continue
 		}
@@ -212,7 +212,7 @@ const (
 
 // fromMapServer reports whether a is the address of a map-server the site registers with.
 func (x *XTR) fromMapServer(a netip.Addr) bool {
-	for _, ms := range x.o.MapServers {
+	for _, ms := range x.db.Load().MapServers {
 		if ms.Addr.Addr().Unmap() == a {
 			return true
 		}
@@ -222,7 +222,7 @@ func (x *XTR) fromMapServer(a netip.Addr) bool {
 
 // fromResolver reports whether a is one of the configured map-resolvers' addresses.
 func (x *XTR) fromResolver(a netip.Addr) bool {
-	for _, r := range x.o.Resolvers {
+	for _, r := range x.db.Load().Resolvers {
 		if r.Addr().Unmap() == a {
 			return true
 		}
@@ -250,7 +250,7 @@ func (x *XTR) replyRecordOK(r *lisp.Record, query, from netip.Addr, resolver boo
 		}
 		p = netip.PrefixFrom(query, minBits).Masked()
 	}
-	for _, own := range x.o.EIDs {
+	for _, own := range x.db.Load().EIDs {
 		// Packets to the site's own EIDs never use the map-cache, so a negative record over
 		// them is harmless; a positive one is a lie.
 		if p.Overlaps(own) && len(r.Locators) != 0 {
@@ -334,7 +334,7 @@ func (x *XTR) mapNotify(now time.Time, from netip.AddrPort, b []byte) {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	for k, ms := range x.o.MapServers {
+	for k, ms := range x.db.Load().MapServers {
 		if ms.Addr.Addr() != from.Addr() || x.regs[k].nonce != m.Nonce {
 			continue
 		}
@@ -363,9 +363,10 @@ func (x *XTR) sendRequest(eid, srcEID netip.Addr, nonce uint64, attempt, ri int)
 }
 
 // requestMessage builds the ECM Map-Request of sendRequest and says where it goes: from
-// uplink ui to resolver res = Resolvers[ri].
+// uplink ui to resolver res = the database's Resolvers[ri].
 func (x *XTR) requestMessage(eid, srcEID netip.Addr, nonce uint64, attempt, ri int) (ui int, res netip.AddrPort, b []byte) {
-	res = x.o.Resolvers[ri]
+	db := x.db.Load()
+	res = db.Resolvers[ri]
 	n := len(x.o.Uplinks)
 	for k := range n {
 		ui = (attempt + k) % n
@@ -385,8 +386,8 @@ func (x *XTR) requestMessage(eid, srcEID netip.Addr, nonce uint64, attempt, ri i
 	}
 	innerSrc := srcEID
 	if !innerSrc.IsValid() || innerSrc.Is4() != eid.Is4() {
-		innerSrc = x.o.EIDs[0].Addr()
-		for _, p := range x.o.EIDs {
+		innerSrc = db.EIDs[0].Addr()
+		for _, p := range db.EIDs {
 			if p.Addr().Is4() == eid.Is4() {
 				innerSrc = p.Addr()
 			}
@@ -403,10 +404,10 @@ func (x *XTR) requestMessage(eid, srcEID netip.Addr, nonce uint64, attempt, ri i
 	return ui, res, b
 }
 
-// register sends a Map-Register to map-server k from uplink ui.
-func (x *XTR) register(k, ui int, nonce uint64) {
-	ms := x.o.MapServers[k]
-	b, err := x.registerMessage(k, nonce)
+// register sends a Map-Register to map-server k of db from uplink ui.
+func (x *XTR) register(db *database, k, ui int, nonce uint64) {
+	ms := db.MapServers[k]
+	b, err := x.registerMessageOf(db, k, nonce)
 	if err != nil {
 		x.log.Error("cannot sign Map-Register", "map_server", ms.Addr, "err", err)
 		return
@@ -418,7 +419,12 @@ func (x *XTR) register(k, ui int, nonce uint64) {
 
 // registerMessage builds the signed Map-Register for map-server k.
 func (x *XTR) registerMessage(k int, nonce uint64) ([]byte, error) {
-	ms := x.o.MapServers[k]
+	return x.registerMessageOf(x.db.Load(), k, nonce)
+}
+
+// registerMessageOf builds the signed Map-Register of db's EIDs for its map-server k.
+func (x *XTR) registerMessageOf(db *database, k int, nonce uint64) ([]byte, error) {
+	ms := db.MapServers[k]
 	m := lisp.MapRegister{Flags: lisp.RegWantNotify, Nonce: nonce, KeyID: ms.KeyID, AlgID: ms.AlgID}
 	if ms.ProxyReply {
 		m.Flags |= lisp.RegProxyReply
@@ -428,7 +434,7 @@ func (x *XTR) registerMessage(k int, nonce uint64) ([]byte, error) {
 		l = lisp.AuthLen(ms.AlgID)
 	}
 	m.AuthData = make([]byte, l)
-	for _, p := range x.o.EIDs {
+	for _, p := range db.EIDs {
 		m.Records = append(m.Records, x.ownRecord(p, netip.Addr{}))
 	}
 	b := make([]byte, m.Len())
@@ -468,6 +474,7 @@ func (x *XTR) tick(now time.Time) {
 	var sends []outgoing
 	var requests []requestJob
 	type regJob struct {
+		db    *database
 		k, ui int
 		nonce uint64
 	}
@@ -550,7 +557,8 @@ func (x *XTR) tick(now time.Time) {
 			delete(x.probes, n)
 		}
 	}
-	for k := range x.o.MapServers {
+	db := x.db.Load() // replaced under mu only
+	for k := range db.MapServers {
 		r := &x.regs[k]
 		// Unconfirmed registrations are sent again after 1, 2 and 4 request timeouts (from the
 		// next RLOC each time), then only every RegisterInterval: never more than once a
@@ -567,7 +575,7 @@ func (x *XTR) tick(now time.Time) {
 			x.regTurn++
 			r.uplink = x.regTurn % len(x.o.Uplinks)
 			r.nonce, r.sent = x.registerNonceLocked(now), now
-			regs = append(regs, regJob{k, r.uplink, r.nonce})
+			regs = append(regs, regJob{db, k, r.uplink, r.nonce})
 		}
 	}
 	x.mu.Unlock()
@@ -580,7 +588,7 @@ func (x *XTR) tick(now time.Time) {
 		x.sendRequest(r.eid, r.src, r.nonce, r.attempt, r.resolver)
 	}
 	for _, r := range regs {
-		x.register(r.k, r.ui, r.nonce)
+		x.register(r.db, r.k, r.ui, r.nonce)
 	}
 }
 

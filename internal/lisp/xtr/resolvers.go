@@ -115,8 +115,9 @@ type ResolverStatus struct {
 
 // resolverStatusLocked returns the resolvers' state. Called with mu held.
 func (x *XTR) resolverStatusLocked(now time.Time) []ResolverStatus {
-	out := make([]ResolverStatus, len(x.o.Resolvers))
-	for i, a := range x.o.Resolvers {
+	rs := x.db.Load().Resolvers
+	out := make([]ResolverStatus, len(rs))
+	for i, a := range rs {
 		h := x.resolvers.h[i]
 		out[i] = ResolverStatus{Address: a, Up: h.misses == 0, Misses: h.misses, LastAnswer: h.lastOK}
 		if x.resolvers.resting(i, now) {
@@ -130,7 +131,7 @@ func (x *XTR) resolverStatusLocked(now time.Time) []ResolverStatus {
 // answer: ResolverTimeout while another resolver is left to try in the first round, then
 // RequestTimeout (RFC 9301: Map-Requests to one destination at most once a second).
 func (x *XTR) attemptTimeout(tries int) time.Duration {
-	if tries < len(x.o.Resolvers)-1 {
+	if tries < len(x.db.Load().Resolvers)-1 {
 		return x.o.ResolverTimeout
 	}
 	return x.o.RequestTimeout
@@ -149,7 +150,7 @@ func (x *XTR) askResolverLocked(now time.Time, e *entry) int {
 // held.
 func (x *XTR) resolverMissLocked(now time.Time, e *entry) {
 	x.count(CountResolverTimeouts)
-	if !x.resolvers.miss(e.resolver, now) {
+	if e.resolver < 0 || !x.resolvers.miss(e.resolver, now) { // < 0: removed by a reload
 		return
 	}
 	h := &x.resolvers.h[e.resolver]
@@ -158,16 +159,19 @@ func (x *XTR) resolverMissLocked(now time.Time, e *entry) {
 		return
 	}
 	h.downLogged, h.lastDownLog = true, now
-	x.log.Warn("map-resolver did not answer: asking the next one", "map_resolver", x.o.Resolvers[e.resolver], "changes_not_logged", h.flaps)
+	x.log.Warn("map-resolver did not answer: asking the next one", "map_resolver", x.db.Load().Resolvers[e.resolver], "changes_not_logged", h.flaps)
 	h.flaps = 0
 }
 
 // resolverOKLocked records the answer to the request of e. Called with mu held.
 func (x *XTR) resolverOKLocked(now time.Time, e *entry) {
+	if e.resolver < 0 { // removed by a reload
+		return
+	}
 	h := &x.resolvers.h[e.resolver]
 	if x.resolvers.ok(e.resolver, now) && h.downLogged {
 		h.downLogged = false
-		x.log.Info("map-resolver answers again", "map_resolver", x.o.Resolvers[e.resolver])
+		x.log.Info("map-resolver answers again", "map_resolver", x.db.Load().Resolvers[e.resolver])
 	}
 }
 

@@ -208,3 +208,44 @@ func TestXTRResolverLogsLimited(t *testing.T) {
 		t.Errorf("timeouts counted %d, want 101", c)
 	}
 }
+
+// TestXTRReloadResolvers: a reload that changes the map-resolvers keeps the health of those
+// that stay (at their new places), forgets the removed ones, and a resolution in progress at
+// a removed resolver changes no one's health when it times out.
+func TestXTRReloadResolvers(t *testing.T) {
+	a, b, c := netip.MustParseAddrPort("10.0.9.1:4342"), netip.MustParseAddrPort("10.0.9.5:4342"), netip.MustParseAddrPort("10.0.9.9:4342")
+	eids := []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}
+	x, err := New(Options{Device: nullDevice{}, EIDs: eids,
+		Uplinks: []*Uplink{{Addr: netip.MustParseAddr("127.0.0.1"), raw: -1}}, Locators: []Locator{{Priority: 1, Weight: 1}},
+		Resolvers: []netip.AddrPort{a, b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	x.mu.Lock()
+	x.resolvers.miss(1, now) // b rests
+	pendingAtA := &entry{pending: true, resolver: 0, tried: 1}
+	pendingAtB := &entry{pending: true, resolver: 1, tried: 3}
+	x.cache.Insert(netip.MustParsePrefix("192.168.7.0/24"), pendingAtA)
+	x.cache.Insert(netip.MustParsePrefix("192.168.8.0/24"), pendingAtB)
+	x.mu.Unlock()
+	if _, err := x.SetMapping(Mapping{EIDs: eids, Resolvers: []netip.AddrPort{c, b}, Locators: []Locator{{Priority: 1, Weight: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	st := x.Status().Resolvers
+	if len(st) != 2 || st[0].Address != c || !st[0].Up || st[1].Address != b || st[1].Up || st[1].Misses != 1 {
+		t.Fatalf("resolvers after the reload: %+v", st)
+	}
+	if pendingAtA.resolver != -1 || pendingAtA.tried != 0 || pendingAtB.resolver != 1 || pendingAtB.tried != 2 {
+		t.Fatalf("resolutions renumbered to %d/%b and %d/%b, want -1/0 and 1/10", pendingAtA.resolver, pendingAtA.tried, pendingAtB.resolver, pendingAtB.tried)
+	}
+	x.mu.Lock()
+	x.resolverMissLocked(now, pendingAtA) // its resolver is gone: nothing to blame
+	x.mu.Unlock()
+	if st := x.Status().Resolvers; !st[0].Up || st[1].Misses != 1 {
+		t.Fatalf("a timeout at a removed resolver changed %+v", st)
+	}
+	if _, err := x.SetMapping(Mapping{EIDs: eids, Resolvers: make([]netip.AddrPort, MaxResolvers+1), Locators: []Locator{{Priority: 1, Weight: 1}}}); err == nil {
+		t.Fatal("more than MaxResolvers taken")
+	}
+}

@@ -139,7 +139,7 @@ func (x *XTR) encap(buf []byte, n int) {
 		x.count(DropNotUnicast) // link-local and multicast traffic of the device itself
 		return
 	}
-	if _, _, own := x.eids.Lookup(f.dst); own {
+	if _, _, own := x.db.Load().eids.Lookup(f.dst); own {
 		x.count(DropOwnEID)
 		return
 	}
@@ -262,7 +262,7 @@ func (x *XTR) choose(e *entry, f *flow) (int, *pair) {
 // place applies the A-MPTCP rule; when the pair of the flow's residue is down it takes the
 // next residue's, so that the choice stays deterministic.
 func (x *XTR) place(e *entry, f *flow) (int, *pair) {
-	lp, _, ok := x.eids.Lookup(f.src)
+	lp, _, ok := x.db.Load().eids.Lookup(f.src)
 	if !ok || len(e.remote) == 0 {
 		return 0, nil
 	}
@@ -360,11 +360,11 @@ func (x *XTR) decap(now time.Time, i int, from netip.Addr, inner []byte) {
 		x.count(DropNotIP)
 		return
 	}
-	if _, _, own := x.eids.Lookup(f.dst); !own {
+	if _, _, own := x.db.Load().eids.Lookup(f.dst); !own {
 		x.count(DropNotOurEID)
 		return
 	}
-	if _, _, own := x.eids.Lookup(f.src); own {
+	if _, _, own := x.db.Load().eids.Lookup(f.src); own {
 		x.count(DropSpoofedSource)
 		return
 	}

@@ -189,9 +189,12 @@ type entry struct {
 
 // XTR is a running tunnel router.
 type XTR struct {
-	o       Options
-	log     *slog.Logger
-	eids    lpm.Table[bool]
+	o   Options
+	log *slog.Logger
+	// db is the site's EID prefixes, map-resolvers and map-servers (Options' EIDs,
+	// Resolvers and MapServers are those at start): replaced whole by SetMapping, under mu,
+	// together with regs.
+	db      atomic.Pointer[database]
 	locals  []Loc // own locators (priority, weight), index = uplink
 	usableL []Loc // Usable(locals)
 
@@ -310,9 +313,7 @@ func New(o Options) (*XTR, error) {
 	for _, n := range counterNames {
 		x.counts[n] = new(atomic.Uint64)
 	}
-	for _, p := range o.EIDs {
-		x.eids.Insert(p, true)
-	}
+	x.db.Store(newDatabase(o.EIDs, o.Resolvers, o.MapServers))
 	for i, u := range o.Uplinks {
 		x.locals = append(x.locals, Loc{Addr: u.Addr, Priority: o.Locators[i].Priority, Weight: o.Locators[i].Weight})
 	}
@@ -630,7 +631,7 @@ func (x *XTR) Status() Status {
 		return compareAddr(a.Remote, b.Remote)
 	})
 	st.Resolvers = x.resolverStatusLocked(now)
-	for i, ms := range x.o.MapServers {
+	for i, ms := range x.db.Load().MapServers {
 		r := x.regs[i]
 		st.Registrations = append(st.Registrations, RegistrationStatus{MapServer: ms.Addr, LastNotify: r.lastNotify,
 			Registered: !r.lastNotify.IsZero() && now.Sub(r.lastNotify) < 3*x.o.RegisterInterval})

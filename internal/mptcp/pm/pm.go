@@ -218,7 +218,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}()
 		defer func() { cancel(); <-resDone }()
 	}
-	d.log.Info("path manager running", "policy", d.o.Policy.Name(), "uplinks", len(d.o.Uplinks))
+	d.log.Info("path manager running", "policy", d.Policy().Name(), "uplinks", len(d.o.Uplinks))
 	// Connections opened before the daemon (or while events were lost) are taken up from
 	// sock_diag; the event stream is already subscribed, so none falls between the two.
 	d.apply(ctx, d.resync())

@@ -21,6 +21,7 @@
 package core
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -726,3 +727,26 @@ func (Fullmesh) Want(c ConnView, uplinks []Uplink) []Slot {
 
 // Policies lists the policies by name.
 var Policies = map[string]Policy{"fullmesh": Fullmesh{}}
+
+// ErrUplinks is returned by Reconfigure for a set of uplinks other than the manager's.
+var ErrUplinks = errors.New("pm: the uplinks (names, addresses, interfaces) are fixed at start")
+
+// Reconfigure replaces the timers, ports, uplink backup flags and the policy of a running
+// manager (a reload). The connections and their subflows stay; the next Tick applies the
+// new settings to them (a changed backup flag is signalled, a policy that wants fewer
+// subflows has the others closed). The uplinks themselves must stay as they are.
+func (m *Manager) Reconfigure(cfg Config, p Policy) error {
+	cfg.Defaults()
+	if len(cfg.Uplinks) != len(m.cfg.Uplinks) {
+		return ErrUplinks
+	}
+	for i, u := range cfg.Uplinks {
+		o := m.cfg.Uplinks[i]
+		if u.Name != o.Name || u.Addr != o.Addr || u.IfIndex != o.IfIndex || u.V6 != o.V6 {
+			return ErrUplinks
+		}
+	}
+	m.cfg, m.policy = cfg, p
+	m.nextPort %= m.cfg.PortSpan
+	return nil
+}
