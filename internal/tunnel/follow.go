@@ -1,0 +1,377 @@
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"time"
+
+	"braid/internal/wire/mpath"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// Uplinks that follow their interface.
+//
+// An uplink declared by its interface alone (Uplink.Follow) is bound to whatever address the
+// interface has now. FollowUplinks listens to the kernel's link and address events (rtnetlink)
+// and, for every such uplink, looks at its interface again on each event: when the address the
+// socket is bound to is gone and another is there (a DHCP lease renumbered, a modem that
+// reconnected with a new address), or the interface was not there and now is (a modem plugged
+// in after start), it opens a socket on the new address, hands it to the uplink's paths and
+// closes the old one. It then announces the change at once: every path on the uplink sends an
+// authenticated packet from the new address, which moves the path at the peer (roam.go) without
+// a handshake. A link that comes back up is announced the same way, so that the NATs on its way
+// map it again before the next probe would. A renumbering thus costs the time the kernel takes
+// to tell (microseconds) plus one round trip; a link that went down costs what it was down.
+//
+// The events are hints: a look at an interface reads its state whole (LinkByName, AddrList), so
+// a lost event (netlink drops them when its buffer overflows) only delays the look to the next
+// event or the periodic recheck.
+
+// FollowOptions are what FollowUplinks needs of the machine.
+type FollowOptions struct {
+	// Netlink reads links and addresses in the tunnel's network namespace.
+	Netlink *netlink.Handle
+	// Namespace, when set, is the namespace whose events are followed; nil: the calling
+	// thread's.
+	Namespace *netns.NsHandle
+	// Listen opens an uplink's socket on local, bound to the interface ifname.
+	Listen func(local netip.AddrPort, ifname string) (Conn, error)
+	// Recheck is how often every following uplink is looked at without an event; 0:
+	// DefaultRecheck.
+	Recheck time.Duration
+}
+
+// DefaultRecheck is how often the follower looks at every following uplink without an event:
+// the bound on a change whose event was lost.
+const DefaultRecheck = 2 * time.Second
+
+// Uplink states the follower reports (UplinkStatus.State).
+const (
+	uplinkUp        = "up"
+	uplinkDown      = "down"       // the link is down (administratively or no carrier)
+	uplinkAbsent    = "absent"     // no interface of that name
+	uplinkNoAddress = "no address" // the interface has no usable address of the paths' family
+	uplinkNoSocket  = "bind failed"
+)
+
+// errNoFollower: FollowUplinks was called without what it needs.
+var errNoFollower = errors.New("tunnel: FollowUplinks needs a netlink handle and a Listen function")
+
+// FollowUplinks keeps the sockets of the uplinks that follow their interface (Uplink.Follow)
+// on the interfaces' addresses until ctx ends. It returns at once when no uplink follows one.
+func (t *Tunnel) FollowUplinks(ctx context.Context, o FollowOptions) error {
+	if o.Netlink == nil || o.Listen == nil {
+		return errNoFollower
+	}
+	if o.Recheck <= 0 {
+		o.Recheck = DefaultRecheck
+	}
+	if len(t.following()) == 0 {
+		return nil
+	}
+	f := &follower{t: t, o: o}
+	done := make(chan struct{})
+	defer close(done)
+	links, addrs := f.subscribe(done)
+	f.all()
+	tick := time.NewTicker(o.Recheck)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case _, ok := <-links:
+			if !ok {
+				links = nil
+			}
+		case _, ok := <-addrs:
+			if !ok {
+				addrs = nil
+			}
+		case <-f.lost:
+		case <-tick.C:
+			if links == nil || addrs == nil {
+				// A subscription failed: subscribe again (the recheck covered meanwhile).
+				links, addrs = f.subscribe(done)
+			}
+		}
+		// One look per burst of events: drain what else has come.
+		for drained := false; !drained; {
+			select {
+			case _, ok := <-links:
+				if !ok {
+					links = nil
+				}
+			case _, ok := <-addrs:
+				if !ok {
+					addrs = nil
+				}
+			default:
+				drained = true
+			}
+		}
+		f.all()
+	}
+}
+
+// follower is FollowUplinks' state: one goroutine's.
+type follower struct {
+	t    *Tunnel
+	o    FollowOptions
+	lost chan struct{} // a subscription reported an error (events lost)
+	// warned: the log has said that a bind failed, by uplink, so as not to repeat it
+	warned map[string]bool
+}
+
+// subscribe subscribes to link and address events; a channel is nil when its subscription
+// failed (the recheck then stands in).
+func (f *follower) subscribe(done chan struct{}) (chan netlink.LinkUpdate, chan netlink.AddrUpdate) {
+	if f.lost == nil {
+		f.lost = make(chan struct{}, 1)
+	}
+	onErr := func(error) {
+		select {
+		case f.lost <- struct{}{}:
+		default:
+		}
+	}
+	links := make(chan netlink.LinkUpdate, 64)
+	if err := netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{Namespace: f.o.Namespace, ErrorCallback: onErr}); err != nil {
+		f.t.log.Warn("uplinks: no link events; looking every recheck interval", "err", err, "recheck", f.o.Recheck)
+		links = nil
+	}
+	addrs := make(chan netlink.AddrUpdate, 64)
+	if err := netlink.AddrSubscribeWithOptions(addrs, done, netlink.AddrSubscribeOptions{Namespace: f.o.Namespace, ErrorCallback: onErr}); err != nil {
+		f.t.log.Warn("uplinks: no address events; looking every recheck interval", "err", err, "recheck", f.o.Recheck)
+		addrs = nil
+	}
+	return links, addrs
+}
+
+// following returns the uplinks that follow an interface.
+func (t *Tunnel) following() []*uplink {
+	t.reloadMu.Lock()
+	defer t.reloadMu.Unlock()
+	var out []*uplink
+	for _, u := range t.uplinks {
+		if u.follow {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// all looks at every following uplink's interface.
+func (f *follower) all() {
+	for _, u := range f.t.following() {
+		f.look(u)
+	}
+}
+
+// look reads u's interface and binds u anew when its address changed.
+func (f *follower) look(u *uplink) {
+	t := f.t
+	state, addr, index := f.read(u)
+	cur := u.sock()
+	announce := false
+	if addr.IsValid() && (addr != cur.local.Addr() || index != cur.ifindex || cur.conn == nil) {
+		local := netip.AddrPortFrom(addr, u.port)
+		c, err := f.o.Listen(local, u.iface)
+		switch {
+		case err != nil:
+			state = uplinkNoSocket
+			if f.warned == nil {
+				f.warned = map[string]bool{}
+			}
+			if !f.warned[u.name] {
+				f.warned[u.name] = true
+				t.log.Warn("uplink: cannot bind to its interface's address", "uplink", u.name, "interface", u.iface, "address", local, "err", err)
+			}
+		case t.rebind(u, &upSock{conn: c, local: local, ifindex: index}):
+			delete(f.warned, u.name)
+			announce = true
+			t.log.Info("uplink bound", "uplink", u.name, "interface", u.iface, "local", local, "was", cur.local)
+		}
+	}
+	prev := u.state.Swap(&state)
+	if prev == nil || *prev != state {
+		was := "unknown"
+		if prev != nil {
+			was = *prev
+		}
+		t.log.Info("uplink state", "uplink", u.name, "interface", u.iface, "from", was, "to", state, "local", u.local())
+		// A link back up is announced too: the NATs on its way may have forgotten it.
+		announce = announce || (prev != nil && state == uplinkUp)
+	}
+	if announce && state == uplinkUp {
+		t.announce(u)
+	}
+}
+
+// read returns the state of u's interface, the address u should be bound to (invalid when
+// none) and the interface's index.
+func (f *follower) read(u *uplink) (state string, addr netip.Addr, index int) {
+	link, err := f.o.Netlink.LinkByName(u.iface)
+	if err != nil {
+		return uplinkAbsent, netip.Addr{}, 0
+	}
+	a := link.Attrs()
+	list, err := f.o.Netlink.AddrList(link, netlink.FAMILY_ALL)
+	if err != nil {
+		return uplinkNoAddress, netip.Addr{}, a.Index
+	}
+	var cands []ifAddr
+	for _, x := range list {
+		ip, ok := netip.AddrFromSlice(x.IP)
+		if !ok {
+			continue
+		}
+		cands = append(cands, ifAddr{addr: ip.Unmap(), scope: x.Scope, flags: x.Flags})
+	}
+	addr = chooseAddr(cands, f.t.uplinkFamily(u), u.local().Addr())
+	switch {
+	case a.Flags&net.FlagUp == 0 || (a.OperState != netlink.OperUp && a.OperState != netlink.OperUnknown):
+		state = uplinkDown
+	case !addr.IsValid():
+		state = uplinkNoAddress
+	default:
+		state = uplinkUp
+	}
+	return state, addr, a.Index
+}
+
+// ifAddr is an interface address as the kernel lists it.
+type ifAddr struct {
+	addr  netip.Addr
+	scope int // RT_SCOPE_*
+	flags int // IFA_F_*
+}
+
+// chooseAddr picks the address an uplink binds to among its interface's: a global one (not
+// link-local, not tentative or failed duplicate detection) of family (4, 6, or 0 for either,
+// IPv4 first); the current one while it is still there, so that a second address never moves
+// the paths; else the first the kernel lists (its primary).
+func chooseAddr(cands []ifAddr, family int, cur netip.Addr) netip.Addr {
+	usable := func(c ifAddr) bool {
+		a := c.addr
+		switch {
+		case c.scope != unix.RT_SCOPE_UNIVERSE, c.flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED) != 0,
+			!a.IsValid(), a.IsLoopback(), a.IsLinkLocalUnicast(), a.IsMulticast(), a.IsUnspecified():
+			return false
+		case family == 4:
+			return a.Is4()
+		case family == 6:
+			return a.Is6()
+		}
+		return true
+	}
+	var first4, first6 netip.Addr
+	for _, c := range cands {
+		if !usable(c) {
+			continue
+		}
+		if c.addr == cur {
+			return cur
+		}
+		switch {
+		case c.addr.Is4() && !first4.IsValid():
+			first4 = c.addr
+		case c.addr.Is6() && !first6.IsValid():
+			first6 = c.addr
+		}
+	}
+	if first4.IsValid() {
+		return first4
+	}
+	return first6
+}
+
+// uplinkFamily is the address family of the paths that leave by u: 4 or 6 from the remote of
+// a configured path on it, 0 when none says (its paths are learned).
+func (t *Tunnel) uplinkFamily(u *uplink) int {
+	for _, p := range t.peerList() {
+		if p.learn {
+			continue
+		}
+		for _, pp := range p.pathList() {
+			if pp.up != u || pp.learned {
+				continue
+			}
+			if pp.conf.Remote.Addr().Unmap().Is4() {
+				return 4
+			}
+			return 6
+		}
+	}
+	return 0
+}
+
+// rebind gives u the socket sk, starts its reader and closes the one before; false (and sk
+// closed) when u is no longer one of the tunnel's uplinks.
+func (t *Tunnel) rebind(u *uplink, sk *upSock) bool {
+	t.reloadMu.Lock()
+	if t.closing.Load() || u.removed.Load() || t.uplinks[u.name] != u {
+		t.reloadMu.Unlock()
+		sk.conn.Close()
+		return false
+	}
+	old := u.sk.Swap(sk)
+	if old.conn != nil {
+		u.rebinds.Add(1)
+		t.stats.UplinkRebinds.Add(1)
+	}
+	if t.running {
+		t.startReader(u)
+	}
+	t.reloadMu.Unlock()
+	if old.conn != nil {
+		old.conn.Close() // its reader sees the uplink has another socket, and stops
+	}
+	for _, p := range t.peerList() {
+		p.mu.Lock()
+		p.setOuterLocked()
+		p.mu.Unlock()
+	}
+	return true
+}
+
+// announce sends a keepalive at once on every path that leaves by u, from its socket now: the
+// peer moves its paths to the new address on it (roam.go), and the NATs on the way map it. A
+// peer with no session yet gets its handshake initiation repeated now instead.
+func (t *Tunnel) announce(u *uplink) {
+	for _, p := range t.peerList() {
+		if p.cur.Load() == nil {
+			p.mu.Lock()
+			if p.hs != nil {
+				p.hsSent = t.now() - int64(handshakeRetry) // the timers resend it on their next tick
+			}
+			p.mu.Unlock()
+			continue
+		}
+		for _, pp := range p.pathList() {
+			if pp.up != u {
+				continue
+			}
+			var fb mpath.Feedback
+			if t.sendSealed(p, pp, mpath.TypeFeedback, fb.Encode) {
+				t.stats.UplinkAnnounces.Add(1)
+			}
+		}
+	}
+}
+
+// UplinkConn returns the socket of the named uplink now (nil when it has none, or there is no
+// such uplink): what a reload hands back for a following uplink that stays.
+func (t *Tunnel) UplinkConn(name string) Conn {
+	t.reloadMu.Lock()
+	defer t.reloadMu.Unlock()
+	if u := t.uplinks[name]; u != nil {
+		return u.conn()
+	}
+	return nil
+}
