@@ -63,16 +63,13 @@ const (
 var errNoFollower = errors.New("tunnel: FollowUplinks needs a netlink handle and a Listen function")
 
 // FollowUplinks keeps the sockets of the uplinks that follow their interface (Uplink.Follow)
-// on the interfaces' addresses until ctx ends. It returns at once when no uplink follows one.
+// on the interfaces' addresses until ctx ends, also those a reload adds.
 func (t *Tunnel) FollowUplinks(ctx context.Context, o FollowOptions) error {
 	if o.Netlink == nil || o.Listen == nil {
 		return errNoFollower
 	}
 	if o.Recheck <= 0 {
 		o.Recheck = DefaultRecheck
-	}
-	if len(t.following()) == 0 {
-		return nil
 	}
 	f := &follower{t: t, o: o}
 	done := make(chan struct{})
