@@ -24,9 +24,11 @@ import (
 // in after start), it opens a socket on the new address, hands it to the uplink's paths and
 // closes the old one. It then announces the change at once: every path on the uplink sends an
 // authenticated packet from the new address, which moves the path at the peer (roam.go) without
-// a handshake. A link that comes back up is announced the same way, so that the NATs on its way
-// map it again before the next probe would. A renumbering thus costs the time the kernel takes
-// to tell (microseconds) plus one round trip; a link that went down costs what it was down.
+// a handshake. A link that goes down (or an interface that goes away) takes its paths out of
+// use at once, without waiting for their probes to fail; when it comes back its paths probe
+// fast, and it is announced the same way, so that the NATs on its way map it again. A
+// renumbering thus costs the time the kernel takes to tell (microseconds) plus one round trip;
+// a link that went down costs what it was down, plus a few fast probes.
 //
 // The events are hints: a look at an interface reads its state whole (LinkByName, AddrList), so
 // a lost event (netlink drops them when its buffer overflows) only delays the look to the next
@@ -195,6 +197,9 @@ func (f *follower) look(u *uplink) {
 			t.log.Info("uplink bound", "uplink", u.name, "interface", u.iface, "local", local, "was", cur.local)
 		}
 	}
+	// The paths of a link that is down, or gone, are out of use at once and not probed; when
+	// it is back they probe fast and are up a round trip later (path.Estimator's LinkDown).
+	t.setLinkDown(u, state == uplinkDown || state == uplinkAbsent)
 	prev := u.state.Swap(&state)
 	if prev == nil || *prev != state {
 		was := "unknown"
@@ -286,6 +291,20 @@ func chooseAddr(cands []ifAddr, family int, cur netip.Addr) netip.Addr {
 		return first4
 	}
 	return first6
+}
+
+// setLinkDown marks the paths that leave by u as on a link that is down (or back up).
+func (t *Tunnel) setLinkDown(u *uplink, down bool) {
+	now := t.now()
+	for _, p := range t.peerList() {
+		p.mu.Lock()
+		for _, pp := range p.paths {
+			if pp.up == u {
+				pp.est.SetLinkDown(now, down)
+			}
+		}
+		p.mu.Unlock()
+	}
 }
 
 // uplinkFamily is the address family of the paths that leave by u: 4 or 6 from the remote of

@@ -255,6 +255,50 @@ func TestTunnelUplinkRenumbered(t *testing.T) {
 			t.Errorf("the path on %s carried no data of the last file", name)
 		}
 	}
+
+	// up1's link drops and comes back (a modem that loses its carrier): its path is out of
+	// use at once, the ping goes on over up2, and the path is up again within 1 s of the link.
+	type linkEvent struct {
+		down   string        // the site's path on up1 50 ms after the link went down
+		backIn time.Duration // from the link up to the path up; -1 never
+	}
+	flapped := make(chan linkEvent, 1)
+	flap := time.AfterFunc(time.Second, func() {
+		var ev linkEvent
+		if err := l.Host("site").SetInterfaceUp("up1", false); err != nil {
+			t.Errorf("up1 down: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+		ev.down = sitePath(site, "up1").State
+		time.Sleep(time.Second)
+		at := time.Now()
+		if err := l.Host("site").SetInterfaceUp("up1", true); err != nil {
+			t.Errorf("up1 up: %v", err)
+		}
+		for ev.backIn = -1; time.Since(at) < 5*time.Second; time.Sleep(5 * time.Millisecond) {
+			if sitePath(site, "up1").State == "up" {
+				ev.backIn = time.Since(at)
+				break
+			}
+		}
+		flapped <- ev
+	})
+	defer flap.Stop()
+	worst, err = scenario.Ping(ctx, l.Host("site"), l.Host("hub"), natHubInner, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := <-flapped
+	t.Logf("up1 down for 1 s: its path %s 50 ms later, up again %v after the link; longest ping gap %v", ev.down, ev.backIn, worst)
+	if ev.down != "link-down" {
+		t.Errorf("the path on up1 is %q 50 ms after its link went down, want link-down", ev.down)
+	}
+	if ev.backIn < 0 || ev.backIn > time.Second {
+		t.Errorf("the path on up1 took %v to come back after its link, want at most 1 s", ev.backIn)
+	}
+	if worst > time.Second {
+		t.Errorf("longest ping gap while up1 was down: %v, want at most 1 s (up2 carries it)", worst)
+	}
 	for _, u := range site.Status().Uplinks {
 		t.Logf("site uplink %s: %s, local %s, %d rebinds", u.Name, u.State, u.Local, u.Rebinds)
 	}
