@@ -73,10 +73,16 @@ func (t *Tunnel) FollowUplinks(ctx context.Context, o FollowOptions) error {
 	if o.Recheck <= 0 {
 		o.Recheck = DefaultRecheck
 	}
-	f := &follower{t: t, o: o}
+	f := &follower{t: t, o: o, lost: make(chan struct{}, 1)}
 	done := make(chan struct{})
-	defer close(done)
-	links, addrs := f.subscribe(done)
+	links, addrs := f.subscribeLinks(done), f.subscribeAddrs(done)
+	defer func() {
+		// The subscriptions stop when done closes; what they still send is drained until
+		// they close their channels, so that none is left blocked on a send.
+		close(done)
+		go drainLinks(links)
+		go drainAddrs(addrs)
+	}()
 	f.all()
 	tick := time.NewTicker(o.Recheck)
 	defer tick.Stop()
@@ -94,9 +100,12 @@ func (t *Tunnel) FollowUplinks(ctx context.Context, o FollowOptions) error {
 			}
 		case <-f.lost:
 		case <-tick.C:
-			if links == nil || addrs == nil {
-				// A subscription failed: subscribe again (the recheck covered meanwhile).
-				links, addrs = f.subscribe(done)
+			// A subscription that failed is made again (the recheck covered meanwhile).
+			if links == nil {
+				links = f.subscribeLinks(done)
+			}
+			if addrs == nil {
+				addrs = f.subscribeAddrs(done)
 			}
 		}
 		// One look per burst of events: drain what else has come.
@@ -127,29 +136,48 @@ type follower struct {
 	warned map[string]bool
 }
 
-// subscribe subscribes to link and address events; a channel is nil when its subscription
-// failed (the recheck then stands in).
-func (f *follower) subscribe(done chan struct{}) (chan netlink.LinkUpdate, chan netlink.AddrUpdate) {
-	if f.lost == nil {
-		f.lost = make(chan struct{}, 1)
+// onError is the subscriptions' error callback: events may have been lost, look again.
+func (f *follower) onError(error) {
+	select {
+	case f.lost <- struct{}{}:
+	default:
 	}
-	onErr := func(error) {
-		select {
-		case f.lost <- struct{}{}:
-		default:
+}
+
+// subscribeLinks subscribes to link events; nil when it failed (the recheck then stands in).
+func (f *follower) subscribeLinks(done chan struct{}) chan netlink.LinkUpdate {
+	ch := make(chan netlink.LinkUpdate, 64)
+	if err := netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{Namespace: f.o.Namespace, ErrorCallback: f.onError}); err != nil {
+		f.t.log.Warn("uplinks: no link events; looking every recheck interval", "err", err, "recheck", f.o.Recheck)
+		return nil
+	}
+	return ch
+}
+
+// subscribeAddrs subscribes to address events; nil when it failed.
+func (f *follower) subscribeAddrs(done chan struct{}) chan netlink.AddrUpdate {
+	ch := make(chan netlink.AddrUpdate, 64)
+	if err := netlink.AddrSubscribeWithOptions(ch, done, netlink.AddrSubscribeOptions{Namespace: f.o.Namespace, ErrorCallback: f.onError}); err != nil {
+		f.t.log.Warn("uplinks: no address events; looking every recheck interval", "err", err, "recheck", f.o.Recheck)
+		return nil
+	}
+	return ch
+}
+
+func drainLinks(ch chan netlink.LinkUpdate) {
+	for ch != nil {
+		if _, ok := <-ch; !ok {
+			return
 		}
 	}
-	links := make(chan netlink.LinkUpdate, 64)
-	if err := netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{Namespace: f.o.Namespace, ErrorCallback: onErr}); err != nil {
-		f.t.log.Warn("uplinks: no link events; looking every recheck interval", "err", err, "recheck", f.o.Recheck)
-		links = nil
+}
+
+func drainAddrs(ch chan netlink.AddrUpdate) {
+	for ch != nil {
+		if _, ok := <-ch; !ok {
+			return
+		}
 	}
-	addrs := make(chan netlink.AddrUpdate, 64)
-	if err := netlink.AddrSubscribeWithOptions(addrs, done, netlink.AddrSubscribeOptions{Namespace: f.o.Namespace, ErrorCallback: onErr}); err != nil {
-		f.t.log.Warn("uplinks: no address events; looking every recheck interval", "err", err, "recheck", f.o.Recheck)
-		addrs = nil
-	}
-	return links, addrs
 }
 
 // following returns the uplinks that follow an interface.

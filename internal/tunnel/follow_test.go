@@ -1,9 +1,16 @@
 package tunnel
 
 import (
+	"context"
+	"errors"
 	"net/netip"
+	"runtime"
 	"testing"
+	"time"
 
+	"braid/internal/tunnel/session"
+
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -41,6 +48,64 @@ func TestChooseAddr(t *testing.T) {
 		}
 		if got := chooseAddr(c.cands, c.family, cur); got != want {
 			t.Errorf("%s: got %v, want %v", c.name, got, want)
+		}
+	}
+}
+
+// The follower of an uplink whose interface is not there reports it absent, binds nothing,
+// and stops with its context, leaving no goroutine behind (its netlink subscriptions
+// included).
+func TestFollowUplinksStops(t *testing.T) {
+	nl, err := netlink.NewHandle()
+	if err != nil {
+		t.Fatalf("netlink: %v", err)
+	}
+	defer nl.Close()
+	k1, _ := session.GenerateKey()
+	k2, _ := session.GenerateKey()
+	tn, err := New(Options{PrivateKey: k1, Device: nopDev{},
+		Uplinks: []Uplink{{Name: "lte", Interface: "braidnone0", Follow: true, Port: 4754}},
+		Peers: []PeerConfig{{Name: "hub", PublicKey: k2.Public(), Routes: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")},
+			Paths: []PathConfig{{Uplink: "lte", Remote: netip.MustParseAddrPort("192.0.2.1:4754")}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := runtime.NumGoroutine()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- tn.FollowUplinks(ctx, FollowOptions{Netlink: nl, Recheck: 10 * time.Millisecond,
+			Listen: func(local netip.AddrPort, ifname string) (Conn, error) {
+				t.Errorf("bound %v on %s, which does not exist", local, ifname)
+				return nil, errors.New("no")
+			}})
+	}()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		if u := tn.Status().Uplinks; len(u) == 1 && u[0].State == "absent" && u[0].Local == "" && u[0].Follow {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("uplink status %+v, want absent", tn.Status().Uplinks)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if st := tn.Status().Peers[0].Paths[0].State; st != "link-down" {
+		t.Errorf("the path of an uplink whose interface is absent is %s, want link-down", st)
+	}
+	time.Sleep(50 * time.Millisecond) // a few rechecks
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("FollowUplinks: %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("FollowUplinks did not return after its context ended")
+	}
+	for deadline := time.Now().Add(2 * time.Second); runtime.NumGoroutine() > before; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines after the follower stopped, %d before it started", runtime.NumGoroutine(), before)
 		}
 	}
 }
