@@ -342,14 +342,20 @@ func (t *Tunnel) uplinkFamily(u *uplink) int {
 		if p.learn {
 			continue
 		}
-		for _, pp := range p.pathList() {
-			if pp.up != u || pp.learned {
+		p.mu.Lock() // a reload changes the paths' configuration under it
+		fam := 0
+		for _, pp := range p.paths {
+			if pp.up != u || pp.learned || !pp.conf.Remote.IsValid() {
 				continue
 			}
-			if pp.conf.Remote.Addr().Unmap().Is4() {
-				return 4
+			if fam = 6; pp.conf.Remote.Addr().Unmap().Is4() {
+				fam = 4
 			}
-			return 6
+			break
+		}
+		p.mu.Unlock()
+		if fam != 0 {
+			return fam
 		}
 	}
 	return 0
