@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"time"
 
+	"braid/internal/tunnel/path"
 	"braid/internal/wire/mpath"
 
 	"github.com/vishvananda/netlink"
@@ -32,7 +33,8 @@ import (
 //
 // The events are hints: a look at an interface reads its state whole (LinkByName, AddrList), so
 // a lost event (netlink drops them when its buffer overflows) only delays the look to the next
-// event or the periodic recheck.
+// event or the periodic recheck. Route events matter too: the route of a link that came up
+// usually comes a moment after it (routed).
 
 // FollowOptions are what FollowUplinks needs of the machine.
 type FollowOptions struct {
@@ -73,23 +75,29 @@ func (t *Tunnel) FollowUplinks(ctx context.Context, o FollowOptions) error {
 	if o.Recheck <= 0 {
 		o.Recheck = DefaultRecheck
 	}
-	f := &follower{t: t, o: o, lost: make(chan struct{}, 1)}
+	f := &follower{t: t, o: o, lost: make(chan struct{}, 1), kick: time.NewTimer(time.Hour)}
+	defer f.kick.Stop()
 	done := make(chan struct{})
-	links, addrs := f.subscribeLinks(done), f.subscribeAddrs(done)
+	links, addrs, routes := f.subscribeLinks(done), f.subscribeAddrs(done), f.subscribeRoutes(done)
 	defer func() {
 		// The subscriptions stop when done closes; what they still send is drained until
 		// they close their channels, so that none is left blocked on a send.
 		close(done)
 		go drainLinks(links)
 		go drainAddrs(addrs)
+		go drainRoutes(routes)
 	}()
 	f.all()
 	tick := time.NewTicker(o.Recheck)
 	defer tick.Stop()
 	for {
+		routed := false
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-f.kick.C:
+			f.kicks()
+			continue
 		case _, ok := <-links:
 			if !ok {
 				links = nil
@@ -97,6 +105,11 @@ func (t *Tunnel) FollowUplinks(ctx context.Context, o FollowOptions) error {
 		case _, ok := <-addrs:
 			if !ok {
 				addrs = nil
+			}
+		case _, ok := <-routes:
+			routed = true
+			if !ok {
+				routes = nil
 			}
 		case <-f.lost:
 		case <-tick.C:
@@ -106,6 +119,9 @@ func (t *Tunnel) FollowUplinks(ctx context.Context, o FollowOptions) error {
 			}
 			if addrs == nil {
 				addrs = f.subscribeAddrs(done)
+			}
+			if routes == nil {
+				routes = f.subscribeRoutes(done)
 			}
 		}
 		// One look per burst of events: drain what else has come.
@@ -119,11 +135,19 @@ func (t *Tunnel) FollowUplinks(ctx context.Context, o FollowOptions) error {
 				if !ok {
 					addrs = nil
 				}
+			case _, ok := <-routes:
+				routed = true
+				if !ok {
+					routes = nil
+				}
 			default:
 				drained = true
 			}
 		}
 		f.all()
+		if routed {
+			f.routed()
+		}
 	}
 }
 
@@ -132,6 +156,10 @@ type follower struct {
 	t    *Tunnel
 	o    FollowOptions
 	lost chan struct{} // a subscription reported an error (events lost)
+	// kick fires at the next of kickAt: the uplinks that came up (or were bound anew) are
+	// looked at again a moment later (kickAfter), when their routes are there.
+	kick   *time.Timer
+	kickAt []kickAt
 	// warned: the log has said that a bind failed, by uplink, so as not to repeat it
 	warned map[string]bool
 }
@@ -180,6 +208,60 @@ func drainAddrs(ch chan netlink.AddrUpdate) {
 	}
 }
 
+// subscribeRoutes subscribes to route events; nil when it failed.
+func (f *follower) subscribeRoutes(done chan struct{}) chan netlink.RouteUpdate {
+	ch := make(chan netlink.RouteUpdate, 64)
+	if err := netlink.RouteSubscribeWithOptions(ch, done, netlink.RouteSubscribeOptions{Namespace: f.o.Namespace, ErrorCallback: f.onError}); err != nil {
+		f.t.log.Warn("uplinks: no route events; a route that comes after its link waits for the paths' probes", "err", err)
+		return nil
+	}
+	return ch
+}
+
+func drainRoutes(ch chan netlink.RouteUpdate) {
+	for ch != nil {
+		if _, ok := <-ch; !ok {
+			return
+		}
+	}
+}
+
+// routed is called when the routes changed: the routes of a link that came up, or of a new
+// address, usually come a moment after the event that brought the uplink up (DHCP, ifup), and
+// the probes its paths sent meanwhile went nowhere. The paths of the uplinks that are up and
+// not usable yet start their probing again (the probes in flight are forgotten, not counted
+// lost, so they do not hold the path down for their timeout), and the uplinks are announced.
+func (f *follower) routed() {
+	for _, u := range f.t.following() {
+		if s := u.state.Load(); s != nil && *s == uplinkUp {
+			f.t.restart(u)
+		}
+	}
+}
+
+// restart lets u's paths out of LinkDown, makes those that are down start their probing again
+// (the probes in flight are forgotten, not counted lost, so they do not hold the path down for
+// their timeout) and announces u.
+func (t *Tunnel) restart(u *uplink) {
+	now := t.now()
+	for _, p := range t.peerList() {
+		p.mu.Lock()
+		for _, pp := range p.paths {
+			if pp.up != u {
+				continue
+			}
+			if pp.est.Snapshot().State == path.LinkDown {
+				pp.est.SetLinkDown(now, false)
+			} else if pp.est.Snapshot().State == path.Down {
+				pp.est.SetLinkDown(now, true)
+				pp.est.SetLinkDown(now, false)
+			}
+		}
+		p.mu.Unlock()
+	}
+	t.announce(u)
+}
+
 // following returns the uplinks that follow an interface.
 func (t *Tunnel) following() []*uplink {
 	t.reloadMu.Lock()
@@ -225,22 +307,84 @@ func (f *follower) look(u *uplink) {
 			t.log.Info("uplink bound", "uplink", u.name, "interface", u.iface, "local", local, "was", cur.local)
 		}
 	}
-	// The paths of a link that is down, or gone, are out of use at once and not probed; when
-	// it is back they probe fast and are up a round trip later (path.Estimator's LinkDown).
-	t.setLinkDown(u, state == uplinkDown || state == uplinkAbsent)
 	prev := u.state.Swap(&state)
-	if prev == nil || *prev != state {
+	changed := prev == nil || *prev != state
+	if changed {
 		was := "unknown"
 		if prev != nil {
 			was = *prev
 		}
 		t.log.Info("uplink state", "uplink", u.name, "interface", u.iface, "from", was, "to", state, "local", u.local())
-		// A link back up is announced too: the NATs on its way may have forgotten it.
-		announce = announce || (prev != nil && state == uplinkUp)
 	}
-	if announce && state == uplinkUp {
+	switch {
+	case state == uplinkDown || state == uplinkAbsent:
+		// The paths of a link that is down, or gone, are out of use at once and not probed
+		// (path.Estimator's LinkDown).
+		t.setLinkDown(u, true)
+	case state != uplinkUp:
+	case changed && prev != nil && (*prev == uplinkDown || *prev == uplinkAbsent):
+		// Back up: its paths are let out of LinkDown a moment later (kickAfter[0]), and
+		// then probe fast. At the very moment the kernel says a link is up its queue may
+		// not take packets yet (the carrier is handled apart), and the first ARP request of
+		// a probe lost there would cost the kernel's 1 s retransmission.
+		f.kickLater(u)
+	case announce || changed:
+		// Bound anew (or up for the first time): announced now, and again a moment later
+		// when its routes are there.
+		t.setLinkDown(u, false)
 		t.announce(u)
+		f.kickLater(u)
 	}
+}
+
+// kickLater schedules u's kicks (kickAfter).
+func (f *follower) kickLater(u *uplink) {
+	now := time.Now()
+	for _, d := range kickAfter {
+		f.kickAt = append(f.kickAt, kickAt{u: u, at: now.Add(d)})
+	}
+	f.armKick()
+}
+
+// kickAfter are when an uplink that came up (or was bound anew) is kicked again (restart):
+// its routes come a moment after its link or address (DHCP, ifup), and what its paths sent
+// before them went nowhere.
+var kickAfter = []time.Duration{100 * time.Millisecond, 300 * time.Millisecond}
+
+type kickAt struct {
+	u  *uplink
+	at time.Time
+}
+
+// armKick sets the kick timer to the earliest kick due.
+func (f *follower) armKick() {
+	if len(f.kickAt) == 0 {
+		return
+	}
+	first := f.kickAt[0].at
+	for _, k := range f.kickAt {
+		if k.at.Before(first) {
+			first = k.at
+		}
+	}
+	f.kick.Reset(max(time.Until(first), 0))
+}
+
+// kicks restarts the uplinks whose kick is due.
+func (f *follower) kicks() {
+	now := time.Now()
+	keep := f.kickAt[:0]
+	for _, k := range f.kickAt {
+		if k.at.After(now) {
+			keep = append(keep, k)
+			continue
+		}
+		if s := k.u.state.Load(); s != nil && *s == uplinkUp {
+			f.t.restart(k.u)
+		}
+	}
+	f.kickAt = keep
+	f.armKick()
 }
 
 // read returns the state of u's interface, the address u should be bound to (invalid when
