@@ -54,7 +54,8 @@
 //
 //	[[tunnel.uplink]]         # the site's own ends of the paths, at least one
 //	name = "fibre"            # letters, digits, ".", "_", "-", at most 32; unique
-//	interface = "wan0"        # network interface of the uplink; must exist on this machine
+//	interface = "wan0"        # network interface of the uplink; must exist on this machine,
+//	                          # unless the uplink has no address (it may appear later)
 //	address = "192.0.2.1"     # local IPv4 or IPv6 address to bind; braid mode may leave
 //	                          # it out: the uplink then follows the interface's address
 //	                          # (a DHCP lease, a modem's), binds anew when it changes, and
