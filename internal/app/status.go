@@ -210,6 +210,28 @@ func printStatus(e env, role string, body []byte, asJSON bool) int {
 // printTunnelStatus prints a braid-mode tunnel's status as tables.
 func printTunnelStatus(w io.Writer, st *tunnel.Status) {
 	fmt.Fprintf(w, "tunnel, public key %s, up %s, mtu %d\n", st.PublicKey, st.Uptime.Round(time.Second), st.MTU)
+	if len(st.Uplinks) > 0 {
+		fmt.Fprintln(w)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "UPLINK\tINTERFACE\tLOCAL\tADDRESS\tSTATE\tREBINDS")
+		for _, u := range st.Uplinks {
+			iface, local, how, state := u.Interface, u.Local, "configured", u.State
+			if iface == "" {
+				iface = "-"
+			}
+			if local == "" {
+				local = "-"
+			}
+			if u.Follow {
+				how = "the interface's"
+			}
+			if state == "" {
+				state = "-"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", u.Name, iface, local, how, state, u.Rebinds)
+		}
+		tw.Flush()
+	}
 	for _, p := range st.Peers {
 		session := "no session"
 		if p.Session {
@@ -271,14 +293,15 @@ func printTunnelStatus(w io.Writer, st *tunnel.Status) {
 }
 
 // pathOrigin says how a path's remote address was found: "configured" (the site file),
-// "learned" (from the peer's packets), or "moved at T" when the peer's packets last moved it.
+// "learned" (from the peer's packets), or "roamed at T" when the peer's packets last moved it
+// (with what it was before: configured or learned).
 func pathOrigin(pa tunnel.PathStatus) string {
 	if pa.MovedAt != nil {
-		s := pa.Origin + ", moved at " + pa.MovedAt.UTC().Format("15:04:05.000")
+		s := "roamed at " + pa.MovedAt.UTC().Format("15:04:05.000") + " (" + pa.Origin
 		if pa.Moves > 1 {
-			s += " (" + strconv.FormatUint(pa.Moves, 10) + " moves)"
+			s += ", " + strconv.FormatUint(pa.Moves, 10) + " moves"
 		}
-		return s
+		return s + ")"
 	}
 	return pa.Origin
 }

@@ -22,7 +22,11 @@ import (
 // estimator's start-up guess or a dead path's last rate, and names a cleartext session.
 func TestPrintTunnelStatus(t *testing.T) {
 	moved := time.Date(2026, 11, 24, 21, 50, 1, 250e6, time.UTC)
-	st := &tunnel.Status{PublicKey: "KEY", MTU: 1400, Peers: []tunnel.PeerStatus{{
+	st := &tunnel.Status{PublicKey: "KEY", MTU: 1400, Uplinks: []tunnel.UplinkStatus{
+		{Name: "dsl", Interface: "ppp0", Local: "192.168.1.2:4754"},
+		{Name: "lte", Interface: "wwan0", Follow: true, State: "up", Local: "10.64.3.9:4754", Rebinds: 2},
+		{Name: "5g", Interface: "wwan1", Follow: true, State: "absent"},
+	}, Peers: []tunnel.PeerStatus{{
 		Name: "b", Session: true, Cipher: "none (authenticated only, aes-256-gcm tag)", PeerBufferFree: -1,
 		Paths: []tunnel.PathStatus{
 			{ID: 1, State: "up", Capacity: 100e6, CapacityPhase: "startup", TxBytes: 777777, RxBytes: 888888}, // idle since start, probed
@@ -45,7 +49,7 @@ func TestPrintTunnelStatus(t *testing.T) {
 		{"1", "unmeasured  unmeasured", "100"},
 		{"2", "down", "Mbit"}, // the capacity is kept, but no rate
 		{"3", "30 Mbit/s", "unmeasured"},
-		{"3", "198.51.100.1:4754  203.0.113.2:50999  learned, moved at 21:50:01.250 (2 moves)", "unmeasured"},
+		{"3", "198.51.100.1:4754  203.0.113.2:50999  roamed at 21:50:01.250 (learned, 2 moves)", "unmeasured"},
 		{"4", "configured 10 Mbit/s", "unmeasured"},
 	} {
 		row := rows[c.path]
@@ -56,6 +60,16 @@ func TestPrintTunnelStatus(t *testing.T) {
 	// Path 2 shows no local address ("-") nor origin: ID, -, state, RTT (2), loss (2), rate.
 	if f := strings.Fields(rows["2"]); len(f) < 8 || f[7] != "-" {
 		t.Errorf("a down path shows a rate: %q", rows["2"])
+	}
+	// Each uplink's address now, and how it got it.
+	for _, want := range []string{
+		"dsl     ppp0       192.168.1.2:4754  configured       -       0",
+		"lte     wwan0      10.64.3.9:4754    the interface's  up      2",
+		"5g      wwan1      -                 the interface's  absent  0",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("uplinks: no %q in\n%s", want, out)
+		}
 	}
 	if !strings.Contains(out, "cipher none (authenticated only") {
 		t.Errorf("cleartext session not named:\n%s", out)

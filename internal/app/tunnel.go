@@ -215,7 +215,9 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 	closeAll := func() {
 		dev.Close()
 		for _, u := range uplinks {
-			u.Conn.Close()
+			if u.Conn != nil {
+				u.Conn.Close()
+			}
 		}
 	}
 	if err := tun.Configure(nl, cfg.Interface, mtu, cfg.Addresses); err != nil {
@@ -225,6 +227,13 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 	byName := map[string]config.Uplink{}
 	socks := map[string]uplinkSock{}
 	for _, u := range cfg.Uplinks {
+		byName[u.Name] = u
+		if u.Follows() {
+			// Bound by the follower (below) to the interface's address, when it has one.
+			uplinks = append(uplinks, uplinkOf(u, cfg.Port, nil, linkMTU(u)))
+			socks[u.Name] = uplinkSock{local: u.Socket(cfg.Port), iface: u.Interface, mtu: linkMTU(u), config: u}
+			continue
+		}
 		c, err := sock.Listen(u.Socket(cfg.Port), u.Interface)
 		if err == nil && cfg.Mode != config.ModeMPT {
 			c.EnableGRO()
@@ -233,8 +242,7 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 			closeAll()
 			return fmt.Errorf("uplink %s: %w", u.Name, err)
 		}
-		uplinks = append(uplinks, tunnel.Uplink{Name: u.Name, Conn: c, MTU: linkMTU(u), Capacity: u.Capacity, Local: u.Socket(cfg.Port)})
-		byName[u.Name] = u
+		uplinks = append(uplinks, uplinkOf(u, cfg.Port, c, linkMTU(u)))
 		socks[u.Name] = uplinkSock{local: u.Socket(cfg.Port), iface: u.Interface, conn: c, mtu: linkMTU(u), config: u}
 	}
 	for _, p := range cfg.Peers {
@@ -289,6 +297,13 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 			return err
 		}
 		run, src = t.Run, tunnelSource{t}
+		// The uplinks named by interface alone follow it, also those a reload adds.
+		stop, err := followUplinks(ctx, t, log)
+		if err != nil {
+			closeAll()
+			return err
+		}
+		defer stop()
 		rl := &tunnelReloader{t: t, nl: nl, log: log, load: loadTunnelConfig, listen: listenUplink, cfg: cfg, conns: socks}
 		file := daemonFile(ctx)
 		mutate = func(r pathRequest) error {
@@ -324,6 +339,48 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 		defer stop()
 	}
 	return run(ctx)
+}
+
+// uplinkOf is the tunnel's uplink of u, with socket c (nil for one that follows its
+// interface's address: the follower binds it).
+func uplinkOf(u config.Uplink, port uint16, c tunnel.Conn, mtu int) tunnel.Uplink {
+	up := tunnel.Uplink{Name: u.Name, Conn: c, MTU: mtu, Capacity: u.Capacity, Interface: u.Interface}
+	if u.Follows() {
+		up.Follow, up.Port = true, u.Socket(port).Port()
+	} else {
+		up.Local = u.Socket(port)
+	}
+	return up
+}
+
+// followUplinks runs the tunnel's follower of the uplinks named by interface alone
+// (tunnel.FollowUplinks) until ctx ends or stop is called; stop waits for it.
+func followUplinks(ctx context.Context, t *tunnel.Tunnel, log *slog.Logger) (stop func(), err error) {
+	nl, err := netlink.NewHandle()
+	if err != nil {
+		return nil, fmt.Errorf("netlink: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		err := t.FollowUplinks(ctx, tunnel.FollowOptions{Netlink: nl, Listen: func(local netip.AddrPort, ifname string) (tunnel.Conn, error) {
+			c, err := sock.Listen(local, ifname)
+			if err != nil {
+				return nil, err
+			}
+			c.EnableGRO()
+			return c, nil
+		}})
+		if err != nil {
+			log.Error("uplinks: not following their interfaces", "err", err)
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+		nl.Close()
+	}, nil
 }
 
 // cipherSet is the set of transport ciphers the site file allows: one, or "" for those this
@@ -498,7 +555,7 @@ func (s tunnelSource) WriteMetrics(w *metrics.Writer) {
 	for _, ps := range st.Peers {
 		for _, p := range ps.Paths {
 			w.Sample("braid_tunnel_path_info", metrics.Gauge, "Always 1: the path's local and remote address now and how it was found (configured or learned).",
-				1, "peer", ps.Name, "path", strconv.Itoa(p.ID), "uplink", p.Uplink, "local", p.Local, "remote", p.Remote, "origin", p.Origin)
+				1, "peer", ps.Name, "path", strconv.Itoa(p.ID), "uplink", p.Uplink, "local", p.Local, "remote", p.Remote, "origin", p.Origin, "how", p.How)
 		}
 	}
 }

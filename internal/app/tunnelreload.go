@@ -98,6 +98,9 @@ func (r *tunnelReloader) reloadLocked(file string) (tunnel.Change, error) {
 		switch {
 		case ok && s.local == local && s.iface == u.Interface:
 			s.config = u
+		case u.Follows():
+			// A new uplink that follows its interface: the follower binds it.
+			s = uplinkSock{local: local, iface: u.Interface, mtu: linkMTU(u), config: u}
 		default:
 			for name, o := range r.conns {
 				if o.local == local && (name != u.Name || o.iface != u.Interface) {
@@ -113,7 +116,7 @@ func (r *tunnelReloader) reloadLocked(file string) (tunnel.Change, error) {
 		}
 		conns[u.Name] = s
 		byName[u.Name] = u
-		uplinks = append(uplinks, tunnel.Uplink{Name: u.Name, Conn: s.conn, MTU: s.mtu, Capacity: u.Capacity, Local: local})
+		uplinks = append(uplinks, uplinkOf(u, cfg.Port, s.conn, s.mtu))
 	}
 	o := braidOptions(cfg, nil, 0, uplinks, byName, r.log)
 	ch, err := r.t.Reload(tunnel.Config{Uplinks: uplinks, Peers: o.Peers, Scheduler: o.Scheduler})

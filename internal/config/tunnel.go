@@ -54,8 +54,13 @@
 //
 //	[[tunnel.uplink]]         # the site's own ends of the paths, at least one
 //	name = "fibre"            # letters, digits, ".", "_", "-", at most 32; unique
-//	interface = "wan0"        # network interface of the uplink; must exist on this machine
-//	address = "192.0.2.1"     # local IPv4 or IPv6 address to bind; required
+//	interface = "wan0"        # network interface of the uplink; must exist on this machine,
+//	                          # unless the uplink has no address (it may appear later)
+//	address = "192.0.2.1"     # local IPv4 or IPv6 address to bind; braid mode may leave
+//	                          # it out: the uplink then follows the interface's address
+//	                          # (a DHCP lease, a modem's), binds anew when it changes, and
+//	                          # waits for an interface that is not there yet (docs/tunnel.md,
+//	                          # "Uplinks that come and go"); required in mpt mode
 //	port = 0                  # local UDP port; 0 (default) = tunnel.port
 //	weight = 1                # scheduler weight (MPT's weight_out), 0..65535; 0 (default) =
 //	                          # from the measured capacity (from capacity, else 1, in mpt mode)
@@ -254,7 +259,13 @@ type Uplink struct {
 	Capacity  uint64 // bit/s; 0: unknown
 }
 
-// Socket returns the address the uplink binds, port being the tunnel's default port.
+// Follows reports whether the uplink follows its interface's address (braid mode, no
+// address given): it binds to the address the interface has, again whenever that changes,
+// and waits for an interface that is not there yet.
+func (u *Uplink) Follows() bool { return !u.Address.IsValid() }
+
+// Socket returns the address the uplink binds, port being the tunnel's default port (with an
+// invalid address when the uplink follows its interface's).
 func (u *Uplink) Socket(port uint16) netip.AddrPort {
 	if u.Port != 0 {
 		port = u.Port
@@ -1033,6 +1044,11 @@ func (c *checker) braid(b *BraidSettings, env Env) session.PublicKey {
 func (c *checker) uplinks(t *Tunnel, env Env) map[string]*Uplink {
 	byName := map[string]*Uplink{}
 	sockets := map[netip.AddrPort]string{}
+	type followKey struct {
+		iface string
+		port  uint16
+	}
+	follows := map[followKey]string{}
 	if len(t.Uplinks) == 0 {
 		c.report("tunnel", "no uplinks: add a [[tunnel.uplink]] for each local end of the paths", "tunnel.uplink", "tunnel")
 	}
@@ -1046,15 +1062,27 @@ func (c *checker) uplinks(t *Tunnel, env Env) map[string]*Uplink {
 		} else if u.Name != "" {
 			byName[u.Name] = u
 		}
+		follow := u.Follows() && t.Mode == ModeBraid
 		switch reason := checkIfname(u.Interface); {
 		case reason != "":
 			c.report(obj, "interface "+reason, p+".interface", p)
 		case u.Interface == t.Interface:
 			c.report(obj, fmt.Sprintf("interface %q is the tunnel's own device: the tunnel would carry itself", u.Interface), p+".interface", p)
+		case follow:
+			// Its interface may appear after start (a modem plugged in): the tunnel waits.
+			s := followKey{u.Interface, u.Socket(t.Port).Port()}
+			if other, dup := follows[s]; dup {
+				c.report(obj, fmt.Sprintf("interface %s, port %d: also the socket of %s (an uplink without address follows its interface's)", s.iface, s.port, other), p+".interface", p)
+			} else {
+				follows[s] = obj
+			}
 		case env != nil && !env.InterfaceExists(u.Interface):
 			c.report(obj, fmt.Sprintf("interface %q does not exist on this machine", u.Interface), p+".interface", p)
 		}
-		if reason := checkHostAddr(u.Address); reason != "" {
+		if follow {
+			// No address: the uplink follows its interface's (docs/tunnel.md, "Uplinks
+			// that come and go").
+		} else if reason := checkHostAddr(u.Address); reason != "" {
 			c.report(obj, "address "+reason, p+".address", p)
 		} else if s := u.Socket(t.Port); s.Port() != 0 {
 			if other, dup := sockets[s]; dup {

@@ -506,6 +506,12 @@ path = [{ uplink = "fibre", remote = "198.51.100.1:4754" }]` + mark + `
 		`peer site-b path 2: missing remote, and 1 other paths of the peer have one`},
 	{"learned uplink twice", edit(minimal, "  remote = \"198.51.100.1:4754\"\n", "") + "  [[tunnel.peer.path]]\n  uplink = \"fibre\"" + mark + "\n",
 		`peer site-b path 2: uplink fibre: same as path 1`},
+	{"mpt uplink without address", edit(minimalMPT, "[[tunnel.uplink]]\n", "[[tunnel.uplink]]"+mark+"\n", `address = "192.0.2.1"`+"\n", ""),
+		`uplink fibre: address is missing`},
+	{"two uplinks follow one interface", edit(minimal, `address = "192.0.2.1"`+"\n", "") + `[[tunnel.uplink]]
+name = "fibre2"
+interface = "wan0"` + mark + `
+`, `uplink fibre2: interface wan0, port 4754: also the socket of uplink fibre`},
 	{"mpt path without remote", edit(minimalMPT, "  [[tunnel.peer.path]]", "  [[tunnel.peer.path]]"+mark, `  remote = "198.51.100.1:23456"`, "  # no remote"),
 		`peer server path 1: remote`},
 	{"minrtt in mpt mode", edit(minimalMPT, "[tunnel]\n", "[tunnel]\nscheduler = \"minrtt\""+mark+"\n"),
@@ -706,12 +712,27 @@ func TestLoadBehindNAT(t *testing.T) {
 		t.Errorf("hub's branch: learned %v, %+v", p.Learned(), p)
 	}
 	branch := loadFile(t, "testdata/branch.toml")
+	if u := branch.Uplinks[1]; u.Name != "lte" || !u.Follows() || u.Interface != "wwan0" || branch.Uplinks[0].Follows() {
+		t.Errorf("branch's lte uplink should follow wwan0's address, and dsl not: %+v", branch.Uplinks)
+	}
 	p = branch.Peers[0]
 	if p.Learned() || p.Keepalive != 15*time.Second || len(p.Paths) != 2 || p.Paths[1].Remote != ap("198.51.100.1:4754") {
 		t.Errorf("branch's hub: learned %v, %+v", p.Learned(), p)
 	}
 	if p.PublicKey != mustPub(t, pubA) || hub.Peers[0].PublicKey != mustPub(t, pubB) {
 		t.Error("the two files do not name each other's keys")
+	}
+}
+
+// An uplink without address follows its interface's, which may appear after start.
+func TestLoadFollowingUplink(t *testing.T) {
+	doc := edit(minimal, `interface = "wan0"`+"\n"+`address = "192.0.2.1"`, `interface = "wwan9"`)
+	cfg, err := LoadTunnel("site.toml", []byte(doc), newEnv())
+	if err != nil {
+		t.Fatalf("an uplink following an interface not there yet: %v", err)
+	}
+	if u := cfg.Uplinks[0]; !u.Follows() || u.Interface != "wwan9" || u.Socket(cfg.Port).Port() != DefaultTunnelPort {
+		t.Errorf("uplink %+v", u)
 	}
 }
 

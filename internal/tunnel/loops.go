@@ -328,11 +328,14 @@ func (t *Tunnel) flushPath(p *peer, pp *peerPath) {
 	}
 	b := q.buf[:q.n]
 	var err error
-	if bc, ok := pp.up.conn.(BatchConn); ok && q.cnt > 1 {
+	c := pp.up.conn()
+	if c == nil {
+		err = errNoSocket
+	} else if bc, ok := c.(BatchConn); ok && q.cnt > 1 {
 		err = bc.SendSegments(b, q.seg, pp.remote())
 	} else {
 		for off := 0; off < len(b); off += q.seg {
-			if e := pp.up.conn.Send(b[off:min(off+q.seg, len(b))], pp.remote()); e != nil && err == nil {
+			if e := c.Send(b[off:min(off+q.seg, len(b))], pp.remote()); e != nil && err == nil {
 				err = e
 			}
 		}
@@ -356,7 +359,13 @@ func (t *Tunnel) flushPath(p *peer, pp *peerPath) {
 
 // send writes one datagram on a path and counts it.
 func (t *Tunnel) send(p *peer, pp *peerPath, pkt []byte) {
-	if err := pp.up.conn.Send(pkt, pp.remote()); err != nil {
+	c := pp.up.conn()
+	if c == nil {
+		pp.txDrops.Add(1)
+		t.stats.DropSend.Add(1)
+		return
+	}
+	if err := c.Send(pkt, pp.remote()); err != nil {
 		pp.txDrops.Add(1)
 		t.stats.DropSend.Add(1)
 		return
@@ -409,15 +418,19 @@ func (t *Tunnel) sendClearTo(u *uplink, dst netip.AddrPort, id uint8, key uint32
 	h := mpath.Header{Type: typ, Path: id}
 	h.Encode(b[greLen:])
 	copy(b[greLen+mpath.HeaderLen:], msg)
-	if err := u.conn.Send(b, dst); err != nil {
+	if c := u.conn(); c == nil || c.Send(b, dst) != nil {
 		t.stats.DropSend.Add(1)
 	}
 }
 
-// readUplink receives the datagrams of one uplink, several per system call when the socket
-// coalesces them (UDP GRO), and writes what they deliver to the device in one batch.
-func (t *Tunnel) readUplink(u *uplink) error {
-	bc, batched := u.conn.(BatchConn)
+// errNoSocket: a following uplink has no socket now (no address on its interface).
+var errNoSocket = errors.New("tunnel: the uplink has no socket")
+
+// readUplink receives the datagrams of one of an uplink's sockets, several per system call
+// when the socket coalesces them (UDP GRO), and writes what they deliver to the device in one
+// batch. It stops without an error when the uplink has another socket (follow.go).
+func (t *Tunnel) readUplink(u *uplink, sk *upSock) error {
+	bc, batched := sk.conn.(BatchConn)
 	buf, oob := make([]byte, 65536), make([]byte, 128)
 	ob := &outbox{}
 	for {
@@ -427,11 +440,11 @@ func (t *Tunnel) readUplink(u *uplink) error {
 		if batched {
 			n, seg, src, err = bc.ReadSegments(buf, oob)
 		} else {
-			n, src, err = u.conn.ReadFromUDPAddrPort(buf)
+			n, src, err = sk.conn.ReadFromUDPAddrPort(buf)
 			seg = n
 		}
 		if err != nil {
-			if t.closing.Load() || u.removed.Load() {
+			if t.closing.Load() || u.removed.Load() || u.sock() != sk {
 				return nil
 			}
 			return err

@@ -295,7 +295,7 @@ func (p *peer) setOuterLocked() {
 	}
 	if p.learn {
 		for u := range *p.learnOn.Load() {
-			if !u.local.IsValid() || !u.local.Addr().Unmap().Is4() {
+			if l := u.local(); !l.IsValid() || !l.Addr().Unmap().Is4() {
 				outer = 40 + 8
 			}
 		}

@@ -220,8 +220,8 @@ func (t *Tunnel) Reload(c Config) (Change, error) {
 		if _, dup := ups[u.Name]; dup {
 			return Change{}, fmt.Errorf("tunnel: uplink %q twice", u.Name)
 		}
-		if u.MTU < 0 || u.MTU > 65535 {
-			return Change{}, fmt.Errorf("tunnel: uplink %s: MTU %d outside 0..65535", u.Name, u.MTU)
+		if err := checkUplink(u); err != nil {
+			return Change{}, err
 		}
 		if u.MTU > t.pktSize-64 {
 			// The buffers were sized at start for the largest uplink then: the uplink's paths
@@ -231,12 +231,15 @@ func (t *Tunnel) Reload(c Config) (Change, error) {
 		}
 		old := t.uplinks[u.Name]
 		for name, o := range t.uplinks {
-			if o.conn == u.Conn && name != u.Name {
+			if c := o.conn(); c != nil && c == u.Conn && name != u.Name {
 				return Change{}, fmt.Errorf("%w: uplink %s has uplink %s's socket (a renamed uplink)", ErrReloadNeedsRestart, u.Name, name)
 			}
 		}
 		switch {
-		case old != nil && old.conn == u.Conn:
+		case old != nil && !old.follow && !u.Follow && old.conn() == u.Conn,
+			old != nil && old.follow && u.Follow && old.iface == u.Interface && old.port == u.Port:
+			// The same socket, or the same interface followed (its socket is the
+			// follower's: follow.go).
 			ups[u.Name] = old
 		default:
 			nu := newUplink(u)
@@ -341,7 +344,9 @@ func (t *Tunnel) Reload(c Config) (Change, error) {
 	t.uplinks = ups
 	for _, u := range removed {
 		u.removed.Store(true)
-		u.conn.Close()
+		if c := u.conn(); c != nil {
+			c.Close()
+		}
 	}
 	if t.running {
 		for _, u := range added {

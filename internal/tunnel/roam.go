@@ -249,3 +249,12 @@ func (pp *peerPath) origin() string {
 	}
 	return "configured"
 }
+
+// how says how the path's remote address was found: configured, learned, or roamed (moved
+// there by the peer's packets). p.mu is held.
+func (pp *peerPath) how() string {
+	if pp.moves > 0 {
+		return "roamed"
+	}
+	return pp.origin()
+}

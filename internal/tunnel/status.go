@@ -1,6 +1,7 @@
 package tunnel
 
 import (
+	"sort"
 	"sync/atomic"
 	"time"
 
@@ -47,6 +48,10 @@ type Counters struct {
 	// PathMoves counts paths moved to a new address by their peer's packets, PathsLearned the
 	// paths made from them, KeepalivesSent the keepalives of paths that had sent nothing.
 	PathMoves, PathsLearned, KeepalivesSent atomic.Uint64
+	// UplinkRebinds counts the sockets a following uplink got because its interface's address
+	// changed (or the interface came back), UplinkAnnounces the packets that told the peers
+	// (follow.go).
+	UplinkRebinds, UplinkAnnounces atomic.Uint64
 	// Loss recovery (recovery.go): nacks sent and received, packets resent, and nacked
 	// packets not resent because they were no longer kept or the resend budget was spent.
 	NacksSent, NacksReceived, Resent, ResendMissed, ResendBudget atomic.Uint64
@@ -63,7 +68,22 @@ type Status struct {
 	Uptime    time.Duration
 	MTU       int // the tunnel MTU now
 	Counters  map[string]uint64
+	Uplinks   []UplinkStatus
 	Peers     []PeerStatus
+}
+
+// UplinkStatus describes one of the site's uplinks.
+type UplinkStatus struct {
+	Name      string
+	Interface string `json:",omitempty"`
+	// Local is the address and port its socket is bound to now ("" when it has none).
+	Local string `json:",omitempty"`
+	// Follow: the uplink follows its interface's address (follow.go); State is what the
+	// follower last saw ("up", "down", "absent", "no address", "bind failed"), Rebinds how
+	// many sockets it opened after the first.
+	Follow  bool
+	State   string `json:",omitempty"`
+	Rebinds uint64 `json:",omitempty"`
 }
 
 // PeerStatus describes one peer.
@@ -106,7 +126,8 @@ type PathStatus struct {
 	Remote string
 	// Origin is "configured" (from the site file) or "learned" (from the peer's packets, at
 	// LearnedAt); MovedAt is when the peer's packets last moved it to a new address (Moves
-	// times in all), nil if never.
+	// times in all), nil if never: the path has roamed (How).
+	How         string // "configured", "learned" or "roamed": how Remote was found
 	Origin      string
 	LearnedAt   *time.Time `json:",omitempty"`
 	MovedAt     *time.Time `json:",omitempty"`
@@ -151,6 +172,7 @@ type PathStatus struct {
 func (t *Tunnel) Status() Status {
 	now := t.now()
 	st := Status{PublicKey: t.pub.String(), Uptime: time.Since(t.start), Counters: t.stats.snapshot(), MTU: int(t.mtu.Load())}
+	st.Uplinks = t.uplinkStatus()
 	for _, p := range t.peerList() {
 		ps := PeerStatus{Name: p.name, PeerBufferFree: -1,
 			SendQueuePackets: int(p.queuedPackets.Load()), SendQueueBytes: int(p.queuedBytes.Load()),
@@ -188,7 +210,7 @@ func (t *Tunnel) Status() Status {
 			ps.Paths = append(ps.Paths, PathStatus{
 				Capacity: capacity, CapacityPhase: phase, CapacityMeasured: measured,
 				MTU: pp.pmtu.Value(), MTUSearching: pp.pmtu.Searching(),
-				ID: int(pp.id) + 1, Uplink: pp.up.name, Remote: pp.remote().String(), Origin: pp.origin(), Moves: pp.moves,
+				ID: int(pp.id) + 1, Uplink: pp.up.name, Remote: pp.remote().String(), Origin: pp.origin(), How: pp.how(), Moves: pp.moves,
 				State: stateName(s.State, pp.admin), AdminDown: pp.admin,
 				RTT: s.SRTT, RTTVar: s.RTTVar, Loss: s.Loss, Rate: rate, RateMeasured: rateKnown,
 				TxPackets: pp.txPackets.Load(), TxBytes: pp.txBytes.Load(), TxDrops: pp.txDrops.Load(),
@@ -198,8 +220,8 @@ func (t *Tunnel) Status() Status {
 				ProbesSent: s.ProbesSent, ProbesLost: s.ProbesLost,
 			})
 			last := &ps.Paths[len(ps.Paths)-1]
-			if pp.up.local.IsValid() {
-				last.Local = pp.up.local.String()
+			if l := pp.up.local(); l.IsValid() {
+				last.Local = l.String()
 			}
 			if pp.learned {
 				at := pp.learnedAt
@@ -221,6 +243,29 @@ func (t *Tunnel) Status() Status {
 		st.Peers = append(st.Peers, ps)
 	}
 	return st
+}
+
+// uplinkStatus describes the uplinks, by name.
+func (t *Tunnel) uplinkStatus() []UplinkStatus {
+	t.reloadMu.Lock()
+	ups := make([]*uplink, 0, len(t.uplinks))
+	for _, u := range t.uplinks {
+		ups = append(ups, u)
+	}
+	t.reloadMu.Unlock()
+	sort.Slice(ups, func(i, j int) bool { return ups[i].name < ups[j].name })
+	out := make([]UplinkStatus, 0, len(ups))
+	for _, u := range ups {
+		us := UplinkStatus{Name: u.name, Interface: u.iface, Follow: u.follow, Rebinds: u.rebinds.Load()}
+		if sk := u.sock(); sk.conn != nil && sk.local.IsValid() {
+			us.Local = sk.local.String()
+		}
+		if s := u.state.Load(); s != nil {
+			us.State = *s
+		}
+		out = append(out, us)
+	}
+	return out
 }
 
 func stateName(s path.State, admin bool) string {
@@ -248,6 +293,7 @@ func (c *Counters) snapshot() map[string]uint64 {
 		"drop_handshake_mac": c.DropHandshakeMAC.Load(), "drop_handshake_busy": c.DropHandshakeBusy.Load(), "drop_replay_new_source": c.DropReplayNewSource.Load(),
 		"drop_auth_new_source": c.DropAuthNewSource.Load(), "drop_path_limit": c.DropPathLimit.Load(),
 		"path_moves": c.PathMoves.Load(), "paths_learned": c.PathsLearned.Load(), "keepalives_sent": c.KeepalivesSent.Load(),
+		"uplink_rebinds": c.UplinkRebinds.Load(), "uplink_announces": c.UplinkAnnounces.Load(),
 		"nacks_sent": c.NacksSent.Load(), "nacks_received": c.NacksReceived.Load(), "resent": c.Resent.Load(),
 		"resend_missed": c.ResendMissed.Load(), "resend_budget": c.ResendBudget.Load(),
 	}

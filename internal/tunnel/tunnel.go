@@ -78,6 +78,14 @@ type Uplink struct {
 	// Local is the address and port the uplink's socket is bound to, for the status (and the
 	// outer header size of paths not learned yet); the zero value: unknown.
 	Local netip.AddrPort
+	// Interface is the network interface the uplink leaves by ("" unknown). With Follow, the
+	// uplink is the interface's: FollowUplinks (follow.go) binds its socket to the address the
+	// interface has now, binds it anew when the address changes, and opens it when the
+	// interface appears; Conn may then be nil (no address yet, no interface yet).
+	Interface string
+	Follow    bool
+	// Port is the local UDP port of a Follow uplink.
+	Port uint16
 }
 
 // PeerConfig is one remote site.
@@ -189,10 +197,19 @@ type Tunnel struct {
 }
 
 type uplink struct {
-	name  string
-	conn  Conn
-	mtu   int
-	local netip.AddrPort
+	name string
+	mtu  int
+	// sk is the uplink's socket now: a Follow uplink gets a new one when its interface's
+	// address changes (follow.go); the packet loops load it for every send.
+	sk atomic.Pointer[upSock]
+	// iface, follow and port: the uplink follows the interface's address (Uplink.Follow)
+	iface  string
+	follow bool
+	port   uint16
+	// state is the interface's state as the follower last saw it (follow.go), "" when the
+	// uplink does not follow one; rebinds counts the sockets it opened after the first.
+	state   atomic.Pointer[string]
+	rebinds atomic.Uint64
 	// pace is the uplink's shared token bucket (nil when its capacity is unknown); only the
 	// device reader, through the peers' schedulers, touches its tokens. A reload that
 	// changes the capacity swaps in a new one.
@@ -201,8 +218,26 @@ type uplink struct {
 	removed atomic.Bool
 }
 
+// upSock is an uplink's socket and the address it is bound to; conn is nil while a following
+// uplink has none (its interface has no address, or is not there yet).
+type upSock struct {
+	conn    Conn
+	local   netip.AddrPort
+	ifindex int // the interface the follower bound it on; 0 unknown
+}
+
+// sock is the uplink's socket now (never nil; its conn may be).
+func (u *uplink) sock() *upSock { return u.sk.Load() }
+
+// conn is the uplink's socket's Conn now, nil when it has none.
+func (u *uplink) conn() Conn { return u.sock().conn }
+
+// local is the address the uplink's socket is bound to now; the zero value: unknown.
+func (u *uplink) local() netip.AddrPort { return u.sock().local }
+
 func newUplink(u Uplink) *uplink {
-	up := &uplink{name: u.Name, conn: u.Conn, mtu: u.MTU, local: u.Local}
+	up := &uplink{name: u.Name, mtu: u.MTU, iface: u.Interface, follow: u.Follow, port: u.Port}
+	up.sk.Store(&upSock{conn: u.Conn, local: u.Local})
 	if u.Capacity > 0 {
 		up.pace.Store(sched.NewBucket(float64(u.Capacity)))
 	}
@@ -257,8 +292,8 @@ func New(o Options) (*Tunnel, error) {
 		return nil, fmt.Errorf("tunnel: MTU %d outside 576..%d", o.MTU, 65535-Overhead-48)
 	}
 	for _, u := range o.Uplinks {
-		if u.MTU < 0 || u.MTU > 65535 {
-			return nil, fmt.Errorf("tunnel: uplink %s: MTU %d outside 0..65535", u.Name, u.MTU)
+		if err := checkUplink(u); err != nil {
+			return nil, err
 		}
 	}
 	o.Path = o.Path.WithDefaults()
@@ -358,7 +393,9 @@ func (t *Tunnel) Run(ctx context.Context) error {
 	cancel()
 	t.o.Device.Close()
 	for _, u := range t.uplinks {
-		u.conn.Close()
+		if c := u.conn(); c != nil {
+			c.Close()
+		}
 	}
 	t.reloadMu.Unlock()
 	t.wg.Wait()
@@ -366,9 +403,26 @@ func (t *Tunnel) Run(ctx context.Context) error {
 	return err // the loops return nil when they stop because of closing
 }
 
-// startReader starts u's reader; t.reloadMu is held.
+// startReader starts the reader of u's socket now, if it has one; t.reloadMu is held.
 func (t *Tunnel) startReader(u *uplink) {
-	t.wg.Go(func() { t.fail(t.readUplink(u)) })
+	sk := u.sock()
+	if sk.conn == nil {
+		return
+	}
+	t.wg.Go(func() { t.fail(t.readUplink(u, sk)) })
+}
+
+// checkUplink checks what New and Reload take of an uplink.
+func checkUplink(u Uplink) error {
+	switch {
+	case u.MTU < 0 || u.MTU > 65535:
+		return fmt.Errorf("tunnel: uplink %s: MTU %d outside 0..65535", u.Name, u.MTU)
+	case u.Follow && u.Interface == "":
+		return fmt.Errorf("tunnel: uplink %s follows its interface's address, but names no interface", u.Name)
+	case u.Conn == nil && !u.Follow:
+		return fmt.Errorf("tunnel: uplink %s has no socket", u.Name)
+	}
+	return nil
 }
 
 // fail hands a loop's error to Run (the first one stops the tunnel); nil is no error.
