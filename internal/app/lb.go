@@ -85,6 +85,26 @@ The site file's [lb] section:
   mac = "02:00:00:00:00:01"
   health = "10.0.0.11:443"
 
+Several instances (a fleet) share the VIPs behind routers that spread them by ECMP: each
+instance announces its VIPs over BGP ([lb.bgp]; GoBGP runs inside braid lb, it connects to
+its neighbours and never listens) while it serves (a backend is up and not drained), and
+withdraws them when it stops serving. On SIGTERM it withdraws them first, keeps forwarding for
+'drain', then stops. Every instance needs the same backends, hash_seed and services (Maglev
+then places a flow the same way on each), and the backends the stateless mode, since a join
+may reach an instance that did not see its connection (docs/lb.md, "Several instances"):
+
+  [lb.bgp]
+  local_as = 65001
+  router_id = "10.4.0.2"        # IPv4; also the next hop of IPv4 VIPs unless next_hop is set
+  # next_hop6 = "2001:db8::2"   # required to announce IPv6 VIPs
+  # announce = ["10.100.0.1/32"]  # default: every service's VIP, /32 or /128
+  hold_time = "9s"
+  drain = "2s"
+  [[lb.bgp.neighbor]]
+  address = "10.4.0.1"
+  as = 65000
+  # port = 179
+
 Example:
   braid lb check --config /etc/braid/site.toml
   braid lb --config /etc/braid/site.toml
@@ -121,7 +141,11 @@ func lbCheck(e env, args []string) int {
 		if !cfg.Aware {
 			aware = "MPTCP-unaware"
 		}
-		return fmt.Sprintf("%s, mode %s, %d services, %d backends", aware, cfg.Mode, len(cfg.Services), len(cfg.Backends))
+		s := fmt.Sprintf("%s, mode %s, %d services, %d backends", aware, cfg.Mode, len(cfg.Services), len(cfg.Backends))
+		if cfg.BGP != nil {
+			s += fmt.Sprintf(", BGP AS %d announcing %v to %d neighbours", cfg.BGP.LocalAS, cfg.BGP.Announce, len(cfg.BGP.Neighbors))
+		}
+		return s
 	})
 }
 
@@ -197,6 +221,16 @@ func serveLB(ctx context.Context, cfg *config.LB, log *slog.Logger) error {
 		}
 	}
 	log.Info("balancing", "interface", cfg.Interface, "services", cfg.Services, "backends", len(specs), "mode", cfg.Mode, "aware", cfg.Aware)
+	runCtx := ctx
+	if cfg.BGP != nil {
+		// Announced only now that the program is attached: a router sends nothing before.
+		sp, err := startLBSpeaker(ctx, cfg, l, log)
+		if err != nil {
+			return err
+		}
+		defer sp.Stop()
+		runCtx = sp.runContext(ctx)
+	}
 	if cfg.Metrics != "" {
 		srv, err := metrics.Listen(cfg.Metrics, l)
 		if err != nil {
@@ -212,7 +246,7 @@ func serveLB(ctx context.Context, cfg *config.LB, log *slog.Logger) error {
 		}
 		defer stop()
 	}
-	return l.Run(ctx)
+	return l.Run(runCtx)
 }
 
 // lbRequest is one request on the balancer's control socket.
