@@ -104,3 +104,5 @@ if ! command -v nft >/dev/null 2>&1 || ! command -v curl >/dev/null 2>&1; then
 fi
 # help2man renders the man pages (make install, make deb); systemd-analyze checks the units (packaging tests).
 command -v help2man >/dev/null 2>&1 && command -v systemd-analyze >/dev/null 2>&1 || { echo "deps: installing help2man, systemd (Debian packages)" >&2; export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq help2man systemd >/dev/null; }
+# bird2: the upstream router of the load-balancer fleet lab (TestLBFleetECMP, braid lab repro mplb), to which every braid lb instance announces the VIP over BGP.
+command -v bird >/dev/null 2>&1 || { echo "deps: installing bird2 (Debian package)" >&2; export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq bird2 >/dev/null; }
