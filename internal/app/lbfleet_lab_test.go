@@ -295,7 +295,7 @@ func fleetConnect(t *testing.T, ctx context.Context, l *lab.Lab, fleet *scenario
 	for _, fc := range cs {
 		want := scenario.MPLBStatelessPort(fc.backend)
 		for {
-			sfs, err := info.SubflowAddrs(fc.c)
+			sfs, err := establishedSubflows(fc.c)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -372,11 +372,27 @@ func fleetDownload(c net.Conn, size int) (int, error) {
 	return int(b[0]), nil
 }
 
-// fleetCheckSubflows checks that every connection still has both subflows.
+// establishedSubflows returns the connection's subflows in the established state (the
+// subflow list also holds joins still waiting for their SYN/ACK).
+func establishedSubflows(c *net.TCPConn) ([]info.AddrPair, error) {
+	full, err := info.Full(c)
+	if err != nil {
+		return nil, err
+	}
+	var out []info.AddrPair
+	for _, sf := range full.Subflows {
+		if sf.TCP.State == 1 { // TCP_ESTABLISHED
+			out = append(out, info.AddrPair{Local: sf.Local, Remote: sf.Remote})
+		}
+	}
+	return out, nil
+}
+
+// fleetCheckSubflows checks that every connection still has both subflows established.
 func fleetCheckSubflows(t *testing.T, cs []*fleetConn) {
 	t.Helper()
 	for i, fc := range cs {
-		sfs, err := info.SubflowAddrs(fc.c)
+		sfs, err := establishedSubflows(fc.c)
 		if err != nil || len(sfs) != 2 {
 			t.Errorf("connection %d: subflows %+v (%v), want its 2", i, sfs, err)
 		}

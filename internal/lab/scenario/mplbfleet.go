@@ -22,6 +22,7 @@ import (
 
 	"braid/internal/lab"
 	"braid/internal/lab/topo"
+	"braid/internal/mptcp/pmnl"
 )
 
 // A fleet of balancers behind a router: the client's two links go to the router ("rt"), which
@@ -52,8 +53,12 @@ func MPLBFleetTopology(instances, backends int, clientRate uint64) *topo.Topolog
 		{Name: "rt", Forward: true},
 	}}
 	for i := 0; i < 2; i++ {
+		// The client's links go through the lab's emulator (TUN devices), not veth pairs: a veth
+		// hands the router the sender's socket hash, which the router's ECMP would use instead
+		// of hashing the headers, and which the client's kernel changes when a SYN times out.
+		// A router fed by a wire hashes the headers: a retransmission takes its flow's path.
 		s := topo.Shape{Rate: clientRate}
-		tp.Links = append(tp.Links, topo.Link{Kernel: true, AB: s, BA: s,
+		tp.Links = append(tp.Links, topo.Link{AB: s, BA: s,
 			A: topo.Endpoint{Host: "client", Ifname: fmt.Sprintf("c%d", i), Addrs: []netip.Prefix{netip.PrefixFrom(MPLBClient[i], 24)}},
 			B: topo.Endpoint{Host: "rt", Ifname: fmt.Sprintf("rc%d", i), Addrs: []netip.Prefix{netip.PrefixFrom(mplbLBClient[i], 24)}},
 		})
@@ -85,6 +90,9 @@ type Fleet struct {
 	braid    []string // the command that runs braid (program and leading arguments)
 	env      []string
 	backends int
+	// TokenMode leaves the backends' stateless ports out of the instances' configuration: the
+	// instances then steer joins by the tokens each learned itself (set before StartInstance).
+	TokenMode bool
 
 	mu   sync.Mutex
 	inst map[int]*FleetInstance
@@ -200,8 +208,10 @@ as = %d
 		FleetInstanceAS, FleetInstanceAddr(i), drain, FleetRouterAddr(i), FleetRouterAS)
 	for k := 0; k < f.backends; k++ {
 		// The router is the next hop toward every backend.
-		fmt.Fprintf(&b, "\n[[lb.backend]]\nname = \"b%d\"\nmac = \"%s\"\naddress = \"%s\"\nstateless_port = %d\n",
-			k, rl.Attrs().HardwareAddr, mplbBackendAddr(k), MPLBStatelessPort(k))
+		fmt.Fprintf(&b, "\n[[lb.backend]]\nname = \"b%d\"\nmac = \"%s\"\naddress = \"%s\"\n", k, rl.Attrs().HardwareAddr, mplbBackendAddr(k))
+		if !f.TokenMode {
+			fmt.Fprintf(&b, "stateless_port = %d\n", MPLBStatelessPort(k))
+		}
 	}
 	return b.String(), nil
 }
@@ -362,4 +372,22 @@ func fetchJSON(ctx context.Context, h *lab.Host, url string, v any) error {
 		return fmt.Errorf("%s: %s", url, resp.Status)
 	}
 	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// MPLBFleetClientEndpoint makes the client open the subflow toward a backend's announced
+// port (stateless mode) from its second address, over its second link: a fullmesh endpoint
+// is used for announced addresses (a plain subflow endpoint would only join the VIP's
+// service port, which the backends' C flag forbids).
+func MPLBFleetClientEndpoint(ctx context.Context, l *lab.Lab) error {
+	c := l.Host("client")
+	c1, err := c.NS.Netlink().LinkByName("c1")
+	if err != nil {
+		return err
+	}
+	pm, err := pmnl.Dial(pmnl.Options{NetNS: c.NS.Handle()})
+	if err != nil {
+		return err
+	}
+	defer pm.Close()
+	return pm.AddEndpoint(ctx, pmnl.Addr{ID: 2, Addr: MPLBClient[1], Flags: pmnl.FlagSubflow | pmnl.FlagFullmesh, IfIndex: int32(c1.Attrs().Index)})
 }
