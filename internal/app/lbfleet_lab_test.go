@@ -236,6 +236,23 @@ func TestLBFleetECMP(t *testing.T) {
 	fleetCheckSubflows(t, cs)
 	fleetCheckResets(t, l, backends)
 	closeAll(cs)
+
+	// Its own health: an instance whose backends are all drained serves nothing and withdraws
+	// the VIP; one backend back, it announces again.
+	t.Setenv("BRAID_TEST_MAIN", "1") // the control commands run this binary as braid
+	lb3 := l.Host("lb3")
+	for k := range backends {
+		if out, err := lb3.Run(ctx, self, "lb", "drain", fmt.Sprintf("b%d", k)); err != nil {
+			t.Fatalf("braid lb drain b%d: %v: %s", k, err, out)
+		}
+	}
+	d = routeWait(0)
+	t.Logf("instance 3 with every backend drained: withdrawn within %.0f ms", float64(d.Microseconds())/1000)
+	if out, err := lb3.Run(ctx, self, "lb", "weight", "b0", "1"); err != nil {
+		t.Fatalf("braid lb weight b0 1: %v: %s", err, out)
+	}
+	d = routeWait(0, 3)
+	t.Logf("one backend back: announced again within %.0f ms", float64(d.Microseconds())/1000)
 	t.Logf("total %.1f s", time.Since(start).Seconds())
 }
 

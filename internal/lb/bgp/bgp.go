@@ -88,6 +88,17 @@ func Start(ctx context.Context, cfg Config) (*Speaker, error) {
 		s.Stop()
 		return nil, fmt.Errorf("bgp: start: %w", err)
 	}
+	// Sessions going up and down are the operator's business: logged at info.
+	err := s.WatchEvent(context.Background(), &api.WatchEventRequest{Peer: &api.WatchEventRequest_Peer{}}, func(r *api.WatchEventResponse) {
+		if p := r.GetPeer(); p != nil && p.GetType() == api.WatchEventResponse_PeerEvent_STATE {
+			log.Info("bgp: session", "neighbor", p.GetPeer().GetConf().GetNeighborAddress(),
+				"state", sessionState(p.GetPeer().GetState().GetSessionState()))
+		}
+	})
+	if err != nil {
+		sp.Stop()
+		return nil, fmt.Errorf("bgp: watch: %w", err)
+	}
 	for _, n := range cfg.Neighbors {
 		port := uint32(n.Port)
 		if port == 0 {
