@@ -222,6 +222,7 @@ func serveLB(ctx context.Context, cfg *config.LB, log *slog.Logger) error {
 	}
 	log.Info("balancing", "interface", cfg.Interface, "services", cfg.Services, "backends", len(specs), "mode", cfg.Mode, "aware", cfg.Aware)
 	runCtx := ctx
+	var status lbSource = l
 	if cfg.BGP != nil {
 		// Announced only now that the program is attached: a router sends nothing before.
 		sp, err := startLBSpeaker(ctx, cfg, l, log)
@@ -230,9 +231,10 @@ func serveLB(ctx context.Context, cfg *config.LB, log *slog.Logger) error {
 		}
 		defer sp.Stop()
 		runCtx = sp.runContext(ctx)
+		status = lbWithBGP{l, sp}
 	}
 	if cfg.Metrics != "" {
-		srv, err := metrics.Listen(cfg.Metrics, l)
+		srv, err := metrics.Listen(cfg.Metrics, status)
 		if err != nil {
 			return err
 		}
@@ -240,7 +242,7 @@ func serveLB(ctx context.Context, cfg *config.LB, log *slog.Logger) error {
 		log.Info("status and metrics", "addr", srv.Addr())
 	}
 	if cfg.Control != "" {
-		stop, err := serveControl(ctx, cfg.Control, func(r lbRequest) error { return applyLB(l, r) }, l.StatusJSON)
+		stop, err := serveControl(ctx, cfg.Control, func(r lbRequest) error { return applyLB(l, r) }, status.StatusJSON)
 		if err != nil {
 			return err
 		}
@@ -343,7 +345,7 @@ func lbShow(e env, what string, args []string) int {
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
-	var st lb.Status
+	var st lbStatusDoc
 	if err := getStatus(*addr, &st); err != nil {
 		fmt.Fprintf(e.stderr, "braid lb %s: %v\n", what, err)
 		return exitError
@@ -363,11 +365,12 @@ func lbShow(e env, what string, args []string) int {
 	}
 	switch what {
 	case "backends":
-		printLBBackends(e.stdout, st)
+		printLBBackends(e.stdout, st.Status)
 	case "tokens":
-		printLBTokens(e.stdout, st)
+		printLBTokens(e.stdout, st.Status)
 	default:
-		printLBStatus(e.stdout, st)
+		printLBStatus(e.stdout, st.Status)
+		printLBBGP(e.stdout, st.BGP)
 	}
 	return exitOK
 }

@@ -2,13 +2,17 @@ package app
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"log/slog"
 	"sync"
+	"text/tabwriter"
 	"time"
 
 	"braid/internal/config"
 	"braid/internal/lb"
 	"braid/internal/lb/bgp"
+	"braid/internal/metrics"
 )
 
 // lbSpeaker announces an instance's VIPs over BGP while the instance serves (a backend is up
@@ -103,4 +107,65 @@ func (s *lbSpeaker) Stop() {
 	s.cancel()
 	s.wg.Wait()
 	s.sp.Stop()
+}
+
+// lbSource is what the status endpoint and the control socket serve.
+type lbSource interface {
+	WriteMetrics(w *metrics.Writer)
+	StatusJSON() any
+}
+
+// lbStatusDoc is the balancer's /status with the BGP speaker's state, when it has one.
+type lbStatusDoc struct {
+	lb.Status
+	BGP *bgp.Status `json:"bgp,omitempty"`
+}
+
+// lbWithBGP adds the speaker's state to the balancer's status and metrics.
+type lbWithBGP struct {
+	*lb.LB
+	sp *lbSpeaker
+}
+
+func (s lbWithBGP) StatusJSON() any {
+	st, err := s.LB.Status(true)
+	if err != nil {
+		return map[string]string{"error": err.Error()}
+	}
+	b := s.sp.Status()
+	return lbStatusDoc{Status: st, BGP: &b}
+}
+
+func (s lbWithBGP) WriteMetrics(w *metrics.Writer) {
+	s.LB.WriteMetrics(w)
+	b := s.sp.Status()
+	announced, up := 0.0, 0.0
+	if b.Announced {
+		announced = 1
+	}
+	for _, p := range b.Peers {
+		if p.State == "established" {
+			up++
+		}
+	}
+	w.Sample("braid_lb_bgp_announced", metrics.Gauge, "1 while the VIPs are announced over BGP.", announced)
+	w.Sample("braid_lb_bgp_sessions_established", metrics.Gauge, "BGP sessions in the established state.", up)
+}
+
+// printLBBGP prints the speaker's state under 'braid lb status'.
+func printLBBGP(w io.Writer, b *bgp.Status) {
+	if b == nil {
+		return
+	}
+	state := "withdrawn"
+	if b.Announced {
+		state = "announced"
+	}
+	fmt.Fprintf(w, "\nBGP: %v %s\n", b.Prefixes, state)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NEIGHBOR\tAS\tSTATE")
+	for _, p := range b.Peers {
+		fmt.Fprintf(tw, "%s\t%d\t%s\n", p.Address, p.AS, p.State)
+	}
+	tw.Flush()
 }

@@ -62,6 +62,7 @@ func TestLBFleetECMP(t *testing.T) {
 	}
 	defer srv.close()
 	self, _ := os.Executable()
+	t.Setenv("BRAID_TEST_MAIN", "1") // the instances and the control commands run this binary as braid
 	fleet, err := scenario.StartFleet(l, t.TempDir(), bird, []string{self}, []string{"BRAID_TEST_MAIN=1"}, instances, backends)
 	if err != nil {
 		t.Fatal(err)
@@ -113,6 +114,12 @@ func TestLBFleetECMP(t *testing.T) {
 		if c["stateless_forwarded"] == 0 || c["drop_no_backend"] != 0 || c["drop_join_unknown_token"] != 0 {
 			t.Errorf("instance %d: counters %v", i, c)
 		}
+	}
+
+	// The instance's status shows its announcement and its session.
+	out, err := l.Host("lb0").Run(ctx, self, "lb", "status", "--addr", "10.4.0.2:9476")
+	if err != nil || !strings.Contains(string(out), "BGP: [10.100.0.1/32] announced") || !strings.Contains(string(out), "10.4.0.1  65000  established") {
+		t.Errorf("braid lb status (%v):\n%s", err, out)
 	}
 
 	// Four instances.
@@ -239,7 +246,6 @@ func TestLBFleetECMP(t *testing.T) {
 
 	// Its own health: an instance whose backends are all drained serves nothing and withdraws
 	// the VIP; one backend back, it announces again.
-	t.Setenv("BRAID_TEST_MAIN", "1") // the control commands run this binary as braid
 	lb3 := l.Host("lb3")
 	for k := range backends {
 		if out, err := lb3.Run(ctx, self, "lb", "drain", fmt.Sprintf("b%d", k)); err != nil {
