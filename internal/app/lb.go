@@ -31,7 +31,7 @@ const lbDoc = `Usage: braid lb --config FILE [--log-format text|json] [--verbose
        braid lb weight NAME WEIGHT [--control SOCKET]
        braid lb drain NAME [--control SOCKET]
        braid lb remove NAME [--control SOCKET]
-       braid lb add NAME --mac MAC [--interface IF] [--address ADDR] [--weight W] [--control SOCKET]
+       braid lb add NAME --mac MAC [--interface IF] [--address ADDR] [--weight W] [--stateless-port P] [--control SOCKET]
 
 braid lb balances TCP connections to virtual services (VIP:port) over backends that hold the
 VIP themselves and answer clients directly (direct server return). It is MPTCP-aware: every
@@ -259,6 +259,8 @@ type lbRequest struct {
 	MAC       string `json:"mac,omitempty"`
 	Interface string `json:"interface,omitempty"`
 	Address   string `json:"address,omitempty"`
+	// StatelessPort is the added backend's own port on every VIP (stateless mode); 0 for none.
+	StatelessPort uint16 `json:"stateless_port,omitempty"`
 }
 
 func applyLB(l *lb.LB, r lbRequest) error {
@@ -271,7 +273,10 @@ func applyLB(l *lb.LB, r lbRequest) error {
 	case "remove":
 		return l.RemoveBackend(r.Name)
 	case "add":
-		b := config.LBBackend{Name: r.Name, Weight: r.Weight, Interface: r.Interface}
+		if err := lbStatelessPortFree(l, r.StatelessPort); err != nil {
+			return err
+		}
+		b := config.LBBackend{Name: r.Name, Weight: r.Weight, Interface: r.Interface, StatelessPort: r.StatelessPort}
 		m, err := net.ParseMAC(r.MAC)
 		if err != nil || len(m) != 6 {
 			return fmt.Errorf("mac %q: want an Ethernet address", r.MAC)
@@ -300,6 +305,7 @@ func lbControl(e env, action string, args []string) int {
 	ifname := fs.String("interface", "", "add: egress `INTERFACE` toward the backend")
 	addr := fs.String("address", "", "add: the backend's `ADDRESS` (encapsulation destination)")
 	weight := fs.Uint("weight", 1, "add: the backend's `WEIGHT`")
+	statelessPort := fs.Uint("stateless-port", 0, "add: the backend's own `PORT` on every VIP (stateless mode)")
 	pos, _, done, code := parseInterspersed(e, fs, args)
 	if done {
 		return code
@@ -322,7 +328,12 @@ func lbControl(e env, action string, args []string) int {
 			fmt.Fprintln(e.stderr, "braid lb add: --mac is required")
 			return exitUsage
 		}
+		if *statelessPort > 65535 {
+			fmt.Fprintf(e.stderr, "braid lb add: --stateless-port %d outside 1..65535\n", *statelessPort)
+			return exitUsage
+		}
 		req.Name, req.MAC, req.Interface, req.Address, req.Weight = pos[0], *mac, *ifname, *addr, uint32(*weight)
+		req.StatelessPort = uint16(*statelessPort)
 	default:
 		fmt.Fprintf(e.stderr, "braid lb %s: wrong arguments (see 'braid lb --help')\n", action)
 		return exitUsage

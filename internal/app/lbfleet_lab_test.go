@@ -34,17 +34,18 @@ func TestLBFleetECMP(t *testing.T) {
 	if !ok {
 		labtest.Skip(t, "bird (the routing daemon, Debian package bird2) is not installed: scripts/deps.sh installs it")
 	}
-	const instances, backends, clients = 4, 4, 50
+	// Backends b0..b3 in service; b4 is added while connections live.
+	const instances, backends, hosts, clients = 4, 4, 5, 50
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	start := time.Now()
 	// The servers pace their downloads (100 kB/s each), so that a 400 kB download lasts 4 s and
 	// the instance dies mid-transfer, with no bottleneck whose losses would stall subflows too.
-	l := labtest.Up(t, scenario.MPLBFleetTopology(instances, backends, 0))
-	if err := scenario.MPLBPrepare(l, backends); err != nil {
+	l := labtest.Up(t, scenario.MPLBFleetTopology(instances, hosts, 0))
+	if err := scenario.MPLBPrepare(l, hosts); err != nil {
 		t.Fatal(err)
 	}
-	if err := scenario.MPLBStateless(ctx, l, backends); err != nil {
+	if err := scenario.MPLBStateless(ctx, l, hosts); err != nil {
 		t.Fatal(err)
 	}
 	// The lab's kernels have no IP-in-IP device: the backends decapsulate with braid_decap.
@@ -53,10 +54,10 @@ func TestLBFleetECMP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer decap.Close()
-	if err := scenario.MPLBDecap(l, backends, decap); err != nil {
+	if err := scenario.MPLBDecap(l, hosts, decap); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := startPacedServers(l, backends)
+	srv, err := startPacedServers(l, hosts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +103,7 @@ func TestLBFleetECMP(t *testing.T) {
 	t.Logf("2 instances announced over BGP, the router's route has both next hops (%.1f s after start)", d.Seconds())
 	cs := fleetConnect(t, ctx, l, fleet, clients)
 	fleetDownloadAll(t, cs, 100<<10)
-	fleetCheckResets(t, l, backends)
+	fleetCheckResets(t, l, hosts)
 	closeAll(cs)
 	// Both instances steered joins: the router spread the subflows over them.
 	for i := range 2 {
@@ -203,7 +204,7 @@ func TestLBFleetECMP(t *testing.T) {
 		t.Errorf("a subflow through a surviving instance stalled %v", worstOther)
 	}
 	fleetCheckSubflows(t, cs)
-	fleetCheckResets(t, l, backends)
+	fleetCheckResets(t, l, hosts)
 	closeAll(cs)
 
 	// Drain instance 2 while clients download: withdrawn over BGP before the process exits.
@@ -241,21 +242,59 @@ func TestLBFleetECMP(t *testing.T) {
 		t.Errorf("drain: withdrawn %v, exited %v", withdrawnAt, exitedAt)
 	}
 	fleetCheckSubflows(t, cs)
-	fleetCheckResets(t, l, backends)
+	fleetCheckResets(t, l, hosts)
 	closeAll(cs)
+
+	// Backends change while connections live: on every instance b4 is added and b0 drained
+	// during a wave of downloads. Established connections stay whole (each instance pins its
+	// flows); new ones avoid b0 and reach b4, joins included.
+	cs = fleetConnect(t, ctx, l, fleet, clients)
+	wg.Go(func() {
+		time.Sleep(500 * time.Millisecond)
+		for _, i := range []int{0, 3} {
+			rl, err := l.Host("rt").NS.Netlink().LinkByName(fmt.Sprintf("rl%d", i))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			h := l.Host(fmt.Sprintf("lb%d", i))
+			if out, err := h.Run(ctx, self, "lb", "add", "b4", "--mac", rl.Attrs().HardwareAddr.String(), "--address", "10.3.4.2",
+				"--stateless-port", fmt.Sprint(scenario.MPLBStatelessPort(4))); err != nil {
+				t.Errorf("instance %d: braid lb add b4: %v: %s", i, err, out)
+			}
+			if out, err := h.Run(ctx, self, "lb", "drain", "b0"); err != nil {
+				t.Errorf("instance %d: braid lb drain b0: %v: %s", i, err, out)
+			}
+		}
+	})
+	fleetDownloadAll(t, cs, 200<<10)
+	wg.Wait()
+	fleetCheckSubflows(t, cs)
+	fleetCheckResets(t, l, hosts)
+	closeAll(cs)
+	cs = fleetConnect(t, ctx, l, fleet, clients)
+	per := make([]int, hosts)
+	for _, c := range cs {
+		per[c.backend]++
+	}
+	closeAll(cs)
+	t.Logf("after adding b4 and draining b0 on every instance, new connections per backend: %v", per)
+	if per[0] != 0 || per[4] == 0 {
+		t.Errorf("new connections per backend %v: want none on the drained b0, some on the added b4", per)
+	}
 
 	// Its own health: an instance whose backends are all drained serves nothing and withdraws
 	// the VIP; one backend back, it announces again.
 	lb3 := l.Host("lb3")
-	for k := range backends {
+	for k := range hosts {
 		if out, err := lb3.Run(ctx, self, "lb", "drain", fmt.Sprintf("b%d", k)); err != nil {
 			t.Fatalf("braid lb drain b%d: %v: %s", k, err, out)
 		}
 	}
 	d = routeWait(0)
 	t.Logf("instance 3 with every backend drained: withdrawn within %.0f ms", float64(d.Microseconds())/1000)
-	if out, err := lb3.Run(ctx, self, "lb", "weight", "b0", "1"); err != nil {
-		t.Fatalf("braid lb weight b0 1: %v: %s", err, out)
+	if out, err := lb3.Run(ctx, self, "lb", "weight", "b1", "1"); err != nil {
+		t.Fatalf("braid lb weight b1 1: %v: %s", err, out)
 	}
 	d = routeWait(0, 3)
 	t.Logf("one backend back: announced again within %.0f ms", float64(d.Microseconds())/1000)

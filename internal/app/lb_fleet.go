@@ -169,3 +169,26 @@ func printLBBGP(w io.Writer, b *bgp.Status) {
 	}
 	tw.Flush()
 }
+
+// lbStatelessPortFree refuses, for a backend added at run time, a stateless port that is a
+// service's port or another backend's (the site file's check, for the control socket).
+func lbStatelessPortFree(l *lb.LB, port uint16) error {
+	if port == 0 {
+		return nil
+	}
+	st, err := l.Status(false)
+	if err != nil {
+		return err
+	}
+	for _, s := range st.Services {
+		if s.Port() == port {
+			return fmt.Errorf("stateless port %d is the port of service %s", port, s)
+		}
+	}
+	for _, b := range st.Backends {
+		if b.StatelessPort == port {
+			return fmt.Errorf("stateless port %d: backend %s has it", port, b.Name)
+		}
+	}
+	return nil
+}
