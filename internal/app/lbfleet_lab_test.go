@@ -102,9 +102,6 @@ func TestLBFleetECMP(t *testing.T) {
 	d := routeWait(0, 1)
 	t.Logf("2 instances announced over BGP, the router's route has both next hops (%.1f s after start)", d.Seconds())
 	cs := fleetConnect(t, ctx, l, fleet, clients)
-	fleetDownloadAll(t, cs, 100<<10)
-	fleetCheckResets(t, l, hosts)
-	closeAll(cs)
 	// Both instances steered joins: the router spread the subflows over them.
 	for i := range 2 {
 		c, err := fleet.Counters(ctx, i)
@@ -123,11 +120,49 @@ func TestLBFleetECMP(t *testing.T) {
 		t.Errorf("braid lb status (%v):\n%s", err, out)
 	}
 
-	// Four instances.
-	startInst(2)
-	startInst(3)
-	routeWait(0, 1, 2, 3)
-	t.Logf("4 instances announced")
+	// Four instances, added while the 50 clients download: the router moves flows to them
+	// mid-transfer, and they place those flows (mid-flow, by Maglev or by port) where they were.
+	var wg sync.WaitGroup
+	var added time.Duration
+	wg.Go(func() {
+		time.Sleep(300 * time.Millisecond)
+		t0 := time.Now()
+		for _, i := range []int{2, 3} {
+			fi, err := fleet.StartInstance(i, 2*time.Second)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			insts = append(insts, fi)
+		}
+		wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
+		defer wcancel()
+		if err := fleet.WaitNextHops(wctx, 0, 1, 2, 3); err != nil {
+			t.Error(err)
+		}
+		added = time.Since(t0)
+	})
+	fleetDownloadAll(t, cs, 300<<10)
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	fleetCheckSubflows(t, cs)
+	fleetCheckResets(t, l, hosts)
+	closeAll(cs)
+	moved := uint64(0)
+	for _, i := range []int{2, 3} {
+		c, err := fleet.Counters(ctx, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		moved += c["forwarded"]
+	}
+	t.Logf("instances 2 and 3 started during the downloads, announced %.1f s later; they forwarded %d packets of the moved flows; every download intact", added.Seconds(), moved)
+	if moved == 0 {
+		t.Errorf("the added instances forwarded nothing: no flow moved to them mid-transfer")
+	}
+
 	cs = fleetConnect(t, ctx, l, fleet, clients)
 	// Where the router sends each subflow (before the kill: the route changes after).
 	const victim = 1
@@ -154,7 +189,6 @@ func TestLBFleetECMP(t *testing.T) {
 	mon := startSubflowMonitor(l, backends)
 	var killAt time.Time
 	var converged time.Duration
-	var wg sync.WaitGroup
 	wg.Go(func() {
 		time.Sleep(1200 * time.Millisecond)
 		killAt = time.Now()
