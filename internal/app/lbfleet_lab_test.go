@@ -17,6 +17,7 @@ import (
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
 	"braid/internal/lab/scenario"
+	"braid/internal/lab/topo"
 	"braid/internal/lb/xdp"
 	"braid/internal/mptcp/info"
 )
@@ -41,7 +42,15 @@ func TestLBFleetECMP(t *testing.T) {
 	start := time.Now()
 	// The servers pace their downloads (100 kB/s each), so that a 400 kB download lasts 4 s and
 	// the instance dies mid-transfer, with no bottleneck whose losses would stall subflows too.
+	// 25 ms each way on the client's links: a 100 ms round trip keeps every active subflow's
+	// data in flight, so that the kill catches data in flight on the dead instance's subflows.
 	l := labtest.Up(t, scenario.MPLBFleetTopology(instances, hosts, 0))
+	for _, lk := range l.Links() {
+		if lk.Spec.A.Host == "client" {
+			lk.SetShape(0, topo.Shape{Delay: 25 * time.Millisecond})
+			lk.SetShape(1, topo.Shape{Delay: 25 * time.Millisecond})
+		}
+	}
 	if err := scenario.MPLBPrepare(l, hosts); err != nil {
 		t.Fatal(err)
 	}
@@ -210,8 +219,8 @@ func TestLBFleetECMP(t *testing.T) {
 	t.Logf("instance %d killed %.2f s into the transfer; the router's route lost it %.0f ms later (its BGP session closed with the process)",
 		victim, killAt.Sub(mon.start).Seconds(), float64(converged.Microseconds())/1000)
 	// Per subflow: the longest time after the kill with data outstanding and no progress, and
-	// for the subflows through the killed instance that carried data in the second before,
-	// how long until the backend saw their acknowledgements again (through another instance).
+	// for the subflows through the killed instance that had data in flight when it died, how
+	// long until the backend saw their acknowledgements again (through another instance).
 	var worstVictim, worstOther, worstResume time.Duration
 	active := 0
 	for sf, onV := range onVictim {
@@ -226,10 +235,10 @@ func TestLBFleetECMP(t *testing.T) {
 			worstResume = max(worstResume, r)
 		}
 	}
-	t.Logf("after the kill: %d subflows through instance %d carried data in the second before it; all acknowledged again within %d ms; longest stall with data in flight %d ms (the others: %d ms)",
+	t.Logf("after the kill: %d subflows through instance %d had data in flight; all acknowledged again within %d ms; longest stall with data in flight %d ms (the others: %d ms)",
 		active, victim, worstResume.Milliseconds(), worstVictim.Milliseconds(), worstOther.Milliseconds())
 	if active == 0 {
-		t.Errorf("no subflow through the killed instance carried data before the kill: the kill hit no transfer")
+		t.Errorf("no subflow through the killed instance had data in flight: the kill hit no transfer")
 	}
 	if worstResume > 3*time.Second || worstVictim > 3*time.Second {
 		t.Errorf("a subflow through the killed instance came back after %v (stalled %v; want within 3 s)", worstResume, worstVictim)
@@ -320,17 +329,22 @@ func TestLBFleetECMP(t *testing.T) {
 	// Its own health: an instance whose backends are all drained serves nothing and withdraws
 	// the VIP; one backend back, it announces again.
 	lb3 := l.Host("lb3")
+	var t0 time.Time
 	for k := range hosts {
+		t0 = time.Now() // the last drain is the one that leaves the instance nothing to serve
 		if out, err := lb3.Run(ctx, self, "lb", "drain", fmt.Sprintf("b%d", k)); err != nil {
 			t.Fatalf("braid lb drain b%d: %v: %s", k, err, out)
 		}
 	}
-	d = routeWait(0)
+	routeWait(0)
+	d = time.Since(t0)
 	t.Logf("instance 3 with every backend drained: withdrawn within %.0f ms", float64(d.Microseconds())/1000)
+	t0 = time.Now()
 	if out, err := lb3.Run(ctx, self, "lb", "weight", "b1", "1"); err != nil {
 		t.Fatalf("braid lb weight b1 1: %v: %s", err, out)
 	}
-	d = routeWait(0, 3)
+	routeWait(0, 3)
+	d = time.Since(t0)
 	t.Logf("one backend back: announced again within %.0f ms", float64(d.Microseconds())/1000)
 	t.Logf("total %.1f s", time.Since(start).Seconds())
 }
@@ -711,29 +725,26 @@ func (s *pacedServers) close() {
 	s.wg.Wait()
 }
 
-// resumeAfter reports, for a subflow whose acknowledged bytes advanced in the second before
-// t, how long after t they advanced again (ok false if they had not advanced before t); a
-// subflow that never advanced again counts as the whole sampling time after t.
+// resumeAfter reports, for a subflow that had data in flight at t (its last sample before t
+// shows unacknowledged bytes), how long after t its acknowledged bytes advanced (ok false if
+// nothing was in flight); one that never advanced again counts as the whole sampling time
+// after t.
 func (m *subflowMonitor) resumeAfter(sf netip.AddrPort, t time.Time) (time.Duration, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ss := m.samples[sf]
-	var at uint64 // acknowledged bytes at t
-	var before []sfSample
-	for _, s := range ss {
-		if s.at.After(t) {
+	var last *sfSample // the last sample at or before t
+	for i := range ss {
+		if ss[i].at.After(t) {
 			break
 		}
-		at = s.acked
-		if t.Sub(s.at) <= time.Second {
-			before = append(before, s)
-		}
+		last = &ss[i]
 	}
-	if len(before) == 0 || before[0].acked == at {
+	if last == nil || last.unacked == 0 {
 		return 0, false
 	}
 	for _, s := range ss {
-		if s.at.After(t) && s.acked > at {
+		if s.at.After(t) && s.acked > last.acked {
 			return s.at.Sub(t), true
 		}
 	}
