@@ -80,9 +80,9 @@ func TestLBFleetECMP(t *testing.T) {
 	var insts []*scenario.FleetInstance
 	defer func() {
 		if t.Failed() {
-			t.Logf("bird:\n%s", tail(fleet.BirdLog(), 40))
+			t.Logf("bird:\n%s", fleetTail(fleet.BirdLog(), 40))
 			for _, fi := range insts {
-				t.Logf("instance %d:\n%s", fi.Index, tail(fi.Log(), 30))
+				t.Logf("instance %d:\n%s", fi.Index, fleetTail(fi.Log(), 30))
 			}
 		}
 	}()
@@ -158,7 +158,7 @@ func TestLBFleetECMP(t *testing.T) {
 	}
 	fleetCheckSubflows(t, cs)
 	fleetCheckResets(t, l, hosts)
-	closeAll(cs)
+	fleetCloseAll(cs)
 	moved := uint64(0)
 	for _, i := range []int{2, 3} {
 		c, err := fleet.Counters(ctx, i)
@@ -248,7 +248,7 @@ func TestLBFleetECMP(t *testing.T) {
 	}
 	fleetCheckSubflows(t, cs)
 	fleetCheckResets(t, l, hosts)
-	closeAll(cs)
+	fleetCloseAll(cs)
 
 	// Drain instance 2 while clients download: withdrawn over BGP before the process exits.
 	cs = fleetConnect(t, ctx, l, fleet, clients)
@@ -286,7 +286,7 @@ func TestLBFleetECMP(t *testing.T) {
 	}
 	fleetCheckSubflows(t, cs)
 	fleetCheckResets(t, l, hosts)
-	closeAll(cs)
+	fleetCloseAll(cs)
 
 	// Backends change while connections live: on every instance b4 is added and b0 drained
 	// during a wave of downloads. Established connections stay whole (each instance pins its
@@ -314,13 +314,13 @@ func TestLBFleetECMP(t *testing.T) {
 	wg.Wait()
 	fleetCheckSubflows(t, cs)
 	fleetCheckResets(t, l, hosts)
-	closeAll(cs)
+	fleetCloseAll(cs)
 	cs = fleetConnect(t, ctx, l, fleet, clients)
 	per := make([]int, hosts)
 	for _, c := range cs {
 		per[c.backend]++
 	}
-	closeAll(cs)
+	fleetCloseAll(cs)
 	t.Logf("after adding b4 and draining b0 on every instance, new connections per backend: %v", per)
 	if per[0] != 0 || per[4] == 0 {
 		t.Errorf("new connections per backend %v: want none on the drained b0, some on the added b4", per)
@@ -349,7 +349,7 @@ func TestLBFleetECMP(t *testing.T) {
 	t.Logf("total %.1f s", time.Since(start).Seconds())
 }
 
-func tail(s string, n int) string {
+func fleetTail(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
@@ -364,7 +364,7 @@ type fleetConn struct {
 	subflows []info.AddrPair
 }
 
-func closeAll(cs []*fleetConn) {
+func fleetCloseAll(cs []*fleetConn) {
 	for _, c := range cs {
 		if c != nil && c.c != nil {
 			c.c.Close()
@@ -398,7 +398,7 @@ func fleetConnect(t *testing.T, ctx context.Context, l *lab.Lab, fleet *scenario
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		closeAll(cs)
+		fleetCloseAll(cs)
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -414,7 +414,7 @@ func fleetConnect(t *testing.T, ctx context.Context, l *lab.Lab, fleet *scenario
 				break
 			}
 			if time.Now().After(deadline) {
-				closeAll(cs)
+				fleetCloseAll(cs)
 				t.Fatalf("connection on backend %d: subflows %+v, want 2 with one to port %d", fc.backend, sfs, want)
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -611,7 +611,7 @@ func (m *subflowMonitor) stallAfter(sf netip.AddrPort, t time.Time) time.Duratio
 		switch {
 		case i > 0 && s.acked != last:
 			if !since.IsZero() && s.at.After(t) {
-				worst = max(worst, s.at.Sub(maxTime(since, t)))
+				worst = max(worst, s.at.Sub(fleetMaxTime(since, t)))
 			}
 			since = time.Time{}
 			if s.unacked > 0 {
@@ -629,13 +629,13 @@ func (m *subflowMonitor) stallAfter(sf netip.AddrPort, t time.Time) time.Duratio
 		ss := m.samples[sf]
 		end := ss[len(ss)-1].at
 		if end.After(t) {
-			worst = max(worst, end.Sub(maxTime(since, t)))
+			worst = max(worst, end.Sub(fleetMaxTime(since, t)))
 		}
 	}
 	return worst
 }
 
-func maxTime(a, b time.Time) time.Time {
+func fleetMaxTime(a, b time.Time) time.Time {
 	if a.After(b) {
 		return a
 	}
