@@ -230,7 +230,7 @@ func (f *Fleet) StartInstance(i int, drain time.Duration) (*FleetInstance, error
 	cmd := exec.Command(f.braid[0], args...)
 	cmd.Env = append(os.Environ(), f.env...)
 	fi := &FleetInstance{Index: i, Cmd: cmd, log: &bytes.Buffer{}, done: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = &lockedWriter{b: fi.log}, &lockedWriter{b: fi.log}
+	cmd.Stdout, cmd.Stderr = &fleetLogWriter{b: fi.log}, &fleetLogWriter{b: fi.log}
 	if err := f.l.Host(fmt.Sprintf("lb%d", i)).Start(cmd); err != nil {
 		return nil, err
 	}
@@ -244,12 +244,12 @@ func (f *Fleet) StartInstance(i int, drain time.Duration) (*FleetInstance, error
 	return fi, nil
 }
 
-type lockedWriter struct {
+type fleetLogWriter struct {
 	mu sync.Mutex
 	b  *bytes.Buffer
 }
 
-func (w *lockedWriter) Write(p []byte) (int, error) {
+func (w *fleetLogWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.b.Write(p)
@@ -349,14 +349,14 @@ func (f *Fleet) Counters(ctx context.Context, i int) (map[string]uint64, error) 
 	var st struct {
 		Counters map[string]uint64 `json:"counters"`
 	}
-	if err := fetchJSON(ctx, f.l.Host("rt"), "http://"+netip.AddrPortFrom(FleetInstanceAddr(i), 9476).String()+"/status", &st); err != nil {
+	if err := fleetFetchJSON(ctx, f.l.Host("rt"), "http://"+netip.AddrPortFrom(FleetInstanceAddr(i), 9476).String()+"/status", &st); err != nil {
 		return nil, err
 	}
 	return st.Counters, nil
 }
 
-// fetchJSON GETs url from host h and decodes the JSON document into v.
-func fetchJSON(ctx context.Context, h *lab.Host, url string, v any) error {
+// fleetFetchJSON GETs url from host h and decodes the JSON document into v.
+func fleetFetchJSON(ctx context.Context, h *lab.Host, url string, v any) error {
 	c := http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) { return h.Dial(ctx, network, addr) }}}
 	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)

@@ -163,7 +163,7 @@ func mplbFleetTokenJoins(ctx context.Context, o Options, n int) (joined int, dro
 	}
 	time.Sleep(3 * time.Second) // the join SYN's retransmissions (1 s, 2 s) hash the same way
 	for _, c := range conns {
-		if establishedSubflows(c) == 2 {
+		if fleetEstablished(c) == 2 {
 			joined++
 		}
 	}
@@ -226,9 +226,9 @@ func mplbFleetClaims(c *Claims, sizes []int64, single, fleet []mplbPoint) {
 	c.AtLeast(sizeName(sizes[last])+": fleet throughput over the single braid lb's", fr/max(sr, 1e-9), 0.8, "%.2f")
 }
 
-// establishedSubflows counts the connection's subflows in the established state (its list
+// fleetEstablished counts the connection's subflows in the established state (its list
 // also holds joins still waiting for their SYN/ACK).
-func establishedSubflows(c *net.TCPConn) int {
+func fleetEstablished(c *net.TCPConn) int {
 	full, err := info.Full(c)
 	if err != nil {
 		return 0
@@ -259,10 +259,10 @@ func mplbFleetDownload(ctx context.Context, l *lab.Lab, size int64) (time.Durati
 	}
 	d := time.Since(start)
 	// Small files finish before the join does: give it a moment.
-	joined := establishedSubflows(c) == 2
+	joined := fleetEstablished(c) == 2
 	for i := 0; !joined && i < 20; i++ {
 		time.Sleep(10 * time.Millisecond)
-		joined = establishedSubflows(c) == 2
+		joined = fleetEstablished(c) == 2
 	}
 	return d, joined, nil
 }
