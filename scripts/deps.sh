@@ -111,3 +111,5 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq && apt-get install -y -qq chromium chromium-driver python3-selenium >/dev/null
 fi
+# bird2: the upstream router of the load-balancer fleet lab (TestLBFleetECMP, braid lab repro mplb), to which every braid lb instance announces the VIP over BGP.
+command -v bird >/dev/null 2>&1 || { echo "deps: installing bird2 (Debian package)" >&2; export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq bird2 >/dev/null; }

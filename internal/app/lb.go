@@ -31,7 +31,7 @@ const lbDoc = `Usage: braid lb --config FILE [--log-format text|json] [--verbose
        braid lb weight NAME WEIGHT [--control SOCKET]
        braid lb drain NAME [--control SOCKET]
        braid lb remove NAME [--control SOCKET]
-       braid lb add NAME --mac MAC [--interface IF] [--address ADDR] [--weight W] [--control SOCKET]
+       braid lb add NAME --mac MAC [--interface IF] [--address ADDR] [--weight W] [--stateless-port P] [--control SOCKET]
        braid lb reload [--control SOCKET]
 
 braid lb balances TCP connections to virtual services (VIP:port) over backends that hold the
@@ -95,6 +95,26 @@ The site file's [lb] section:
   mac = "02:00:00:00:00:01"
   health = "10.0.0.11:443"
 
+Several instances (a fleet) share the VIPs behind routers that spread them by ECMP: each
+instance announces its VIPs over BGP ([lb.bgp]; GoBGP runs inside braid lb, it connects to
+its neighbours and never listens) while it serves (a backend is up and not drained), and
+withdraws them when it stops serving. On SIGTERM it withdraws them first, keeps forwarding for
+'drain', then stops. Every instance needs the same backends, hash_seed and services (Maglev
+then places a flow the same way on each), and the backends the stateless mode, since a join
+may reach an instance that did not see its connection (docs/lb.md, "Several instances"):
+
+  [lb.bgp]
+  local_as = 65001
+  router_id = "10.4.0.2"        # IPv4; also the next hop of IPv4 VIPs unless next_hop is set
+  # next_hop6 = "2001:db8::2"   # required to announce IPv6 VIPs
+  # announce = ["10.100.0.1/32"]  # default: every service's VIP, /32 or /128
+  hold_time = "9s"
+  drain = "2s"
+  [[lb.bgp.neighbor]]
+  address = "10.4.0.1"
+  as = 65000
+  # port = 179
+
 Example:
   braid lb check --config /etc/braid/site.toml
   braid lb --config /etc/braid/site.toml
@@ -134,7 +154,11 @@ func lbCheck(e env, args []string) int {
 		if !cfg.Aware {
 			aware = "MPTCP-unaware"
 		}
-		return fmt.Sprintf("%s, mode %s, %d services, %d backends", aware, cfg.Mode, len(cfg.Services), len(cfg.Backends))
+		s := fmt.Sprintf("%s, mode %s, %d services, %d backends", aware, cfg.Mode, len(cfg.Services), len(cfg.Backends))
+		if cfg.BGP != nil {
+			s += fmt.Sprintf(", BGP AS %d announcing %v to %d neighbours", cfg.BGP.LocalAS, cfg.BGP.Announce, len(cfg.BGP.Neighbors))
+		}
+		return s
 	})
 }
 
@@ -210,8 +234,20 @@ func serveLB(ctx context.Context, cfg *config.LB, log *slog.Logger) error {
 		}
 	}
 	log.Info("balancing", "interface", cfg.Interface, "services", cfg.Services, "backends", len(specs), "mode", cfg.Mode, "aware", cfg.Aware)
+	runCtx := ctx
+	var status lbSource = l
+	if cfg.BGP != nil {
+		// Announced only now that the program is attached: a router sends nothing before.
+		sp, err := startLBSpeaker(ctx, cfg, l, log)
+		if err != nil {
+			return err
+		}
+		defer sp.Stop()
+		runCtx = sp.runContext(ctx)
+		status = lbWithBGP{l, sp}
+	}
 	if cfg.Metrics != "" {
-		srv, err := metrics.Listen(cfg.Metrics, l)
+		srv, err := metrics.Listen(cfg.Metrics, status)
 		if err != nil {
 			return err
 		}
@@ -235,13 +271,13 @@ func serveLB(ctx context.Context, cfg *config.LB, log *slog.Logger) error {
 				return rl.controlReload()
 			}
 			return applyLB(l, r)
-		}, l.StatusJSON)
+		}, status.StatusJSON)
 		if err != nil {
 			return err
 		}
 		defer stop()
 	}
-	return l.Run(ctx)
+	return l.Run(runCtx)
 }
 
 // reloadLB applies the site file next to the balancer l that runs cur: the changes only a
@@ -292,6 +328,8 @@ type lbRequest struct {
 	MAC       string `json:"mac,omitempty"`
 	Interface string `json:"interface,omitempty"`
 	Address   string `json:"address,omitempty"`
+	// StatelessPort is the added backend's own port on every VIP (stateless mode); 0 for none.
+	StatelessPort uint16 `json:"stateless_port,omitempty"`
 }
 
 func applyLB(l *lb.LB, r lbRequest) error {
@@ -304,7 +342,10 @@ func applyLB(l *lb.LB, r lbRequest) error {
 	case "remove":
 		return l.RemoveBackend(r.Name)
 	case "add":
-		b := config.LBBackend{Name: r.Name, Weight: r.Weight, Interface: r.Interface}
+		if err := lbStatelessPortFree(l, r.StatelessPort); err != nil {
+			return err
+		}
+		b := config.LBBackend{Name: r.Name, Weight: r.Weight, Interface: r.Interface, StatelessPort: r.StatelessPort}
 		m, err := net.ParseMAC(r.MAC)
 		if err != nil || len(m) != 6 {
 			return fmt.Errorf("mac %q: want an Ethernet address", r.MAC)
@@ -333,6 +374,7 @@ func lbControl(e env, action string, args []string) int {
 	ifname := fs.String("interface", "", "add: egress `INTERFACE` toward the backend")
 	addr := fs.String("address", "", "add: the backend's `ADDRESS` (encapsulation destination)")
 	weight := fs.Uint("weight", 1, "add: the backend's `WEIGHT`")
+	statelessPort := fs.Uint("stateless-port", 0, "add: the backend's own `PORT` on every VIP (stateless mode)")
 	pos, _, done, code := parseInterspersed(e, fs, args)
 	if done {
 		return code
@@ -355,7 +397,12 @@ func lbControl(e env, action string, args []string) int {
 			fmt.Fprintln(e.stderr, "braid lb add: --mac is required")
 			return exitUsage
 		}
+		if *statelessPort > 65535 {
+			fmt.Fprintf(e.stderr, "braid lb add: --stateless-port %d outside 1..65535\n", *statelessPort)
+			return exitUsage
+		}
 		req.Name, req.MAC, req.Interface, req.Address, req.Weight = pos[0], *mac, *ifname, *addr, uint32(*weight)
+		req.StatelessPort = uint16(*statelessPort)
 	default:
 		fmt.Fprintf(e.stderr, "braid lb %s: wrong arguments (see 'braid lb --help')\n", action)
 		return exitUsage
@@ -378,7 +425,7 @@ func lbShow(e env, what string, args []string) int {
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
-	var st lb.Status
+	var st lbStatusDoc
 	if err := getStatus(*addr, &st); err != nil {
 		fmt.Fprintf(e.stderr, "braid lb %s: %v\n", what, err)
 		return exitError
@@ -398,11 +445,12 @@ func lbShow(e env, what string, args []string) int {
 	}
 	switch what {
 	case "backends":
-		printLBBackends(e.stdout, st)
+		printLBBackends(e.stdout, st.Status)
 	case "tokens":
-		printLBTokens(e.stdout, st)
+		printLBTokens(e.stdout, st.Status)
 	default:
-		printLBStatus(e.stdout, st)
+		printLBStatus(e.stdout, st.Status)
+		printLBBGP(e.stdout, st.BGP)
 	}
 	return exitOK
 }

@@ -49,6 +49,8 @@ type LB struct {
 
 	Services []netip.AddrPort
 	Backends []LBBackend
+
+	BGP *LBBGP // [lb.bgp]: VIPs announced to upstream routers; nil for none
 }
 
 // LBBackend is one server behind the balancer.
@@ -144,6 +146,7 @@ type fileLB struct {
 	Fall           *int64          `toml:"fall"`
 	Service        []fileLBService `toml:"service"`
 	Backend        []fileLBBackend `toml:"backend"`
+	BGP            *fileLBBGP      `toml:"bgp"`
 }
 
 type fileLBService struct {
@@ -276,6 +279,7 @@ func LoadLB(filename string, data []byte, env Env) (*LB, error) {
 		}
 		lb.Backends = append(lb.Backends, b)
 	}
+	lb.BGP = l.lbBGP(fl.BGP)
 	c := &checker{}
 	lb.check(c, env)
 	reported := map[string]bool{}
@@ -441,4 +445,5 @@ func (lb *LB) check(c *checker, env Env) {
 			ports[b.StatelessPort] = b.Name
 		}
 	}
+	lb.checkBGP(c)
 }

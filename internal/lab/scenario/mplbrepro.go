@@ -96,10 +96,17 @@ func runMPLB(ctx context.Context, w io.Writer, o Options) error {
 			u.single, len(u.times), a.single, len(a.times))
 	}
 	tw.Flush()
+	fleet, fleetErr := mplbFleetReport(ctx, w, o, sizes, runs, results[1])
+	if len(fleet) == len(sizes) {
+		balancers, results = append(balancers, mplbBalancer{name: mplbFleetName}), append(results, fleet)
+	}
 	plotErr := mplbPlots(o, balancers, sizes, results)
 	c := mplbClaims(sizes, results[0], results[1])
+	if len(fleet) == len(sizes) {
+		mplbFleetClaims(c, sizes, results[1], fleet)
+	}
 	c.Print(w)
-	return errors.Join(plotErr, c.Err())
+	return errors.Join(plotErr, fleetErr, c.Err())
 }
 
 // mplbClaims are the paper's claims on the largest file, where the transfer, not the
