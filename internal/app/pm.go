@@ -180,6 +180,7 @@ func runPM(e env, args []string) int {
 			log.Warn("restore net.mptcp.pm_type", "err", err)
 		}
 	}()
+	warnExposure(log, cfg.Metrics)
 	if cfg.Metrics != "" {
 		srv, err := metrics.Listen(cfg.Metrics, d)
 		if err != nil {
