@@ -167,7 +167,8 @@ func runPM(e env, args []string) int {
 		pol = amptcpPolicy(cfg.AMPTCP, res)
 	}
 	d, err := pm.New(pm.Options{Uplinks: ups, Policy: pol, Logger: log, Poll: cfg.Poll, Resolver: res,
-		Core: core.Config{JoinTimeout: cfg.JoinTimeout, DeadAfter: cfg.DeadAfter, Retry: cfg.Retry, PortBase: cfg.PortBase, PortSpan: cfg.PortSpan}})
+		Core: core.Config{JoinTimeout: cfg.JoinTimeout, DeadAfter: cfg.DeadAfter, Retry: cfg.Retry, PortBase: cfg.PortBase, PortSpan: cfg.PortSpan,
+			MaxAnnounced: cfg.MaxAnnounced, JoinAttempts: cfg.JoinAttempts, AllowLinkLocal: cfg.AllowLinkLocal}})
 	if err != nil {
 		if res != nil {
 			res.Close()
