@@ -27,12 +27,11 @@
 // announced endpoints in its life (AnnounceCapped); and, as RFC 8684 section 3.4.1 says, joins
 // to an announced endpoint stop once they fail (JoinAttempts joins that never came up; none
 // succeeded before; JoinsAbandoned), until the peer announces it again, which is heeded at
-// most once per ReannounceAfter. Addresses are parsed with net/netip, which does no I/O.
+// most once per ReannounceAfter (addr.go).
 package core
 
 import (
 	"fmt"
-	"net/netip"
 	"sort"
 	"time"
 )
@@ -367,7 +366,7 @@ func (m *Manager) Event(now time.Time, e Event) []Action {
 			if r.Port == 0 {
 				r.Port = c.remote.Port
 			}
-			if e.RemID == 0 || !m.announceable(c, r.Addr) {
+			if e.RemID == 0 || !announceable(r.Addr, c.v6, m.cfg.AllowLinkLocal) {
 				m.Counters.AnnounceRefused++
 				return nil
 			}
@@ -664,23 +663,6 @@ func (m *Manager) plan(now time.Time, c *conn) []Action {
 		delete(c.subflows, t)
 	}
 	return out
-}
-
-// announceable reports whether an announced address is one a peer of c can have.
-func (m *Manager) announceable(c *conn, addr string) bool {
-	a, err := netip.ParseAddr(addr)
-	if err != nil {
-		return false
-	}
-	a = a.Unmap()
-	switch {
-	case a.Is6() != c.v6, a.IsUnspecified(), a.IsLoopback(), a.IsMulticast(),
-		a == netip.AddrFrom4([4]byte{255, 255, 255, 255}),
-		a.Is4() && a.As4()[0] == 0, // "this network" (RFC 1122)
-		(a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast()) && !m.cfg.AllowLinkLocal:
-		return false
-	}
-	return true
 }
 
 // joinFailed records a join to remote that never came up; an announced endpoint is given up
