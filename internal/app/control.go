@@ -183,5 +183,21 @@ func warnExposure(log *slog.Logger, metricsAddr string, keyFiles ...string) {
 	}
 }
 
+// tunnelStartWarnings logs what a tunnel's configuration exposes: warnExposure's, and that
+// mode mpt has no authentication.
+func tunnelStartWarnings(log *slog.Logger, cfg *config.Tunnel) {
+	metricsAddr, keyFile := "", ""
+	if cfg.Metrics.IsValid() {
+		metricsAddr = cfg.Metrics.String()
+	}
+	if cfg.Braid != nil {
+		keyFile = cfg.Braid.PrivateKeyFile
+	}
+	warnExposure(log, metricsAddr, keyFile)
+	if cfg.Mode == config.ModeMPT {
+		log.Warn(mptUnauthenticated)
+	}
+}
+
 // mptUnauthenticated is the warning a tunnel in mode "mpt" logs at start.
 const mptUnauthenticated = `mode "mpt" has NO AUTHENTICATION AND NO ENCRYPTION (MPT's protocol has none): anyone who can send to this site's uplinks can inject packets into its networks as any address inside the peer's routes, and read what crosses; inner sources outside the peer's routes are dropped (drop_spoofed). Use it only where the paths are trusted, or inside IPsec, or use mode "braid"`

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"syscall"
 	"testing"
 
+	"braid/internal/config"
 	"braid/internal/lab/labtest"
 )
 
@@ -142,6 +144,38 @@ func TestExposureWarnings(t *testing.T) {
 		for i, w := range c.want {
 			if !strings.Contains(lines[i], "level=WARN") || !strings.Contains(lines[i], w) {
 				t.Errorf("metrics %q keys %v: warning %q, want a WARN containing %q", c.metrics, c.keys, lines[i], w)
+			}
+		}
+	}
+}
+
+// A tunnel in mode mpt says at start, at WARN, that it has no authentication (issue 18 item
+// 13); braid mode does not, and warns of its key file when others may read it.
+func TestTunnelStartWarnings(t *testing.T) {
+	key := filepath.Join(t.TempDir(), "site.key")
+	os.WriteFile(key, []byte("k\n"), 0o600)
+	os.Chmod(key, 0o640)
+	for _, c := range []struct {
+		cfg  config.Tunnel
+		want []string
+	}{
+		{config.Tunnel{Mode: config.ModeMPT, Metrics: netip.MustParseAddrPort("127.0.0.1:9473")}, []string{"NO AUTHENTICATION"}},
+		{config.Tunnel{Mode: config.ModeBraid, Braid: &config.BraidSettings{PrivateKeyFile: key}}, []string{"site.key has mode 0640"}},
+		{config.Tunnel{Mode: config.ModeBraid, Metrics: netip.MustParseAddrPort("0.0.0.0:9473")}, []string{"is not loopback"}},
+	} {
+		var b bytes.Buffer
+		tunnelStartWarnings(slog.New(slog.NewTextHandler(&b, nil)), &c.cfg)
+		lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+		if b.Len() == 0 {
+			lines = nil
+		}
+		if len(lines) != len(c.want) {
+			t.Errorf("mode %s: %d warnings, want %d:\n%s", c.cfg.Mode, len(lines), len(c.want), b.String())
+			continue
+		}
+		for i, w := range c.want {
+			if !strings.Contains(lines[i], "level=WARN") || !strings.Contains(lines[i], w) {
+				t.Errorf("mode %s: %q, want a WARN containing %q", c.cfg.Mode, lines[i], w)
 			}
 		}
 	}
