@@ -31,14 +31,63 @@ import (
 //     most hsQueue waiting; beyond that they are dropped and counted (drop_handshake_busy).
 //     A peer's initiation lost that way is sent again 500 ms later.
 //
-// A sender that does receive at its address can get cookies and spend the budget with them;
-// that is bounded by the budget, not prevented (docs/security.md, "Tunnel").
+// A sender that does receive at its address can get cookies: under load, each address may
+// have at most hsPerSourceRate initiations a second worked on (bursts of hsPerSourceBurst), as
+// WireGuard's rate limiter; the table of addresses holds at most hsSources, addresses that
+// proved they receive there (drop_handshake_rate beyond).
 const (
 	hsQueue   = 64
 	hsRate    = 500 // a second: about a tenth of a core of X25519 on this machine
 	hsBurst   = 100
 	hsLoadFor = time.Second
+
+	hsPerSourceRate  = 20
+	hsPerSourceBurst = 5
+	hsSources        = 4096
 )
+
+// hsSourceLimit is the per-address budget of initiations under load.
+type hsSourceLimit struct {
+	mu sync.Mutex
+	m  map[netip.Addr]*hsBucket
+}
+
+type hsBucket struct {
+	tokens float64
+	at     int64
+}
+
+// take reports whether an initiation from a may be worked on at now.
+func (l *hsSourceLimit) take(a netip.Addr, now int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.m == nil {
+		l.m = map[netip.Addr]*hsBucket{}
+	}
+	b := l.m[a]
+	if b == nil {
+		if len(l.m) >= hsSources {
+			// Forget the addresses whose bucket has filled up again since.
+			for k, v := range l.m {
+				if time.Duration(now-v.at) >= time.Second*hsPerSourceBurst/hsPerSourceRate {
+					delete(l.m, k)
+				}
+			}
+			if len(l.m) >= hsSources {
+				return false
+			}
+		}
+		b = &hsBucket{tokens: hsPerSourceBurst, at: now}
+		l.m[a] = b
+	}
+	b.tokens = min(b.tokens+float64(now-b.at)/float64(time.Second)*hsPerSourceRate, hsPerSourceBurst)
+	b.at = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
 
 // hsJob is one initiation for the worker.
 type hsJob struct {
@@ -92,11 +141,17 @@ func (t *Tunnel) initiation(u *uplink, src netip.AddrPort, id uint8, body []byte
 	if len(t.hsq) >= hsQueue/8 {
 		t.loadUntil.Store(now + int64(hsLoadFor))
 	}
-	if now < t.loadUntil.Load() && !t.cookies.CheckMAC2(body[:len(msg)+len(mac1)], mac2, src, now) {
-		reply := t.cookies.AppendReply(make([]byte, 0, session.CookieReplyLen), mac1, src, now)
-		t.sendClearTo(u, src, 0, cookieReplyKey(mac1), mpath.TypeCookieReply, reply)
-		t.stats.CookiesSent.Add(1)
-		return
+	if now < t.loadUntil.Load() {
+		if !t.cookies.CheckMAC2(body[:len(msg)+len(mac1)], mac2, src, now) {
+			reply := t.cookies.AppendReply(make([]byte, 0, session.CookieReplyLen), mac1, src, now)
+			t.sendClearTo(u, src, 0, cookieReplyKey(mac1), mpath.TypeCookieReply, reply)
+			t.stats.CookiesSent.Add(1)
+			return
+		}
+		if !t.hsSources.take(src.Addr(), now) {
+			t.stats.DropHandshakeRate.Add(1)
+			return
+		}
 	}
 	if !t.hsBudget.take(now) {
 		t.loadUntil.Store(now + int64(hsLoadFor))

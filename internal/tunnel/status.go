@@ -43,6 +43,9 @@ type Counters struct {
 	// instead of a handshake; CookiesReceived: cookie replies this side took for its own
 	// initiations; DropCookieReply: cookie replies that were not for an initiation of ours.
 	CookiesSent, CookiesReceived, DropCookieReply atomic.Uint64
+	// DropHandshakeRate: an initiation with a valid mac2, under load, over its address's
+	// budget (hsworker.go).
+	DropHandshakeRate atomic.Uint64
 	// A packet from an address that is none of the peer's paths that did not open: replayed
 	// (DropReplayNewSource) or forged (DropAuthNewSource). Such packets move no path.
 	DropReplayNewSource, DropAuthNewSource atomic.Uint64
@@ -250,7 +253,7 @@ func (c *Counters) snapshot() map[string]uint64 {
 		"handshake_copies": c.HandshakeCopies.Load(), "drop_early": c.DropEarly.Load(),
 		"drop_version":       c.DropVersion.Load(),
 		"drop_handshake_mac": c.DropHandshakeMAC.Load(), "drop_handshake_busy": c.DropHandshakeBusy.Load(),
-		"cookies_sent": c.CookiesSent.Load(), "cookies_received": c.CookiesReceived.Load(), "drop_cookie_reply": c.DropCookieReply.Load(), "drop_replay_new_source": c.DropReplayNewSource.Load(),
+		"cookies_sent": c.CookiesSent.Load(), "cookies_received": c.CookiesReceived.Load(), "drop_cookie_reply": c.DropCookieReply.Load(), "drop_handshake_rate": c.DropHandshakeRate.Load(), "drop_replay_new_source": c.DropReplayNewSource.Load(),
 		"drop_auth_new_source": c.DropAuthNewSource.Load(), "drop_path_limit": c.DropPathLimit.Load(),
 		"path_moves": c.PathMoves.Load(), "paths_learned": c.PathsLearned.Load(), "keepalives_sent": c.KeepalivesSent.Load(),
 		"nacks_sent": c.NacksSent.Load(), "nacks_received": c.NacksReceived.Load(), "resent": c.Resent.Load(),

@@ -189,6 +189,7 @@ type Tunnel struct {
 	v1Warned  atomic.Bool
 	cookies   *session.Cookies
 	loadUntil atomic.Int64
+	hsSources hsSourceLimit
 }
 
 type uplink struct {
