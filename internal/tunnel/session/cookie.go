@@ -1,11 +1,14 @@
 package session
 
 import (
+	"crypto/cipher"
 	"crypto/rand"
 	"crypto/subtle"
+	"encoding/binary"
 	"errors"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/crypto/blake2s"
@@ -109,7 +112,11 @@ func OpenCookieReply(reply []byte, responder PublicKey, mac1 []byte) (Cookie, er
 // Cookies is a responder's side of the cookie: the rotating secret, the check of mac2 and the
 // sealing of replies. It is safe for concurrent use.
 type Cookies struct {
-	key [blake2s.Size]byte // seals replies: cookieKey of this side's public key
+	aead cipher.AEAD // seals replies under cookieKey of this side's public key
+	// A reply's nonce is salt followed by a counter: unique per key, which is all XChaCha20
+	// needs, without a read of the system's random source per reply (a flood's cost).
+	salt [chacha20poly1305.NonceSizeX - 8]byte
+	ctr  atomic.Uint64
 
 	mu      sync.Mutex
 	secret  [2][blake2s.Size]byte // current, previous
@@ -119,7 +126,14 @@ type Cookies struct {
 
 // NewCookies returns the cookie state of the holder of pub.
 func NewCookies(pub PublicKey) *Cookies {
-	return &Cookies{key: cookieKey(pub)}
+	k := cookieKey(pub)
+	aead, err := chacha20poly1305.NewX(k[:])
+	if err != nil {
+		panic(err) // a 32-byte key is always valid
+	}
+	c := &Cookies{aead: aead}
+	rand.Read(c.salt[:])
+	return c
 }
 
 // secretsLocked returns the current and previous secrets at now, drawing a new one when the
@@ -174,12 +188,9 @@ func (c *Cookies) AppendReply(dst, mac1 []byte, src netip.AddrPort, now int64) [
 	secrets := c.secretsLocked(now)
 	c.mu.Unlock()
 	ck := cookieFor(&secrets[0], src)
-	aead, err := chacha20poly1305.NewX(c.key[:])
-	if err != nil {
-		panic(err)
-	}
 	var nonce [chacha20poly1305.NonceSizeX]byte
-	rand.Read(nonce[:])
+	copy(nonce[:], c.salt[:])
+	binary.BigEndian.PutUint64(nonce[len(c.salt):], c.ctr.Add(1))
 	dst = append(dst, nonce[:]...)
-	return aead.Seal(dst, nonce[:], ck[:], mac1)
+	return c.aead.Seal(dst, nonce[:], ck[:], mac1)
 }
