@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -14,7 +16,8 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"braid/internal/config"
+	"braid/internal/sock"
 )
 
 // controlReply answers one request on a role's control socket.
@@ -35,31 +38,34 @@ type controlAction struct {
 // per connection, answering with a controlReply; a status request is answered with status()
 // (when status is not nil). A sockPath that starts with "@" is an abstract socket, which
 // belongs to the network namespace: each namespace has its own, and it vanishes with the
-// process. Otherwise it is a file (mode 0600); a stale one is replaced, but one that a running
-// role still answers on is not taken over. Either way only root and this process's user may
-// use the socket (the peer's credentials are checked). stop closes the socket, waits for the
+// process. Otherwise it is a file, mode 0600 from the moment it exists (sock.ListenPrivate: made
+// in a 0700 directory, then renamed into place), in a directory made 0700 when it does not
+// exist; a stale one is replaced, but one that a running role still answers on is not taken
+// over. Either way only root and this process's user may use the socket (the peer's
+// credentials are checked, sock.PeerAllowed). stop closes the socket, waits for the
 // requests in progress and removes the socket file.
 func serveControl[Req any](ctx context.Context, sockPath string, apply func(Req) error, status func() any) (stop func(), err error) {
 	abstract := strings.HasPrefix(sockPath, "@")
 	if !abstract {
-		if err := os.MkdirAll(filepath.Dir(sockPath), 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Dir(sockPath), 0o700); err != nil {
 			return nil, fmt.Errorf("control socket: %w", err)
 		}
 		if c, err := net.DialTimeout("unix", sockPath, time.Second); err == nil {
 			c.Close()
 			return nil, fmt.Errorf("control socket %s: another running role serves it; set 'control' to another path", sockPath)
 		}
-		os.Remove(sockPath)
 	}
-	ln, err := net.Listen("unix", sockPath)
-	if err != nil {
-		if abstract && errors.Is(err, syscall.EADDRINUSE) {
+	var ln net.Listener
+	if abstract {
+		ln, err = net.Listen("unix", sockPath)
+		if errors.Is(err, syscall.EADDRINUSE) {
 			return nil, fmt.Errorf("control socket %s: another role in this network namespace serves it; set 'control' to another name", sockPath)
 		}
-		return nil, fmt.Errorf("control socket: %w", err)
+	} else {
+		ln, err = sock.ListenPrivate(sockPath)
 	}
-	if !abstract {
-		os.Chmod(sockPath, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -86,14 +92,20 @@ func serveControl[Req any](ctx context.Context, sockPath string, apply func(Req)
 	}, nil
 }
 
+// maxControlRequest bounds what a control request may be.
+const maxControlRequest = 1 << 20
+
 // handleControl reads and applies the request on c.
 func handleControl[Req any](c net.Conn, apply func(Req) error, status func() any) controlReply {
-	if err := peerAllowed(c); err != nil {
+	// The request is read before the peer is judged, so that a refused client, which writes
+	// its request first, reads the refusal rather than a broken pipe; requests are small.
+	var raw json.RawMessage
+	derr := json.NewDecoder(bufio.NewReader(io.LimitReader(c, maxControlRequest))).Decode(&raw)
+	if err := sock.PeerAllowed(c); err != nil {
 		return controlReply{Error: err.Error()}
 	}
-	var raw json.RawMessage
-	if err := json.NewDecoder(bufio.NewReader(c)).Decode(&raw); err != nil {
-		return controlReply{Error: "bad request: " + err.Error()}
+	if derr != nil {
+		return controlReply{Error: "bad request: " + derr.Error()}
 	}
 	var a controlAction
 	if json.Unmarshal(raw, &a) == nil && a.Action == "status" && status != nil {
@@ -122,31 +134,6 @@ func handleControl[Req any](c net.Conn, apply func(Req) error, status func() any
 type controlDone string
 
 func (d controlDone) Error() string { return string(d) }
-
-// peerAllowed lets root and this process's own user use a control socket: an abstract socket
-// has no file mode to keep others out.
-func peerAllowed(c net.Conn) error {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return nil
-	}
-	rc, err := uc.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := rc.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
-		return err
-	}
-	if cerr != nil {
-		return fmt.Errorf("peer credentials: %w", cerr)
-	}
-	if cred.Uid != 0 && int(cred.Uid) != os.Geteuid() {
-		return fmt.Errorf("permission denied: uid %d is neither root nor the role's user", cred.Uid)
-	}
-	return nil
-}
 
 // errNotRunning wraps a failure to reach a role's control socket.
 var errNotRunning = errors.New("not running")
@@ -184,3 +171,33 @@ func controlStatus(sockPath string) ([]byte, error) {
 	}
 	return rep.Status, nil
 }
+
+// warnExposure logs at start what the configuration exposes beyond its owner: a metrics
+// address that is not loopback, and key files that others than their owner may read.
+func warnExposure(log *slog.Logger, metricsAddr string, keyFiles ...string) {
+	if w := config.MetricsWarning(metricsAddr); w != "" {
+		log.Warn(w)
+	}
+	for _, w := range config.KeyFileWarnings(keyFiles...) {
+		log.Warn(w)
+	}
+}
+
+// tunnelStartWarnings logs what a tunnel's configuration exposes: warnExposure's, and that
+// mode mpt has no authentication.
+func tunnelStartWarnings(log *slog.Logger, cfg *config.Tunnel) {
+	metricsAddr, keyFile := "", ""
+	if cfg.Metrics.IsValid() {
+		metricsAddr = cfg.Metrics.String()
+	}
+	if cfg.Braid != nil {
+		keyFile = cfg.Braid.PrivateKeyFile
+	}
+	warnExposure(log, metricsAddr, keyFile)
+	if cfg.Mode == config.ModeMPT {
+		log.Warn(mptUnauthenticated)
+	}
+}
+
+// mptUnauthenticated is the warning a tunnel in mode "mpt" logs at start.
+const mptUnauthenticated = `mode "mpt" has NO AUTHENTICATION AND NO ENCRYPTION (MPT's protocol has none): anyone who can send to this site's uplinks can inject packets into its networks as any address inside the peer's routes, and read what crosses; inner sources outside the peer's routes are dropped (drop_spoofed). Use it only where the paths are trusted, or inside IPsec, or use mode "braid"`

@@ -187,6 +187,7 @@ func lbBackendSpec(b config.LBBackend) (lb.BackendSpec, error) {
 }
 
 func serveLB(ctx context.Context, cfg *config.LB, log *slog.Logger) error {
+	warnExposure(log, cfg.Metrics)
 	ifi, err := net.InterfaceByName(cfg.Interface)
 	if err != nil {
 		return fmt.Errorf("interface %s: %w", cfg.Interface, err)

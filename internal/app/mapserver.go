@@ -113,6 +113,7 @@ type mapserverRun struct {
 
 // startMapserver opens the socket and the metrics endpoint of cfg.
 func startMapserver(cfg *config.Mapserver, log *slog.Logger) (*mapserverRun, error) {
+	warnExposure(log, cfg.Metrics, cfg.KeyFiles...)
 	mc := mapserver.Defaults()
 	mc.MapServer, mc.MapResolver, mc.Forward = cfg.MapServer, cfg.MapResolver, cfg.Forward
 	mc.RegistrationTimeout, mc.NegativeTTL, mc.UnregisteredTTL = cfg.RegistrationTimeout, cfg.NegativeTTL, cfg.UnregisteredTTL

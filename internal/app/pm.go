@@ -203,7 +203,8 @@ func pmUplinks(cfg *config.PM) ([]core.Uplink, error) {
 }
 
 func pmCore(cfg *config.PM) core.Config {
-	return core.Config{JoinTimeout: cfg.JoinTimeout, DeadAfter: cfg.DeadAfter, Retry: cfg.Retry, PortBase: cfg.PortBase, PortSpan: cfg.PortSpan}
+	return core.Config{JoinTimeout: cfg.JoinTimeout, DeadAfter: cfg.DeadAfter, Retry: cfg.Retry, PortBase: cfg.PortBase, PortSpan: cfg.PortSpan,
+		MaxAnnounced: cfg.MaxAnnounced, JoinAttempts: cfg.JoinAttempts, AllowLinkLocal: cfg.AllowLinkLocal}
 }
 
 // servePM runs the path manager of cfg (policy: --policy, which a reload keeps) until ctx
@@ -240,6 +241,7 @@ func servePM(ctx context.Context, cfg *config.PM, policy string, log *slog.Logge
 			log.Warn("restore net.mptcp.pm_type", "err", err)
 		}
 	}()
+	warnExposure(log, cfg.Metrics)
 	if cfg.Metrics != "" {
 		srv, err := metrics.Listen(cfg.Metrics, d)
 		if err != nil {

@@ -313,6 +313,7 @@ func (s proxySource) WriteMetrics(w *metrics.Writer) {
 }
 
 func serveProxy(ctx context.Context, cfg *config.Proxy, log *slog.Logger) (err error) {
+	warnExposure(log, cfg.Metrics, cfg.PrivateKeyFile)
 	o, err := proxyOptions(cfg, log)
 	if err != nil {
 		return err

@@ -194,6 +194,7 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 	if cfg.Mode == config.ModeMPT && len(cfg.Peers) != 1 {
 		return fmt.Errorf("mode mpt carries one connection: the site file has %d peers (run one braid tunnel per MPT connection, each with its own interface)", len(cfg.Peers))
 	}
+	tunnelStartWarnings(log, cfg)
 	mtu := tunnelMTU(cfg)
 	// braid mode moves packets in batches (TUN offloads, UDP segmentation and coalescing);
 	// mpt mode reads and writes one packet at a time.

@@ -217,6 +217,7 @@ func xtrMTU(cfg *config.XTR) int {
 // serveXTR builds the xTR of cfg in this process's network namespace and runs it until ctx
 // ends.
 func serveXTR(ctx context.Context, cfg *config.XTR, log *slog.Logger) error {
+	warnExposure(log, cfg.Metrics, cfg.KeyFiles...)
 	o := xtrOptions(cfg, log)
 	o.MTU = xtrMTU(cfg)
 	closeAll := func() {

@@ -2,6 +2,9 @@ package config
 
 import (
 	"fmt"
+	"net"
+	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 )
@@ -44,4 +47,46 @@ func controlProblem(s string) string {
 		return fmt.Sprintf("control %q: a unix socket name has at most %d bytes and no NUL", s, maxSunPath)
 	}
 	return ""
+}
+
+// KeyFileWarnings returns a warning for each of files (key files) that others than its owner
+// may read or write (any group or world permission bit), or that cannot be examined: a key
+// that others can read is no longer secret. The role logs them at start; they are no error,
+// since some deployments share a key file with a group on purpose.
+func KeyFileWarnings(files ...string) []string {
+	var out []string
+	for _, f := range files {
+		if f == "" {
+			continue
+		}
+		fi, err := os.Stat(f)
+		switch {
+		case err != nil:
+			out = append(out, fmt.Sprintf("key file %s: %v", f, err))
+		case fi.Mode().Perm()&0o077 != 0:
+			out = append(out, fmt.Sprintf("key file %s has mode %04o: others than its owner may read it; chmod 600 %s", f, fi.Mode().Perm(), f))
+		}
+	}
+	return out
+}
+
+// MetricsWarning returns a warning when the metrics address addr (host:port) listens beyond
+// this machine: on all addresses, a name, or an address that is not loopback. The metrics and
+// status pages name peers, addresses and counters and take no credentials; "" when addr is
+// loopback (or empty: no metrics).
+func MetricsWarning(addr string) string {
+	if addr == "" {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Sprintf("metrics address %q: %v", addr, err)
+	}
+	if a, err := netip.ParseAddr(host); err == nil && a.Unmap().IsLoopback() {
+		return ""
+	}
+	if host == "localhost" {
+		return ""
+	}
+	return fmt.Sprintf("metrics address %s is not loopback: anyone who reaches it reads the role's status and counters without credentials; firewall it or use 127.0.0.1", addr)
 }

@@ -79,6 +79,7 @@ const MaxLispResolvers = 64
 
 // Mapserver is the configuration of `braid mapserver`.
 type Mapserver struct {
+	KeyFiles               []string // the sites' key_file values, as opened (KeyFileWarnings)
 	MapServer, MapResolver bool
 	Listen                 netip.AddrPort
 	Forward                []netip.AddrPort
@@ -117,6 +118,7 @@ func MapserverDefaults() Mapserver {
 
 // XTR is the configuration of `braid xtr`.
 type XTR struct {
+	KeyFiles         []string // the map servers' key_file values, as opened (KeyFileWarnings)
 	Interface        string
 	MTU              int
 	EIDs             []netip.Prefix
@@ -286,6 +288,7 @@ func (l *loader) lispKey(filename, obj, path, key, keyFile string) string {
 		if !filepath.IsAbs(f) {
 			f = filepath.Join(filepath.Dir(filename), f)
 		}
+		l.keyFiles = append(l.keyFiles, f)
 		b, err := os.ReadFile(f)
 		if err != nil {
 			l.fail(obj, path+".key_file", "key_file: %v", err)
@@ -445,6 +448,7 @@ func LoadMapserver(filename string, data []byte) (*Mapserver, error) {
 	if err := finish(filename, ix, l.issues); err != nil {
 		return nil, err
 	}
+	m.KeyFiles = l.keyFiles
 	return &m, nil
 }
 
@@ -610,5 +614,6 @@ func LoadXTR(filename string, data []byte, env Env) (*XTR, error) {
 	if err := finish(filename, ix, l.issues); err != nil {
 		return nil, err
 	}
+	x.KeyFiles = l.keyFiles
 	return &x, nil
 }

@@ -25,8 +25,14 @@ type PM struct {
 	Retry       time.Duration
 	PortBase    uint16
 	PortSpan    uint16
-	Uplinks     []PMUplink
-	AMPTCP      PMAMPTCP
+	// What the peer's ADD_ADDRs may make this host do (core.Config): distinct endpoints taken
+	// per connection, failed joins before an announced endpoint is given up, and whether
+	// link-local addresses are taken.
+	MaxAnnounced   int
+	JoinAttempts   int
+	AllowLinkLocal bool
+	Uplinks        []PMUplink
+	AMPTCP         PMAMPTCP
 
 	// timersSet records which of poll, join_timeout and dead_after the file set, so that
 	// UsePolicy changes only the others to the new policy's defaults.
@@ -60,7 +66,7 @@ var PMPolicies = []string{"fullmesh", "amptcp", "rbpm"}
 // PMDefaults returns the defaults, without uplinks, for the fullmesh policy.
 func PMDefaults() PM {
 	return PM{Policy: "fullmesh", Metrics: "127.0.0.1:9475", Control: DefaultPMControl, Poll: 100 * time.Millisecond, JoinTimeout: time.Second,
-		DeadAfter: time.Second, Retry: 250 * time.Millisecond, PortBase: 45000, PortSpan: 5000,
+		DeadAfter: time.Second, Retry: 250 * time.Millisecond, PortBase: 45000, PortSpan: 5000, MaxAnnounced: 8, JoinAttempts: 2,
 		AMPTCP: PMAMPTCP{Routing: "any", LookupTimeout: time.Second, LookupRetries: 2, MaxAge: time.Minute}}
 }
 
@@ -113,17 +119,20 @@ type pmSite struct {
 }
 
 type filePM struct {
-	Policy      *string      `toml:"policy"`
-	Metrics     *string      `toml:"metrics"`
-	Control     *string      `toml:"control"`
-	Poll        any          `toml:"poll"`
-	JoinTimeout any          `toml:"join_timeout"`
-	DeadAfter   any          `toml:"dead_after"`
-	Retry       any          `toml:"retry"`
-	PortBase    *int64       `toml:"port_base"`
-	PortSpan    *int64       `toml:"port_span"`
-	Backup      []string     `toml:"backup"` // names of uplinks whose subflows are backup
-	Uplink      []fileUplink `toml:"uplink"`
+	Policy         *string      `toml:"policy"`
+	Metrics        *string      `toml:"metrics"`
+	Control        *string      `toml:"control"`
+	Poll           any          `toml:"poll"`
+	JoinTimeout    any          `toml:"join_timeout"`
+	DeadAfter      any          `toml:"dead_after"`
+	Retry          any          `toml:"retry"`
+	PortBase       *int64       `toml:"port_base"`
+	PortSpan       *int64       `toml:"port_span"`
+	MaxAnnounced   *int64       `toml:"max_announced"`
+	JoinAttempts   *int64       `toml:"join_attempts"`
+	AllowLinkLocal *bool        `toml:"allow_link_local"`
+	Backup         []string     `toml:"backup"` // names of uplinks whose subflows are backup
+	Uplink         []fileUplink `toml:"uplink"`
 	// amptcp
 	Routing       *string  `toml:"routing"`
 	Resolvers     []string `toml:"resolvers"`
@@ -187,6 +196,23 @@ func LoadPM(filename string, data []byte, env Env) (*PM, error) {
 	}
 	if fp.PortSpan != nil {
 		pm.PortSpan = l.port("pm", "pm.port_span", "port_span", *fp.PortSpan, 1)
+	}
+	for _, k := range []struct {
+		key string
+		v   *int64
+		to  *int
+	}{{"max_announced", fp.MaxAnnounced, &pm.MaxAnnounced}, {"join_attempts", fp.JoinAttempts, &pm.JoinAttempts}} {
+		if k.v == nil {
+			continue
+		}
+		if *k.v < 1 || *k.v > 255 {
+			l.fail("pm", "pm."+k.key, "%s %d outside 1..255", k.key, *k.v)
+			continue
+		}
+		*k.to = int(*k.v)
+	}
+	if fp.AllowLinkLocal != nil {
+		pm.AllowLinkLocal = *fp.AllowLinkLocal
 	}
 	c := &checker{}
 	a := &pm.AMPTCP

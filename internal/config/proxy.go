@@ -79,6 +79,7 @@ import (
 type Proxy struct {
 	Mode           string // tproxy, redirect, socks
 	PrivateKey     ident.PrivateKey
+	PrivateKeyFile string // the file PrivateKey was read from, if any (KeyFileWarnings)
 	HasKey         bool
 	Plaintext      bool
 	PathManager    string // braid, kernel, none
@@ -287,6 +288,7 @@ func LoadProxy(filename string, data []byte, env Env) (*Proxy, error) {
 		if !filepath.IsAbs(name) {
 			name = filepath.Join(l.dir, name)
 		}
+		p.PrivateKeyFile = name
 		k, err := readProxyKey(env, name)
 		if err != nil {
 			l.fail(obj, "proxy.private_key_file", "private_key_file: %v", err)

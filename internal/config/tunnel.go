@@ -535,6 +535,8 @@ type loader struct {
 	env    Env
 	dir    string // of the site file, for a relative private_key_file
 	issues []issue
+	// keyFiles are the key files the configuration names (as opened), for KeyFileWarnings
+	keyFiles []string
 }
 
 func (l *loader) fail(obj, path, format string, args ...any) {

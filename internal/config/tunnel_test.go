@@ -770,6 +770,9 @@ func FuzzLoadTunnel(f *testing.F) {
 				if e.File != "fuzz.toml" || e.Reason == "" {
 					t.Fatalf("error without file or reason: %#v", e)
 				}
+				if e.Line == 0 && !strings.HasPrefix(e.Reason, "no [tunnel] section") && strings.Contains(string(data), "[tunnel") {
+					t.Fatalf("error without a line: %v", e)
+				}
 			}
 			return
 		}

@@ -14,6 +14,7 @@ import (
 
 	"braid/internal/lab/emu"
 	"braid/internal/lab/topo"
+	"braid/internal/sock"
 )
 
 // The control channel of a running `braid lab up`: a unix socket, one JSON request and one JSON
@@ -211,12 +212,12 @@ func (lk *Link) Status() []LinkStatus {
 // ServeControl answers link requests on a unix socket at path until ctx ends. It returns once
 // the socket is listening; the returned function stops it and waits.
 func (l *Lab) ServeControl(ctx context.Context, path string) (stop func(), err error) {
-	os.Remove(path)
-	ln, err := net.Listen("unix", path)
+	// Private from the moment it exists (mode 0600, made in a 0700 directory and renamed into
+	// place), and only root or the lab's user is served.
+	ln, err := sock.ListenPrivate(path)
 	if err != nil {
 		return nil, fmt.Errorf("lab: control socket: %w", err)
 	}
-	os.Chmod(path, 0o600)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for {
@@ -224,7 +225,13 @@ func (l *Lab) ServeControl(ctx context.Context, path string) (stop func(), err e
 			if err != nil {
 				return
 			}
-			wg.Go(func() { l.serveControlConn(c) })
+			wg.Go(func() {
+				if err := sock.PeerAllowed(c); err != nil {
+					c.Close()
+					return
+				}
+				l.serveControlConn(c)
+			})
 		}
 	})
 	ctx, cancel := context.WithCancel(ctx)

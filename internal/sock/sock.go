@@ -1,6 +1,7 @@
 // Package sock opens the tunnel's per-path UDP sockets: bound to the uplink's address (and
 // interface), with large buffers, and written without ever blocking, so that a full or dead path
-// can never stall the goroutine that feeds the others.
+// can never stall the goroutine that feeds the others. It also opens the roles' and the lab's
+// control sockets private from the start (ListenPrivate) and checks who connects (PeerAllowed).
 package sock
 
 import (

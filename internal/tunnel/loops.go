@@ -481,6 +481,9 @@ func (t *Tunnel) receive(u *uplink, src netip.AddrPort, b []byte, ob *outbox) {
 	case mpath.TypeHandshakeResp:
 		t.onResponse(g.Key, body)
 		return
+	case mpath.TypeCookieReply:
+		t.onCookieReply(u, src, g.Key, body)
+		return
 	}
 	ref := t.sessionFor(g.Key)
 	if ref == nil {

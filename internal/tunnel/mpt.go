@@ -35,6 +35,14 @@ import (
 //   - a datagram the local socket refuses does not use up a sequence number, so it leaves no
 //     gap for the peer's reorder buffer to wait for;
 //   - keepalives and the dead time have a 5 ms granularity instead of whole seconds.
+//
+// Since anyone who can send from a path's remote address (spoofed or not) speaks for the peer,
+// mpt mode limits what such a sender can do (issue 18 item 13; docs/security.md, "Tunnel"):
+// the start log warns that the mode has no authentication; an inner packet whose source is
+// outside the peer's routes (and is not its tunnel address) is dropped (drop_spoofed); and only
+// a datagram that passes every check keeps a path alive: junk, commands, keepalives that do not
+// name the connection's tunnel addresses (drop_keepalive_mismatch) and spoofed inner sources
+// do not, so that a sender who does not know the tunnel addresses cannot hold a dead path up.
 
 // MPTPath is one path of an MPT connection: a local uplink and the peer's address on it.
 type MPTPath struct {
@@ -101,6 +109,9 @@ type MPTCounters struct {
 	DropNoPath      atomic.Uint64 // no path up
 	DropSend        atomic.Uint64 // socket send buffer full, or the send failed
 	DropDevice      atomic.Uint64 // the device refused a write
+	// DropSpoofed: an inner source outside the peer's routes; DropKeepaliveMismatch: a
+	// keepalive naming other tunnel addresses than the connection's. Neither keeps a path up.
+	DropSpoofed, DropKeepaliveMismatch atomic.Uint64
 
 	// The command port.
 	CmdReceived           atomic.Uint64 // datagrams received, before any check
@@ -123,6 +134,7 @@ func (c *MPTCounters) snapshot() map[string]uint64 {
 		"drop_command": c.DropCommand.Load(), "drop_bad_inner": c.DropBadInner.Load(),
 		"drop_no_route": c.DropNoRoute.Load(), "drop_no_path": c.DropNoPath.Load(),
 		"drop_send": c.DropSend.Load(), "drop_device": c.DropDevice.Load(),
+		"drop_spoofed": c.DropSpoofed.Load(), "drop_keepalive_mismatch": c.DropKeepaliveMismatch.Load(),
 		"cmd_received": c.CmdReceived.Load(), "cmd_sent": c.CmdSent.Load(), "cmd_applied": c.CmdApplied.Load(),
 		"cmd_refused_source": c.CmdRefusedSource.Load(), "cmd_refused_unsupported": c.CmdRefusedUnsupported.Load(),
 		"cmd_refused_malformed": c.CmdRefusedMalformed.Load(), "cmd_refused_auth": c.CmdRefusedAuth.Load(),
@@ -581,7 +593,6 @@ func (t *MPTTunnel) receive(u *mptUplink, src netip.AddrPort, b []byte) {
 		return
 	}
 	now := t.now()
-	t.heard(p, now, len(b))
 	if err != nil { // ErrCommand
 		if payload[0] != mpt.CmdKeepalive {
 			t.stats.DropCommand.Add(1)
@@ -592,6 +603,14 @@ func (t *MPTTunnel) receive(u *mptUplink, src netip.AddrPort, b []byte) {
 			t.stats.DropBadGRE.Add(1)
 			return
 		}
+		if !t.keepaliveOurs(ka) {
+			if t.stats.DropKeepaliveMismatch.Add(1) == 1 {
+				t.log.Warn("mpt keepalive refused: it names other tunnel addresses than this side's local_tunnel_ip/remote_tunnel_ip (a misconfigured peer, or a forger); such keepalives keep no path up",
+					"path", p.id+1, "from", src, "its_local", ka.Local, "its_remote", ka.Remote, "want_local", t.o.RemoteTunnelIP, "want_remote", t.o.LocalTunnelIP)
+			}
+			return
+		}
+		t.heard(p, now, len(b))
 		p.kaRecv.Add(1)
 		t.stats.KeepalivesReceived.Add(1)
 		return
@@ -600,6 +619,11 @@ func (t *MPTTunnel) receive(u *mptUplink, src netip.AddrPort, b []byte) {
 		t.stats.DropBadInner.Add(1)
 		return
 	}
+	if src, ok := innerSrc(payload); !ok || !t.mayComeFrom(src) {
+		t.stats.DropSpoofed.Add(1)
+		return
+	}
+	t.heard(p, now, len(b))
 	if !t.reorder || !hasSeq {
 		t.write(payload)
 		return
@@ -609,6 +633,25 @@ func (t *MPTTunnel) receive(u *mptUplink, src netip.AddrPort, b []byte) {
 	t.rx.mu.Lock()
 	t.rx.queue = t.rx.rb.Push(now, seq, len(payload), h, t.rx.queue)
 	t.drainLocked()
+}
+
+// keepaliveOurs reports whether a keepalive names this connection's tunnel addresses as the
+// peer sends them (its local is our remote, its remote our local); an address not configured
+// on this side is not checked.
+func (t *MPTTunnel) keepaliveOurs(ka mpt.Keepalive) bool {
+	if a := t.o.RemoteTunnelIP; a.IsValid() && ka.Local.Unmap() != a.Unmap() {
+		return false
+	}
+	if a := t.o.LocalTunnelIP; a.IsValid() && ka.Remote.Unmap() != a.Unmap() {
+		return false
+	}
+	return true
+}
+
+// mayComeFrom reports whether an inner packet from src may come from the peer: src is inside
+// its routes, or is its tunnel address.
+func (t *MPTTunnel) mayComeFrom(src netip.Addr) bool {
+	return t.routed(src) || (t.o.RemoteTunnelIP.IsValid() && src == t.o.RemoteTunnelIP.Unmap())
 }
 
 // heard records a datagram accepted from p, and brings p back up if it was down.

@@ -78,6 +78,7 @@ type peer struct {
 	pending  *liveSession // made as responder, used to send once the initiator is heard on it
 	hs       *session.Initiator
 	hsIndex  uint32
+	hsMAC1   [session.MAC1Len]byte // the mac1 of the initiation in flight
 	hsSent   int64
 	lastInit session.Timestamp // newest initiation accepted from the peer
 	initSeen initCopies        // and its copies over the other paths
@@ -108,6 +109,10 @@ type liveSession struct {
 type peerPath struct {
 	id uint8
 	up *uplink
+	// cookie is the last cookie the peer's responder sent for this path's address, received
+	// at cookieAt (0: none); p.mu guards them (hsworker.go).
+	cookie   session.Cookie
+	cookieAt int64
 	// conf is the path's configuration, as the site file last gave it (reload.go); for a
 	// learned path, that of its uplink
 	conf PathConfig
@@ -511,11 +516,20 @@ func (p *peer) handshake(now int64) {
 	key := session.MAC1Key(p.pub)
 	msg = session.AppendMAC1(msg, &key)
 	p.hs, p.hsIndex, p.hsSent = hs, idx, now
+	copy(p.hsMAC1[:], msg[len(msg)-session.MAC1Len:])
+	// A path holding a fresh cookie closes its copy with mac2 (hsworker.go).
 	paths := p.paths
+	msgs := make([][]byte, len(paths))
+	for i, pp := range paths {
+		msgs[i] = msg
+		if pp.cookieAt != 0 && time.Duration(now-pp.cookieAt) < session.CookieUseFor {
+			msgs[i] = session.AppendMAC2(append(make([]byte, 0, len(msg)+session.MAC2Len), msg...), &pp.cookie)
+		}
+	}
 	p.mu.Unlock()
 	p.t.stats.HandshakesSent.Add(1)
-	for _, pp := range paths {
-		p.t.sendClear(pp, 0, mpath.TypeHandshakeInit, msg)
+	for i, pp := range paths {
+		p.t.sendClear(pp, 0, mpath.TypeHandshakeInit, msgs[i])
 	}
 }
 

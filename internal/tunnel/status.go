@@ -40,6 +40,13 @@ type Counters struct {
 	// a scan, or a sender that does not know the key); DropHandshakeBusy: one over the
 	// handshake worker's budget or queue (hsworker.go).
 	DropHandshakeMAC, DropHandshakeBusy atomic.Uint64
+	// CookiesSent: initiations without a valid mac2 answered, under load, with a cookie reply
+	// instead of a handshake; CookiesReceived: cookie replies this side took for its own
+	// initiations; DropCookieReply: cookie replies that were not for an initiation of ours.
+	CookiesSent, CookiesReceived, DropCookieReply atomic.Uint64
+	// DropHandshakeRate: an initiation with a valid mac2, under load, over its address's
+	// budget (hsworker.go).
+	DropHandshakeRate atomic.Uint64
 	// A packet from an address that is none of the peer's paths that did not open: replayed
 	// (DropReplayNewSource) or forged (DropAuthNewSource). Such packets move no path.
 	DropReplayNewSource, DropAuthNewSource atomic.Uint64
@@ -290,7 +297,8 @@ func (c *Counters) snapshot() map[string]uint64 {
 		"handshakes_sent": c.HandshakesSent.Load(), "handshakes_done": c.HandshakesDone.Load(),
 		"handshake_copies": c.HandshakeCopies.Load(), "drop_early": c.DropEarly.Load(),
 		"drop_version":       c.DropVersion.Load(),
-		"drop_handshake_mac": c.DropHandshakeMAC.Load(), "drop_handshake_busy": c.DropHandshakeBusy.Load(), "drop_replay_new_source": c.DropReplayNewSource.Load(),
+		"drop_handshake_mac": c.DropHandshakeMAC.Load(), "drop_handshake_busy": c.DropHandshakeBusy.Load(),
+		"cookies_sent": c.CookiesSent.Load(), "cookies_received": c.CookiesReceived.Load(), "drop_cookie_reply": c.DropCookieReply.Load(), "drop_handshake_rate": c.DropHandshakeRate.Load(), "drop_replay_new_source": c.DropReplayNewSource.Load(),
 		"drop_auth_new_source": c.DropAuthNewSource.Load(), "drop_path_limit": c.DropPathLimit.Load(),
 		"path_moves": c.PathMoves.Load(), "paths_learned": c.PathsLearned.Load(), "keepalives_sent": c.KeepalivesSent.Load(),
 		"uplink_rebinds": c.UplinkRebinds.Load(), "uplink_announces": c.UplinkAnnounces.Load(),

@@ -189,11 +189,15 @@ type Tunnel struct {
 	closing   atomic.Bool
 	wg        sync.WaitGroup
 
-	// handshake initiations (hsworker.go): the MAC key of ours, the worker's queue and budget
-	mac1     [32]byte
-	hsq      chan hsJob
-	hsBudget hsBudget
-	v1Warned atomic.Bool
+	// handshake initiations (hsworker.go): the MAC key of ours, the worker's queue and budget,
+	// the cookies and until when (monotonic nanoseconds) the worker counts as under load
+	mac1      [32]byte
+	hsq       chan hsJob
+	hsBudget  hsBudget
+	v1Warned  atomic.Bool
+	cookies   *session.Cookies
+	loadUntil atomic.Int64
+	hsSources hsSourceLimit
 }
 
 type uplink struct {
@@ -317,6 +321,7 @@ func New(o Options) (*Tunnel, error) {
 	t := &Tunnel{
 		o: o, log: o.Logger, priv: o.PrivateKey, pub: o.PrivateKey.Public(),
 		mac1: session.MAC1Key(o.PrivateKey.Public()), hsq: make(chan hsJob, hsQueue), hsBudget: hsBudget{tokens: hsBurst},
+		cookies: session.NewCookies(o.PrivateKey.Public()),
 		uplinks: map[string]*uplink{}, sessions: map[uint32]*sessionRef{}, start: time.Now(),
 		errc: make(chan error, 1),
 	}

@@ -484,6 +484,9 @@ func (d *Daemon) WriteMetrics(w *metrics.Writer) {
 		{"braid_pm_dead_subflows_total", "Subflows found dead (unacknowledged data, no ack).", c.DeadSubflows},
 		{"braid_pm_subflows_established_total", "Subflows that came up.", c.Established},
 		{"braid_pm_event_overruns_total", "Times the kernel dropped events for a full buffer.", st.Overruns},
+		{"braid_pm_announce_refused_total", "ADD_ADDRs refused: an address no peer can have (loopback, multicast, link-local...) or of the other family.", c.AnnounceRefused},
+		{"braid_pm_announce_capped_total", "ADD_ADDRs of a new endpoint beyond the connection's max_announced.", c.AnnounceCapped},
+		{"braid_pm_joins_abandoned_total", "Announced endpoints given up after join_attempts failed joins (RFC 8684 3.4.1).", c.JoinsAbandoned},
 	} {
 		w.Sample(m.name, metrics.Counter, m.help, float64(m.v))
 	}

@@ -79,7 +79,7 @@ func FuzzHeader(f *testing.F) {
 		if err == nil && (n != HeaderLen || h.Flags != 0 && (h.Flags != FlagClear || h.Type != TypeData)) {
 			t.Fatalf("n = %d, Flags = %#x", n, h.Flags)
 		}
-		// Built values: only the eight types, and no flag but FlagClear on data, decode; others
+		// Built values: only the nine types, and no flag but FlagClear on data, decode; others
 		// fail as documented.
 		v := Header{Type: uint8(x), Path: uint8(x >> 8), Flags: uint16(x >> 16), Counter: counter}
 		buf := make([]byte, HeaderLen)
@@ -87,7 +87,7 @@ func FuzzHeader(f *testing.F) {
 		var got Header
 		_, err = got.Decode(buf)
 		switch v.Type {
-		case TypeData, TypeProbe, TypeProbeReply, TypeFeedback, TypeMTUProbe, TypeMTUAck, TypeHandshakeInit, TypeHandshakeResp:
+		case TypeData, TypeProbe, TypeProbeReply, TypeFeedback, TypeMTUProbe, TypeMTUAck, TypeNack, TypeHandshakeInit, TypeHandshakeResp, TypeCookieReply:
 			if v.Flags != 0 && !(v.Flags == FlagClear && v.Type == TypeData) {
 				if err != ErrUnknownFlags {
 					t.Fatalf("Decode(Encode(%+v)): %v, want ErrUnknownFlags", v, err)

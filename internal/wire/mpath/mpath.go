@@ -65,6 +65,7 @@ const (
 	TypeNack          = 7
 	TypeHandshakeInit = 16
 	TypeHandshakeResp = 17
+	TypeCookieReply   = 18
 )
 
 // HeaderLen is the length of the braid header.
@@ -84,7 +85,7 @@ type Header struct {
 
 // Decode overwrites h with the header at the start of b and returns HeaderLen; the sealed
 // payload is b[HeaderLen:]. Errors, in the order checked: ErrTruncated, ErrType (a type other
-// than the eight defined), ErrUnknownFlags (a flag other than FlagClear, or FlagClear on
+// than the nine defined), ErrUnknownFlags (a flag other than FlagClear, or FlagClear on
 // another type than data).
 func (h *Header) Decode(b []byte) (n int, err error) {
 	*h = Header{}
@@ -93,7 +94,7 @@ func (h *Header) Decode(b []byte) (n int, err error) {
 	}
 	switch b[0] {
 	case TypeData, TypeProbe, TypeProbeReply, TypeFeedback, TypeMTUProbe, TypeMTUAck, TypeNack,
-		TypeHandshakeInit, TypeHandshakeResp:
+		TypeHandshakeInit, TypeHandshakeResp, TypeCookieReply:
 	default:
 		return 0, ErrType
 	}

@@ -101,6 +101,7 @@ var headerVectors = []vector[Header]{
 	{name: "nack", in: "07 04 0000 000000000000000b", want: Header{Type: TypeNack, Path: 4, Counter: 11}, n: 12},
 	{name: "handshake init", in: "10 00 0000 0000000000000000 01", want: Header{Type: TypeHandshakeInit}, n: 12},
 	{name: "handshake response", in: "11 00 0000 0000000000000002", want: Header{Type: TypeHandshakeResp, Counter: 2}, n: 12},
+	{name: "cookie reply", in: "12 00 0000 0000000000000000", want: Header{Type: TypeCookieReply}, n: 12},
 	{name: "reserved path accepted", in: "01 ff 0000 0000000000000003", want: Header{Type: TypeData, Path: PathReserved, Counter: 3}, n: 12},
 }
 
@@ -111,7 +112,7 @@ var headerErrors = []errVector{
 	{"type 0", "00 00 0000 0000000000000000", ErrType},
 	{"type 8", "08 00 0000 0000000000000000", ErrType},
 	{"type 15", "0f 00 0000 0000000000000000", ErrType},
-	{"type 18", "12 00 0000 0000000000000000", ErrType},
+	{"type 19", "13 00 0000 0000000000000000", ErrType},
 	{"type 255", "ff 00 0000 0000000000000000", ErrType},
 	{"type before flags", "00 00 0001 0000000000000000", ErrType},
 	{"flag 0x0002", "01 00 0002 0000000000000000", ErrUnknownFlags},

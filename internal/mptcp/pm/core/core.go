@@ -18,6 +18,16 @@
 // port is the next free one of that residue. A Planner may ask for exactly its slots: the
 // subflows no slot claims are then destroyed, never the initial one and never while no
 // claimed subflow works.
+//
+// The peer chooses the addresses it announces (ADD_ADDR), and each becomes joins this host
+// sends; a hostile peer could make it send them to addresses of its choice, without end (issue
+// 18 item 14). So an announcement is taken only for an address a peer can have: not
+// unspecified, loopback, multicast, broadcast, nor link-local unless AllowLinkLocal, and of the
+// connection's family (AnnounceRefused); a connection takes at most MaxAnnounced distinct
+// announced endpoints in its life (AnnounceCapped); and, as RFC 8684 section 3.4.1 says, joins
+// to an announced endpoint stop once they fail (JoinAttempts joins that never came up; none
+// succeeded before; JoinsAbandoned), until the peer announces it again, which is heeded at
+// most once per ReannounceAfter (addr.go).
 package core
 
 import (
@@ -191,6 +201,16 @@ type Config struct {
 	Retry       time.Duration // least time between two creates for one slot
 	PortBase    uint16        // local ports of created subflows: PortBase ... PortBase+PortSpan-1
 	PortSpan    uint16
+
+	// MaxAnnounced bounds the distinct endpoints a connection takes from the peer's ADD_ADDRs
+	// in its life; JoinAttempts is how many joins to an announced endpoint may fail (never
+	// come up) before it is given up; ReannounceAfter is the least time after giving up before
+	// a new announcement of the endpoint is heeded; AllowLinkLocal takes announced link-local
+	// addresses (a site whose peers share a link).
+	MaxAnnounced    int
+	JoinAttempts    int
+	ReannounceAfter time.Duration
+	AllowLinkLocal  bool
 }
 
 // Defaults fills in unset values.
@@ -209,6 +229,16 @@ func (c *Config) Defaults() {
 	}
 	if c.PortSpan == 0 {
 		c.PortSpan = 5000
+	}
+	if c.MaxAnnounced == 0 {
+		c.MaxAnnounced = 8
+	}
+	if c.JoinAttempts == 0 {
+		// RFC 8684 says one; a lost SYN within JoinTimeout would then lose the path for good
+		c.JoinAttempts = 2
+	}
+	if c.ReannounceAfter == 0 {
+		c.ReannounceAfter = 30 * time.Second
 	}
 }
 
@@ -247,6 +277,16 @@ type conn struct {
 	lastTry     map[Slot]time.Time
 	nextID      uint8
 	bytes       uint64
+	// joins to announced endpoints, by endpoint (it outlives REMOVE_ADDR, so that cycling
+	// announcements does not reset it); at most MaxAnnounced entries
+	joins map[Endpoint]*joinRecord
+}
+
+// joinRecord is what the manager knows of joins to one announced endpoint.
+type joinRecord struct {
+	failures int       // joins that never came up, in a row
+	worked   bool      // a join to it came up: it is retried as the initial remote is
+	gaveUp   time.Time // when failures reached JoinAttempts (zero: not given up)
 }
 
 // Counters count what the manager did.
@@ -260,6 +300,12 @@ type Counters struct {
 	Established    uint64 // subflows that came up
 	PortsInUse     uint64 // creates refused because the local port was taken
 	Unwanted       uint64 // subflows destroyed because the policy no longer wants them
+	// AnnounceRefused: ADD_ADDRs of an address no peer can have (or of the other family);
+	// AnnounceCapped: of a new endpoint beyond MaxAnnounced; JoinsAbandoned: announced
+	// endpoints given up after JoinAttempts failed joins.
+	AnnounceRefused uint64
+	AnnounceCapped  uint64
+	JoinsAbandoned  uint64
 }
 
 // Manager is the state of every connection of a namespace. Not safe for concurrent use.
@@ -297,7 +343,7 @@ func (m *Manager) Event(now time.Time, e Event) []Action {
 	switch e.Kind {
 	case Created, Established:
 		if c == nil {
-			c = &conn{token: e.Token, remotes: map[uint8]Endpoint{}, subflows: map[tuple]*subflow{}, lastTry: map[Slot]time.Time{}}
+			c = &conn{token: e.Token, remotes: map[uint8]Endpoint{}, subflows: map[tuple]*subflow{}, lastTry: map[Slot]time.Time{}, joins: map[Endpoint]*joinRecord{}}
 			m.conns[e.Token] = c
 		}
 		c.serverSide, c.v6, c.local, c.remote = e.ServerSide, e.V6, e.Local, e.Remote
@@ -321,6 +367,22 @@ func (m *Manager) Event(now time.Time, e Event) []Action {
 			if r.Port == 0 {
 				r.Port = c.remote.Port
 			}
+			if e.RemID == 0 || !announceable(r.Addr, c.v6, m.cfg.AllowLinkLocal) {
+				m.Counters.AnnounceRefused++
+				return nil
+			}
+			jr := c.joins[r]
+			if jr == nil {
+				if len(c.joins) >= m.cfg.MaxAnnounced {
+					m.Counters.AnnounceCapped++
+					return nil
+				}
+				jr = &joinRecord{}
+				c.joins[r] = jr
+			} else if !jr.gaveUp.IsZero() && now.Sub(jr.gaveUp) >= m.cfg.ReannounceAfter {
+				// announced again (RFC 8684 3.4.1): one more try
+				jr.gaveUp, jr.failures = time.Time{}, m.cfg.JoinAttempts-1
+			}
 			c.remotes[e.RemID] = r
 			return m.plan(now, c)
 		}
@@ -341,6 +403,9 @@ func (m *Manager) Event(now time.Time, e Event) []Action {
 		if s.state != up || s.dead {
 			m.Counters.Established++
 		}
+		if jr := c.joins[e.Remote]; jr != nil {
+			jr.worked, jr.failures, jr.gaveUp = true, 0, time.Time{}
+		}
 		s.state, s.since, s.dead, s.peerBk = up, now, false, e.Backup
 		return m.plan(now, c)
 	case SubClosed:
@@ -350,6 +415,9 @@ func (m *Manager) Event(now time.Time, e Event) []Action {
 		t := tuple{e.Local, e.Remote}
 		if s := c.subflows[t]; s != nil {
 			delete(c.subflows, t)
+			if s.ours && s.state == joining {
+				m.joinFailed(now, c, s.remote)
+			}
 			if s.uplink >= 0 {
 				c.lastTry[Slot{Uplink: s.uplink, Remote: s.remote}] = now
 			}
@@ -385,6 +453,7 @@ func (m *Manager) Failed(now time.Time, a Action, gone bool) {
 	if a.Kind == Create {
 		m.Counters.CreateFailures++
 		delete(c.subflows, tuple{a.Local, a.Remote})
+		m.joinFailed(now, c, a.Remote)
 	}
 }
 
@@ -501,6 +570,9 @@ func (m *Manager) plan(now time.Time, c *conn) []Action {
 		}
 		if stuck {
 			m.Counters.JoinTimeouts++
+			if s.ours {
+				m.joinFailed(now, c, s.remote)
+			}
 		}
 		if s.local.Port != 0 && s.remote.Port != 0 {
 			out = append(out, Action{Kind: Destroy, Token: c.token, LocalID: s.id, Local: s.local, Remote: s.remote})
@@ -549,6 +621,9 @@ func (m *Manager) plan(now time.Time, c *conn) []Action {
 		if last, ok := c.lastTry[key]; ok && now.Sub(last) < m.cfg.Retry {
 			continue
 		}
+		if jr := c.joins[slot.Remote]; jr != nil && !jr.gaveUp.IsZero() {
+			continue // RFC 8684 3.4.1: no further attempts until announced again
+		}
 		port, ok := m.portFor(now, u.Addr, slot)
 		if !ok {
 			continue
@@ -589,6 +664,20 @@ func (m *Manager) plan(now time.Time, c *conn) []Action {
 		delete(c.subflows, t)
 	}
 	return out
+}
+
+// joinFailed records a join to remote that never came up; an announced endpoint is given up
+// after JoinAttempts of them, unless a join to it came up before.
+func (m *Manager) joinFailed(now time.Time, c *conn, remote Endpoint) {
+	jr := c.joins[remote]
+	if jr == nil || jr.worked || !jr.gaveUp.IsZero() {
+		return
+	}
+	jr.failures++
+	if jr.failures >= m.cfg.JoinAttempts {
+		jr.gaveUp = now
+		m.Counters.JoinsAbandoned++
+	}
 }
 
 // rank orders subflows for claiming slots: the initial one, then working ones, then joins.

@@ -1,0 +1,90 @@
+package reorder
+
+import (
+	"encoding/binary"
+	"testing"
+	"time"
+)
+
+// FuzzReorderHostile pushes a hostile peer's sequence numbers (issue 18 item 16): the input
+// is a list of 7-byte arrivals (a mode, a 32-bit value, a size) that wrap, jump by huge
+// amounts, repeat, go backwards, and are spaced in time by the fuzzer. The buffer must not
+// panic, must never hold more than MaxPackets packets or MaxBytes bytes, must release every
+// packet at most once, and, once flushed, must have released or counted as a duplicate every
+// packet pushed.
+func FuzzReorderHostile(f *testing.F) {
+	arrival := func(mode byte, v uint32, size uint16) []byte {
+		b := []byte{mode, 0, 0, 0, 0, 0, 0}
+		binary.BigEndian.PutUint32(b[1:], v)
+		binary.BigEndian.PutUint16(b[5:], size)
+		return b
+	}
+	cat := func(bs ...[]byte) (out []byte) {
+		for _, b := range bs {
+			out = append(out, b...)
+		}
+		return out
+	}
+	f.Add(cat(arrival(0, 0xfffffffe, 100), arrival(1, 1, 100), arrival(1, 1, 100), arrival(1, 1, 100)))                  // wrap
+	f.Add(cat(arrival(0, 5, 100), arrival(1, 1<<31, 100), arrival(1, 1<<30, 1500), arrival(0, 5, 100)))                  // huge jumps
+	f.Add(cat(arrival(0, 10, 100), arrival(2, 0, 100), arrival(2, 0, 100), arrival(1, 3, 100), arrival(2, 0, 100)))      // duplicates
+	f.Add(cat(arrival(0, 1000, 100), arrival(3, 900, 100), arrival(3, 5000, 100), arrival(4, 0, 65535)))                 // backwards, time
+	f.Add(cat(arrival(0, 0, 60000), arrival(1, 2, 60000), arrival(1, 2, 60000), arrival(1, 2, 60000), arrival(1, 2, 1))) // bytes bound
+	f.Fuzz(func(t *testing.T, in []byte) {
+		c := Config{MaxPackets: 16, MaxBytes: 64 << 10, MinHold: time.Millisecond, MaxHold: 20 * time.Millisecond, Hold: 5 * time.Millisecond}.Defaults()
+		b, err := New[int](c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		released := map[int]int{}
+		var out []int
+		now := int64(1)
+		var seq uint32
+		pushed := 0
+		for i := 0; i+7 <= len(in) && i < 7*4096; i += 7 {
+			mode, v, size := in[i], binary.BigEndian.Uint32(in[i+1:]), int(binary.BigEndian.Uint16(in[i+5:]))
+			switch mode % 5 {
+			case 0:
+				seq = v // anywhere
+			case 1:
+				seq += v // forward, by any amount (wraps)
+			case 2:
+				// the same number again
+			case 3:
+				seq -= v % 4096 // backwards
+			case 4:
+				now += int64(v % uint32(time.Second)) // time passes; expired packets go
+				out = b.Expire(now, out[:0])
+				for _, id := range out {
+					released[id]++
+				}
+				continue
+			}
+			now += int64(v % 1000)
+			out = b.Push(now, seq, size, pushed, out[:0])
+			pushed++
+			for _, id := range out {
+				released[id]++
+			}
+			st := b.Stats()
+			if st.Packets > c.MaxPackets || st.Bytes > c.MaxBytes || st.Packets < 0 || st.Bytes < 0 {
+				t.Fatalf("holds %d packets, %d bytes: bounds %d, %d", st.Packets, st.Bytes, c.MaxPackets, c.MaxBytes)
+			}
+		}
+		for _, id := range b.Flush(out[:0]) {
+			released[id]++
+		}
+		for id, n := range released {
+			if n != 1 || id < 0 || id >= pushed {
+				t.Fatalf("packet %d released %d times (%d pushed)", id, n, pushed)
+			}
+		}
+		st := b.Stats()
+		if st.Packets != 0 || st.Bytes != 0 {
+			t.Fatalf("after Flush: %d packets, %d bytes held", st.Packets, st.Bytes)
+		}
+		if uint64(len(released))+st.Duplicates != uint64(pushed) {
+			t.Fatalf("%d pushed, %d released, %d duplicates", pushed, len(released), st.Duplicates)
+		}
+	})
+}
