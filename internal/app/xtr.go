@@ -139,7 +139,7 @@ func serveXTR(ctx context.Context, cfg *config.XTR, log *slog.Logger) error {
 		}
 		o.Uplinks = append(o.Uplinks, u)
 	}
-	dev, err := tun.Open(cfg.Interface)
+	dev, err := tun.OpenOffload(cfg.Interface)
 	if err != nil {
 		closeAll()
 		return err
