@@ -155,7 +155,12 @@ func (t *txSocket) sendSegments(dgs [][]byte, seg int, dst netip.AddrPort, ttl u
 		if len(dgs) == 1 || (err != unix.EIO && err != unix.EINVAL && err != unix.EOPNOTSUPP) {
 			return err
 		}
-		t.noGSO = true // a kernel or device without UDP segmentation: one by one from now on
+		// EINVAL: datagrams bigger than the path's MTU, which the kernel does not segment
+		// (they go one by one, fragmented); EIO, EOPNOTSUPP: a device or kernel without UDP
+		// segmentation, one by one from now on.
+		if err != unix.EINVAL {
+			t.noGSO = true
+		}
 	}
 	var first error
 	for i := range dgs {
