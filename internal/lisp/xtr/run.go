@@ -90,7 +90,7 @@ func (x *XTR) Run(ctx context.Context) error {
 	wg.Go(func() {
 		<-ctx.Done()
 		x.closing.Store(true)
-		// The loops end on these errors; the raw sockets they send on close after them.
+		// The loops end on these errors; the sending sockets close after them.
 		x.o.Device.Close()
 		for _, u := range x.o.Uplinks {
 			u.Control.Close()
