@@ -115,12 +115,14 @@ func (x *XTR) Run(ctx context.Context) error {
 	}
 }
 
-// itrBatch is what the ITR loop reads into: up to maxBatch packets (the segments of one
-// super-packet), each behind headroom for the LISP header.
+// maxBatch is how many packets the ITR loop reads at once (the segments of one super-packet),
+// each behind headroom for the LISP header, and the most datagrams of one train.
 const maxBatch = 64
 
 func (x *XTR) itrLoop() error {
-	size := headroom + max(x.o.MTU, 1500) + 128
+	// Segments are at most the device's MTU; room for jumbo frames keeps a later, larger MTU
+	// working without new buffers.
+	size := headroom + max(x.o.MTU, 9000) + 128
 	mem := make([]byte, maxBatch*size)
 	bufs := make([][]byte, maxBatch)
 	for i := range bufs {
