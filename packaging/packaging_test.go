@@ -36,7 +36,7 @@ var roles = []struct {
 	{"proxy", []string{"CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE"}, []string{"AF_INET", "AF_INET6", "AF_NETLINK", "AF_UNIX"}, "no", false},
 	{"lb", []string{"CAP_BPF", "CAP_NET_ADMIN", "CAP_PERFMON"}, []string{"AF_INET", "AF_INET6", "AF_NETLINK", "AF_UNIX"}, "yes", false},
 	{"mapserver", nil, []string{"AF_INET", "AF_INET6", "AF_UNIX"}, "yes", false},
-	{"xtr", []string{"CAP_NET_ADMIN", "CAP_NET_RAW"}, []string{"AF_INET", "AF_INET6", "AF_NETLINK", "AF_UNIX"}, "yes", true},
+	{"xtr", []string{"CAP_NET_ADMIN"}, []string{"AF_INET", "AF_INET6", "AF_NETLINK", "AF_UNIX"}, "yes", true},
 	{"pm", []string{"CAP_NET_ADMIN"}, []string{"AF_INET", "AF_INET6", "AF_NETLINK", "AF_UNIX"}, "no", false},
 }
 

@@ -49,7 +49,7 @@ listing their RLOCs in the same canonical order, so that both directions of a su
 same pair and subflows with different residues use different pairs.
 
 The site file's [xtr] section configures it (see docs/lisp.md); braid xtr needs the privilege
-to create TUN devices and raw sockets. 'show' prints the map-cache, the RLOC pairs and the
+to create TUN devices (CAP_NET_ADMIN). 'show' prints the map-cache, the RLOC pairs and the
 counters of a running xTR.
 
 'reload' (or SIGHUP to the daemon) re-reads the site file the xTR started with and applies its
@@ -236,7 +236,7 @@ func serveXTR(ctx context.Context, cfg *config.XTR, log *slog.Logger) error {
 		}
 		o.Uplinks = append(o.Uplinks, u)
 	}
-	dev, err := tun.Open(cfg.Interface)
+	dev, err := tun.OpenOffload(cfg.Interface)
 	if err != nil {
 		closeAll()
 		return err

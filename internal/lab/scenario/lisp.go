@@ -173,7 +173,7 @@ func StartSiteXTR(ctx context.Context, l *lab.Lab, s LispSite, o xtr.Options) (x
 		}
 	}
 	var dev *tun.Device
-	if err := h.NS.Do(func() (err error) { dev, err = tun.Open("lisp0"); return err }); err != nil {
+	if err := h.NS.Do(func() (err error) { dev, err = tun.OpenOffload("lisp0"); return err }); err != nil {
 		closeAll()
 		return nil, nil, err
 	}

@@ -107,9 +107,11 @@ type recDevice struct {
 	writes [][]byte
 }
 
-func (d *recDevice) Write(b []byte) (int, error) {
-	d.writes = append(d.writes, append([]byte(nil), b...))
-	return len(b), nil
+func (d *recDevice) WriteBatch(pkts [][]byte) error {
+	for _, b := range pkts {
+		d.writes = append(d.writes, append([]byte(nil), b...))
+	}
+	return nil
 }
 
 // TestXtrETRSourceChecks (issue 18, item 6): the ETR does not deliver packets whose inner
@@ -356,7 +358,7 @@ func TestXtrForwardedRequestOtherFamily(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer itr.Close()
-	x.o.Uplinks = append(x.o.Uplinks, &Uplink{Addr: netip.IPv6Loopback(), Control: v6, raw: -1})
+	x.o.Uplinks = append(x.o.Uplinks, &Uplink{Addr: netip.IPv6Loopback(), Control: v6})
 	x.locals = append(x.locals, Loc{Addr: netip.IPv6Loopback(), Priority: 1, Weight: 1})
 	x.o.Locators = append(x.o.Locators, Locator{Priority: 1, Weight: 1})
 	port := uint16(itr.LocalAddr().(*net.UDPAddr).Port)

@@ -80,7 +80,7 @@ func TestXTRResolverFailover(t *testing.T) {
 	r1 := &resolverStub{t: t, conn: listen()}
 	uc := listen()
 	x, err := New(Options{Device: nullDevice{}, EIDs: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")},
-		Uplinks: []*Uplink{{Addr: netip.MustParseAddr("127.0.0.1"), Control: uc, raw: -1}}, Locators: []Locator{{Priority: 1, Weight: 1}},
+		Uplinks: []*Uplink{{Addr: netip.MustParseAddr("127.0.0.1"), Control: uc}}, Locators: []Locator{{Priority: 1, Weight: 1}},
 		Resolvers: []netip.AddrPort{r0.addr(), r1.addr()}, RequestTimeout: time.Second, RequestRetries: 3})
 	if err != nil {
 		t.Fatal(err)
@@ -184,7 +184,7 @@ func (h *countHandler) WithGroup(string) slog.Handler      { return h }
 func TestXTRResolverLogsLimited(t *testing.T) {
 	h := &countHandler{n: map[string]int{}}
 	x, err := New(Options{Device: nullDevice{}, EIDs: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")},
-		Uplinks: []*Uplink{{Addr: netip.MustParseAddr("127.0.0.1"), raw: -1}}, Locators: []Locator{{Priority: 1, Weight: 1}},
+		Uplinks: []*Uplink{{Addr: netip.MustParseAddr("127.0.0.1")}}, Locators: []Locator{{Priority: 1, Weight: 1}},
 		Resolvers: []netip.AddrPort{netip.MustParseAddrPort("10.0.9.1:4342"), netip.MustParseAddrPort("10.0.9.5:4342")},
 		Logger:    slog.New(h)})
 	if err != nil {
@@ -216,7 +216,7 @@ func TestXTRReloadResolvers(t *testing.T) {
 	a, b, c := netip.MustParseAddrPort("10.0.9.1:4342"), netip.MustParseAddrPort("10.0.9.5:4342"), netip.MustParseAddrPort("10.0.9.9:4342")
 	eids := []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}
 	x, err := New(Options{Device: nullDevice{}, EIDs: eids,
-		Uplinks: []*Uplink{{Addr: netip.MustParseAddr("127.0.0.1"), raw: -1}}, Locators: []Locator{{Priority: 1, Weight: 1}},
+		Uplinks: []*Uplink{{Addr: netip.MustParseAddr("127.0.0.1")}}, Locators: []Locator{{Priority: 1, Weight: 1}},
 		Resolvers: []netip.AddrPort{a, b}})
 	if err != nil {
 		t.Fatal(err)

@@ -90,7 +90,7 @@ func (x *XTR) Run(ctx context.Context) error {
 	wg.Go(func() {
 		<-ctx.Done()
 		x.closing.Store(true)
-		// The loops end on these errors; the raw sockets they send on close after them.
+		// The loops end on these errors; the sending sockets close after them.
 		x.o.Device.Close()
 		for _, u := range x.o.Uplinks {
 			u.Control.Close()
@@ -115,20 +115,44 @@ func (x *XTR) Run(ctx context.Context) error {
 	}
 }
 
+// maxBatch is how many packets the ITR loop reads at once (the segments of one super-packet),
+// each behind headroom for the LISP header, and the most datagrams of one train.
+const maxBatch = 64
+
 func (x *XTR) itrLoop() error {
-	buf := make([]byte, headroom+65536)
+	// Segments are at most the device's MTU; room for jumbo frames keeps a later, larger MTU
+	// working without new buffers.
+	size := headroom + max(x.o.MTU, 9000) + 128
+	mem := make([]byte, maxBatch*size)
+	bufs := make([][]byte, maxBatch)
+	for i := range bufs {
+		bufs[i] = mem[i*size : (i+1)*size : (i+1)*size]
+	}
+	sizes := make([]int, maxBatch)
+	tr := new(train)
 	for {
-		n, err := x.o.Device.Read(buf[headroom:])
+		k, err := x.o.Device.ReadBatch(bufs, headroom, sizes)
 		if err != nil {
 			return err
 		}
-		x.encap(buf, n)
+		now := time.Now()
+		for i := range k {
+			x.encapTo(tr, now, bufs[i], sizes[i])
+		}
+		tr.flush(x)
 	}
 }
 
 // encap sends the packet at buf[headroom:headroom+n] to its destination's RLOCs, or holds it
 // while the mapping is resolved.
 func (x *XTR) encap(buf []byte, n int) {
+	var tr train
+	x.encapTo(&tr, time.Now(), buf, n)
+	tr.flush(x)
+}
+
+// encapTo is encap adding the packet to the train tr, which the caller flushes.
+func (x *XTR) encapTo(tr *train, now time.Time, buf []byte, n int) {
 	pkt := buf[headroom : headroom+n]
 	f, ok := parseFlow(pkt)
 	if !ok {
@@ -143,7 +167,6 @@ func (x *XTR) encap(buf []byte, n int) {
 		x.count(DropOwnEID)
 		return
 	}
-	now := time.Now()
 	x.mu.RLock()
 	_, e, found := x.cache.Lookup(f.dst)
 	if !found || e.pending || !now.Before(e.expires) {
@@ -156,50 +179,91 @@ func (x *XTR) encap(buf []byte, n int) {
 		x.count(DropNegative)
 		return
 	}
-	e.used.Store(true)
+	if !e.used.Load() {
+		e.used.Store(true)
+	}
 	li, pr := x.choose(e, &f)
 	x.mu.RUnlock()
 	if pr == nil {
 		x.count(DropNoPath)
 		return
 	}
-	x.send(buf, n, li, pr, &f)
-}
-
-// send writes the outer headers in front of the packet and sends it on uplink li.
-func (x *XTR) send(buf []byte, n, li int, pr *pair, f *flow) {
-	start := x.encapsulate(buf, n, x.locals[li].Addr, pr.remote, f)
-	if start < 0 {
+	if lisp.DataHeaderLen+n > maxUDPPayload {
 		x.count(DropTooBig)
 		return
 	}
-	if err := x.o.Uplinks[li].send(buf[start:headroom+n], pr.remote); err != nil {
-		x.count(DropSend)
-		return
+	out := encapsulate(buf, n)
+	tx := x.o.Uplinks[li].tx
+	var t *txSocket
+	if len(tx) > 0 {
+		t = tx[f.hash()%uint32(len(tx))]
 	}
-	pr.txPackets.Add(1)
-	pr.txBytes.Add(uint64(n))
-	x.count(CountTxPackets)
+	tr.add(x, t, netip.AddrPortFrom(pr.remote, lisp.DataPort), max(f.ttl, 1), pr, out)
 }
 
-// encapsulate writes the outer IP, UDP and LISP headers from local to remote in front of the
-// packet at buf[headroom:headroom+n] and returns where the outer packet starts, or -1 when it
-// would be too big. The outer source port comes from the flow hash, for the underlay's ECMP.
-func (x *XTR) encapsulate(buf []byte, n int, local, remote netip.Addr, f *flow) int {
+// maxUDPPayload is the most a datagram carries over IPv4.
+const maxUDPPayload = 0xffff - 20 - 8
+
+// encapsulate writes the LISP header in front of the packet at buf[headroom:headroom+n] and
+// returns the datagram (header and packet); the sending socket adds the outer UDP and IP
+// headers, its source port (one of the uplink's sockets, by flow hash) for the underlay's ECMP.
+func encapsulate(buf []byte, n int) []byte {
 	h := lisp.DataHeader{Flags: lisp.DataNonce | lisp.DataIID, Nonce: rand.Uint32() & 0xffffff}
 	h.Encode(buf[headroom-lisp.DataHeaderLen:])
-	ipu := lisp.IPUDP{
-		Src:        netip.AddrPortFrom(local, 49152+uint16(f.hash()%16384)),
-		Dst:        netip.AddrPortFrom(remote, lisp.DataPort),
-		TTL:        max(f.ttl, 1),
-		NoChecksum: local.Is4(),
-		PayloadLen: uint16(lisp.DataHeaderLen + n),
+	return buf[headroom-lisp.DataHeaderLen : headroom+n]
+}
+
+// train gathers datagrams to one remote RLOC through one socket with one outer TTL, all of the
+// size of the first but the last, which may be shorter: the segments of one super-packet,
+// sent in one system call (UDP GSO, the datagrams as the message's iovecs, not copied).
+type train struct {
+	t     *txSocket
+	dst   netip.AddrPort
+	ttl   uint8
+	pr    *pair
+	seg   int
+	bytes int // of inner packets
+	total int
+	n     int
+	short bool // the last datagram is shorter than seg: the train is complete
+	dgs   [maxBatch][]byte
+}
+
+// add appends datagram d, sending what the train holds first when d cannot join it.
+func (tr *train) add(x *XTR, t *txSocket, dst netip.AddrPort, ttl uint8, pr *pair, d []byte) {
+	if tr.n > 0 && (t != tr.t || dst != tr.dst || ttl != tr.ttl || tr.short || len(d) > tr.seg ||
+		tr.n == maxBatch || tr.total+len(d) > maxUDPPayload) {
+		tr.flush(x)
 	}
-	start := headroom - lisp.DataHeaderLen - ipu.Len()
-	if ipu.Encode(buf[start:headroom+n]) == 0 {
-		return -1
+	if tr.n == 0 {
+		tr.t, tr.dst, tr.ttl, tr.pr, tr.seg = t, dst, ttl, pr, len(d)
+	} else if len(d) < tr.seg {
+		tr.short = true
 	}
-	return start
+	tr.dgs[tr.n] = d
+	tr.n++
+	tr.total += len(d)
+	tr.bytes += len(d) - lisp.DataHeaderLen
+}
+
+// flush sends the train and counts it.
+func (tr *train) flush(x *XTR) {
+	if tr.n == 0 {
+		return
+	}
+	err := errNoSocket
+	if tr.t != nil {
+		err = tr.t.sendSegments(tr.dgs[:tr.n], tr.seg, tr.dst, tr.ttl)
+	}
+	if err != nil {
+		x.counts[DropSend].Add(uint64(tr.n))
+	} else {
+		tr.pr.txPackets.Add(uint64(tr.n))
+		tr.pr.txBytes.Add(uint64(tr.bytes))
+		x.counts[CountTxPackets].Add(uint64(tr.n))
+	}
+	clear(tr.dgs[:tr.n])
+	tr.t, tr.pr, tr.n, tr.total, tr.bytes, tr.short = nil, nil, 0, 0, 0, false
 }
 
 // choose returns the uplink and pair for flow f to entry e, or a nil pair when no pair is up.
@@ -334,39 +398,82 @@ func (x *XTR) miss(now time.Time, f *flow, pkt []byte) {
 }
 
 func (x *XTR) etrLoop(i int, u *Uplink) error {
-	buf := make([]byte, 65536)
+	r, err := newRxSocket(u.Data)
+	if err != nil {
+		return err
+	}
+	out := make([][]byte, 0, rxBatch*maxBatch)
 	for {
-		n, from, err := u.Data.ReadFromUDPAddrPort(buf)
+		m, err := r.read()
 		if err != nil {
 			return err
 		}
-		var h lisp.DataHeader
-		if _, err := h.Decode(buf[:n]); err != nil {
-			x.count(DropDecap)
-			continue
-		}
-		x.decap(time.Now(), i, from.Addr().Unmap(), buf[lisp.DataHeaderLen:n])
+		out = x.decapBatch(time.Now(), i, r, m, out)
 	}
 }
 
+// decapBatch checks the m messages of the last read of r on uplink i and writes what passes to
+// the device in one batch; out is the batch's room, returned for the next call.
+func (x *XTR) decapBatch(now time.Time, i int, r *rxSocket, m int, out [][]byte) [][]byte {
+	out = out[:0]
+	for j := range m {
+		b, seg, from := r.message(j)
+		for len(b) > 0 {
+			d := b[:min(seg, len(b))]
+			b = b[len(d):]
+			var h lisp.DataHeader
+			if _, err := h.Decode(d); err != nil {
+				x.count(DropDecap)
+				continue
+			}
+			inner := d[lisp.DataHeaderLen:]
+			if x.decapCheck(now, i, from, inner) {
+				out = append(out, inner)
+			}
+			if len(out) == cap(out) {
+				x.deliverBatch(out)
+				out = out[:0]
+			}
+		}
+	}
+	x.deliverBatch(out)
+	return out[:0]
+}
+
 // decap delivers the inner packet of an encapsulated packet that came from outer source from
-// on uplink i, after the ETR's source checks: the inner source is not one of the site's own
-// EIDs, and (unless AnyOuterSource) from is a locator of the mapping of the inner source. A
-// packet whose inner source has no mapping yet is held while the mapping is resolved and
-// delivered if from turns out to be one of its locators.
+// on uplink i, if it passes decapCheck.
 func (x *XTR) decap(now time.Time, i int, from netip.Addr, inner []byte) {
+	if x.decapCheck(now, i, from, inner) {
+		one := onePool.Get().(*[1][]byte)
+		one[0] = inner
+		x.deliverBatch(one[:])
+		one[0] = nil
+		onePool.Put(one)
+	}
+}
+
+// onePool holds the one-packet batches of decap and deliver.
+var onePool = sync.Pool{New: func() any { return new([1][]byte) }}
+
+// decapCheck applies the ETR's source checks to the inner packet of an encapsulated packet
+// that came from outer source from on uplink i, and reports whether to deliver it (counted on
+// its pair): the inner source is not one of the site's own EIDs, and (unless AnyOuterSource)
+// from is a locator of the mapping of the inner source. A packet whose inner source has no
+// mapping yet is held while the mapping is resolved and delivered if from turns out to be one
+// of its locators.
+func (x *XTR) decapCheck(now time.Time, i int, from netip.Addr, inner []byte) bool {
 	f, ok := parseFlow(inner)
 	if !ok {
 		x.count(DropNotIP)
-		return
+		return false
 	}
 	if _, _, own := x.db.Load().eids.Lookup(f.dst); !own {
 		x.count(DropNotOurEID)
-		return
+		return false
 	}
 	if _, _, own := x.db.Load().eids.Lookup(f.src); own {
 		x.count(DropSpoofedSource)
-		return
+		return false
 	}
 	x.mu.RLock()
 	pr := x.pairs[pairKey{i, from}]
@@ -382,24 +489,42 @@ func (x *XTR) decap(now time.Time, i int, from netip.Addr, inner []byte) {
 	if !verified {
 		if known {
 			x.count(DropOuterSource)
-			return
+			return false
 		}
 		x.holdForVerification(now, from, &f, inner)
-		return
+		return false
 	}
-	x.deliver(inner, pr)
-}
-
-// deliver writes a decapsulated packet to the device.
-func (x *XTR) deliver(inner []byte, pr *pair) {
-	if _, err := x.o.Device.Write(inner); err != nil {
-		x.count(DropSend)
-		return
-	}
-	x.count(CountRxPackets)
 	if pr != nil {
 		pr.rxPackets.Add(1)
 	}
+	return true
+}
+
+// deliver writes a decapsulated packet that was held for verification to the device.
+func (x *XTR) deliver(inner []byte, pr *pair) {
+	if pr != nil {
+		pr.rxPackets.Add(1)
+	}
+	one := onePool.Get().(*[1][]byte)
+	one[0] = inner
+	x.deliverBatch(one[:])
+	one[0] = nil
+	onePool.Put(one)
+}
+
+// deliverBatch writes decapsulated packets to the device, which joins the segments of a TCP
+// flow into super-packets. A failed write counts as one drop (the device reports the first
+// error of a batch only).
+func (x *XTR) deliverBatch(pkts [][]byte) {
+	if len(pkts) == 0 {
+		return
+	}
+	if err := x.o.Device.WriteBatch(pkts); err != nil {
+		x.count(DropSend)
+		x.counts[CountRxPackets].Add(uint64(len(pkts) - 1))
+		return
+	}
+	x.counts[CountRxPackets].Add(uint64(len(pkts)))
 }
 
 // hasLocator reports whether a is one of the entry's locators (any priority).

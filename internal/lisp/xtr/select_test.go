@@ -79,7 +79,7 @@ func TestXtrWeighted(t *testing.T) {
 // refuses settings that leave no usable RLOC.
 func TestSetLocators(t *testing.T) {
 	x, err := New(Options{Device: nullDevice{}, EIDs: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")},
-		Uplinks:   []*Uplink{{Addr: netip.MustParseAddr("10.0.1.1"), raw: -1}, {Addr: netip.MustParseAddr("10.0.2.1"), raw: -1}},
+		Uplinks:   []*Uplink{{Addr: netip.MustParseAddr("10.0.1.1")}, {Addr: netip.MustParseAddr("10.0.2.1")}},
 		Locators:  []Locator{{Priority: 1, Weight: 50}, {Priority: 1, Weight: 50}},
 		Resolvers: []netip.AddrPort{netip.MustParseAddrPort("10.0.9.1:4342")}})
 	if err != nil {

@@ -30,9 +30,9 @@ func requireTshark(t *testing.T) string {
 
 type nullDevice struct{}
 
-func (nullDevice) Read([]byte) (int, error)    { select {} }
-func (nullDevice) Write(b []byte) (int, error) { return len(b), nil }
-func (nullDevice) Close() error                { return nil }
+func (nullDevice) ReadBatch([][]byte, int, []int) (int, error) { select {} }
+func (nullDevice) WriteBatch([][]byte) error                   { return nil }
+func (nullDevice) Close() error                                { return nil }
 
 // capture is a pcap file of raw IP packets (LINKTYPE_RAW).
 type capture struct {
@@ -77,7 +77,7 @@ func TestXtrTsharkDecodes(t *testing.T) {
 	o := Options{Device: nullDevice{}, EIDs: eids, Resolvers: []netip.AddrPort{ms},
 		MapServers: []MapServer{{Addr: ms, Key: []byte("k1"), AlgID: lisp.AlgHMACSHA1}, {Addr: ms, Key: []byte("k1"), AlgID: lisp.AlgHMACSHA256, ProxyReply: true}}}
 	for _, a := range rlocs {
-		o.Uplinks = append(o.Uplinks, &Uplink{Addr: a, raw: -1})
+		o.Uplinks = append(o.Uplinks, &Uplink{Addr: a})
 		o.Locators = append(o.Locators, Locator{Priority: 1, Weight: 50})
 	}
 	x, err := New(o)
@@ -155,9 +155,14 @@ func TestXtrTsharkDecodes(t *testing.T) {
 		inner := ipUDP(t, ends[0], ends[1])
 		buf := make([]byte, headroom+len(inner))
 		copy(buf[headroom:], inner)
-		f, _ := parseFlow(inner)
-		start := x.encapsulate(buf, len(inner), netip.MustParseAddr(d.local), netip.MustParseAddr(d.remote), &f)
-		c.add(buf[start:], "lisp-data")
+		dg := encapsulate(buf, len(inner))
+		// The outer headers, as the sending socket writes them.
+		ipu := lisp.IPUDP{Src: netip.AddrPortFrom(netip.MustParseAddr(d.local), 50000), Dst: netip.AddrPortFrom(netip.MustParseAddr(d.remote), lisp.DataPort),
+			TTL: 64, PayloadLen: uint16(len(dg))}
+		out := make([]byte, ipu.Len()+len(dg))
+		copy(out[ipu.Len():], dg)
+		ipu.Encode(out)
+		c.add(out, "lisp-data")
 	}
 	// A registration over IPv6.
 	b, _ = x.registerMessage(1, 500)

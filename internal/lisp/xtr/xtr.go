@@ -31,10 +31,14 @@ import (
 	"braid/internal/wire/lisp"
 )
 
-// Device is the TUN device: one IP packet per Read and per Write.
+// Device is the TUN device, read and written in batches (tun.Device; opened with offloads, a
+// batch is the segments of one super-packet).
 type Device interface {
-	Read([]byte) (int, error)
-	Write([]byte) (int, error)
+	// ReadBatch reads packets into bufs[i][offset:], up to len(bufs), with their lengths in
+	// sizes, and returns how many (0 with no error: nothing usable was read).
+	ReadBatch(bufs [][]byte, offset int, sizes []int) (int, error)
+	// WriteBatch writes pkts in order, joining what it can; safe for concurrent use.
+	WriteBatch(pkts [][]byte) error
 	Close() error
 }
 

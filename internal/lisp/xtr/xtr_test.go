@@ -54,7 +54,7 @@ func testXTR(t *testing.T) (*XTR, *resolverStub) {
 	t.Cleanup(func() { uc.Close() })
 	rs := &resolverStub{t: t, conn: rc}
 	x, err := New(Options{Device: nullDevice{}, EIDs: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")},
-		Uplinks: []*Uplink{{Addr: netip.MustParseAddr("127.0.0.1"), Control: uc, raw: -1}}, Locators: []Locator{{Priority: 1, Weight: 1}},
+		Uplinks: []*Uplink{{Addr: netip.MustParseAddr("127.0.0.1"), Control: uc}}, Locators: []Locator{{Priority: 1, Weight: 1}},
 		Resolvers: []netip.AddrPort{rs.addr()}, MapServers: []MapServer{{Addr: rs.addr(), Key: []byte("k"), AlgID: lisp.AlgHMACSHA1}},
 		RequestTimeout: time.Second, RequestRetries: 2, QueuePerEID: 4})
 	if err != nil {
@@ -232,33 +232,6 @@ func TestXtrRegistration(t *testing.T) {
 	x.control(now, 0, rs.addr(), notify("k"))
 	if !x.Status().Registrations[0].Registered {
 		t.Fatal("Map-Notify not taken")
-	}
-}
-
-// TestXtrDataPathAllocs: the per-packet work of the ITR allocates nothing.
-func TestXtrDataPathAllocs(t *testing.T) {
-	x, _ := testXTR(t)
-	rec := lisp.Record{TTL: 10, MaskLen: 24, EID: lisp.AddrFrom(netip.MustParseAddr("192.168.2.0")),
-		Locators: []lisp.Locator{{Priority: 1, Weight: 1, Addr: lisp.AddrFrom(netip.MustParseAddr("10.0.3.1"))}}}
-	x.mu.Lock()
-	x.installLocked(time.Now(), &rec)
-	x.mu.Unlock()
-	p := packetTo(t, "192.168.2.1:80")
-	n := len(p) - headroom
-	allocs := testing.AllocsPerRun(100, func() {
-		f, _ := parseFlow(p[headroom:])
-		x.mu.RLock()
-		_, e, _ := x.cache.Lookup(f.dst)
-		li, pr := x.choose(e, &f)
-		x.mu.RUnlock()
-		if x.encapsulate(p, n, x.locals[li].Addr, pr.remote, &f) < 0 {
-			t.Fatal("encapsulate")
-		}
-		var h lisp.DataHeader
-		h.Decode(p[headroom-lisp.DataHeaderLen:])
-	})
-	if allocs != 0 {
-		t.Fatalf("%v allocations per packet", allocs)
 	}
 }
 

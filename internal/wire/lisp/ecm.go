@@ -69,7 +69,7 @@ func (e *ECM) Encode(b []byte) int {
 }
 
 // IPUDP is an IPv4 or IPv6 header without options or extension headers followed by a UDP
-// header: the inner headers of an ECM, and the outer headers an xTR writes for raw sockets.
+// header: the inner headers of an ECM (and whole packets built by tests and tools).
 type IPUDP struct {
 	Src, Dst   netip.AddrPort // both IPv4 or both IPv6
 	TTL        uint8          // IPv4 TTL or IPv6 hop limit
