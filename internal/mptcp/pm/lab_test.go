@@ -22,6 +22,12 @@ import (
 // startPM runs a fullmesh path manager inside h over the host's link addresses (IPv4).
 func startPM(t *testing.T, l *lab.Lab, h *lab.Host) *pm.Daemon {
 	t.Helper()
+	return startPMWith(t, l, h, core.Config{})
+}
+
+// startPMWith is startPM with the manager's timers and caps set by cfg.
+func startPMWith(t *testing.T, l *lab.Lab, h *lab.Host, cfg core.Config) *pm.Daemon {
+	t.Helper()
 	var ups []core.Uplink
 	for _, lk := range l.Links() {
 		ep := lk.Spec.A
@@ -36,7 +42,7 @@ func startPM(t *testing.T, l *lab.Lab, h *lab.Host) *pm.Daemon {
 	}
 	var d *pm.Daemon
 	if err := h.NS.Do(func() (err error) {
-		d, err = pm.New(pm.Options{Uplinks: ups, Policy: core.Fullmesh{}})
+		d, err = pm.New(pm.Options{Uplinks: ups, Policy: core.Fullmesh{}, Core: cfg})
 		return err
 	}); err != nil {
 		t.Fatal(err)
