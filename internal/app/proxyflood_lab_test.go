@@ -84,7 +84,9 @@ func (r *recorder) Write(p []byte) (int, error) {
 // tenant blue's SOCKS listener and junk to blue's intercept port on p1. The transfer (WAN links
 // shaped to 50 Mbit/s) keeps at least 90 % of its rate beside the same flood sent to closed
 // ports of the same hosts, a file crosses intact under the flood, every kind of attack is
-// counted where it is refused, and right after the flood the proxies take new connections.
+// counted where it is refused, p2 never holds more unauthenticated connections than its cap,
+// the real peer's new connection is accepted in the middle of the flood (its addresses have a
+// cap of their own), and right after the flood a new transfer crosses and p1's pool is whole.
 func TestProxyHostileFlood(t *testing.T) {
 	labtest.Require(t)
 	wan := topo.Shape{Rate: 50e6}
@@ -349,8 +351,8 @@ func TestProxyHostileFlood(t *testing.T) {
 		total += counts[i]
 		t.Logf("%s: %d connections (%.0f/s)", a.what, counts[i], float64(counts[i])/floodTime.Seconds())
 	}
-	t.Logf("c -> s beside the flood sent to closed ports %.1f Mbit/s; with %d connections (%.0f/s) to the proxies' listeners: %.1f Mbit/s (%.2f); file %v; p2 unauthenticated at most %d (cap %d)",
-		quiet.Steady/1e6, total, float64(total)/floodTime.Seconds(), flooded.Steady/1e6, flooded.Steady/quiet.Steady, file, peakUnauth.Load(), maxUnauth)
+	t.Logf("c -> s beside the flood sent to closed ports %.1f Mbit/s; with %d connections (%.0f/s) to the proxies' listeners: %.1f Mbit/s (%.2f); file %v; p2 unauthenticated at most %d (cap %d), from peers' addresses now %d",
+		quiet.Steady/1e6, total, float64(total)/floodTime.Seconds(), flooded.Steady/1e6, flooded.Steady/quiet.Steady, file, peakUnauth.Load(), maxUnauth, p2b.UnauthenticatedPeers)
 	if flooded.Steady < 0.9*quiet.Steady {
 		t.Errorf("the transfer fell to %.2f of its rate under the flood (bound 0.9)", flooded.Steady/quiet.Steady)
 	}
