@@ -272,10 +272,12 @@ func TestProxyHostileFlood(t *testing.T) {
 		for i, a := range attacks {
 			wg.Go(func() { counts[i] = a.run(shift, stop) })
 		}
+		defer func() { // also when fn stops the test: no attacker outlives it
+			close(stop)
+			wg.Wait()
+			dropSilent()
+		}()
 		fn()
-		close(stop)
-		wg.Wait()
-		dropSilent()
 		return counts
 	}
 	status := func(h *lab.Host) *proxy.Status {
@@ -293,6 +295,33 @@ func TestProxyHostileFlood(t *testing.T) {
 		}
 		t.Fatalf("no tenant %s in %+v", tenant, st.Tenants)
 		return nil
+	}
+
+	// One replay alone, before the flood: p2 answers with a new handshake of its own, fails the
+	// replayed Finished, and counts it (auth_failed); nothing of it is a peer's connection.
+	authBefore := reasons(status(p2h), "blue")[proxy.ReasonAuth]
+	if err := p1h.NS.Spawn(func() error {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(attacker)}}
+		c, err := d.DialContext(ctx, "tcp", blue.String())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		c.Write(captured)
+		io.Copy(io.Discard, c) // until p2 resets it
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for reasons(status(p2h), "blue")[proxy.ReasonAuth] == authBefore && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := reasons(status(p2h), "blue")[proxy.ReasonAuth] - authBefore; n < 1 {
+		t.Errorf("a replayed handshake was not refused as auth_failed (+%d)", n)
+	} else {
+		t.Logf("a replayed handshake alone: auth_failed +%d", n)
 	}
 
 	opts := traffic.BulkOptions{Duration: 10 * time.Second}
@@ -389,7 +418,7 @@ func TestProxyHostileFlood(t *testing.T) {
 		t.Errorf("the plaintext proxy still holds %d unauthenticated connections", n)
 	}
 	// p1's pool to p2 is whole again: the real peer is accepted right after the flood.
-	deadline := time.Now().Add(5 * time.Second)
+	deadline = time.Now().Add(5 * time.Second)
 	for {
 		st := status(p1h)
 		ok := false
