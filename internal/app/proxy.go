@@ -477,8 +477,8 @@ func printProxyStatus(e env, body []byte, asJSON bool) int {
 	if !st.Encrypted {
 		enc = "plaintext"
 	}
-	fmt.Fprintf(e.stdout, "proxy, up %s, %s, %s, path manager %s (%d addresses announced), %d/%d peer connections unauthenticated\n\n",
-		st.Uptime.Round(time.Second), state, enc, doc.PathManager, doc.Announced, st.Unauthenticated, st.MaxUnauthenticated)
+	fmt.Fprintf(e.stdout, "proxy, up %s, %s, %s, path manager %s (%d addresses announced), %d/%d peer connections unauthenticated (%d/%d from peers' addresses)\n\n",
+		st.Uptime.Round(time.Second), state, enc, doc.PathManager, doc.Announced, st.Unauthenticated, st.MaxUnauthenticated, st.UnauthenticatedPeers, st.MaxUnauthenticated)
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "TENANT\tOUT\tIN\tACTIVE\tBYTES UP\tBYTES DOWN\tPOOLED\tREFUSED")
 	for _, t := range st.Tenants {

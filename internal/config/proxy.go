@@ -47,7 +47,8 @@ import (
 //	metrics = "127.0.0.1:9478"  # status and Prometheus endpoint; "" disables it
 //	control = "@braid/proxy"    # control socket ('braid proxy reload'); "" disables it
 //	max_unauthenticated = 256   # connections from would-be peers not yet authenticated;
-//	                            # more are reset at once (counted as unauth_limit)
+//	                            # more are reset at once (counted as unauth_limit); peers'
+//	                            # own addresses have a cap of this size of their own
 //	backup = ["lte"]            # subflows over these uplinks are backup
 //	  [[proxy.uplink]]          # as [[tunnel.uplink]] (used when there is no proxy.uplink)
 //	  name = "fibre"

@@ -118,7 +118,8 @@ func waitCount(f func() uint64, want uint64) uint64 {
 //     place to show both);
 //   - the SOCKS5 listener refuses clients outside the tenant's networks and its allow-list;
 //   - connections that never authenticate are capped: beyond the cap they are reset at once
-//     and counted, and a real peer is served once they are gone.
+//     and counted; a real peer, from its own address, is served while they hold the cap (its
+//     addresses have a cap of their own) and once they are gone.
 func TestProxyHostile(t *testing.T) {
 	l := labtest.Up(t, hostileTopology())
 	a, b := l.Host("a"), l.Host("b")
@@ -357,6 +358,29 @@ func TestProxyHostile(t *testing.T) {
 		if n := refusedOf(enc, proxy.ReasonUnauthLimit); n != 1 {
 			t.Errorf("unauth_limit %d, want 1", n)
 		}
+		// The real peer's address has a cap of its own: it is served while the flood holds
+		// the other one full.
+		peerReady := func(when string) {
+			t.Helper()
+			raw, err := dialFrom(ctx, a, hPeer, hProxy+":7201")
+			if err != nil {
+				t.Fatalf("the peer %s: %v", when, err)
+			}
+			defer raw.Close()
+			raw.SetDeadline(time.Now().Add(3 * time.Second))
+			tc := tls.Client(raw, ident.ClientConfig(farCert, key.Public()))
+			ready := make([]byte, 1)
+			if err := tc.Handshake(); err != nil {
+				t.Fatalf("the peer's handshake %s: %v", when, err)
+			}
+			if _, err := io.ReadFull(tc, ready); err != nil || ready[0] != 0 {
+				t.Errorf("the peer %s: %x %v", when, ready, err)
+			}
+		}
+		peerReady("during the flood")
+		if st := enc.Status(); st.Unauthenticated != max || st.UnauthenticatedPeers != 0 {
+			t.Errorf("after the peer's connection: unauthenticated %d, from peers %d; want %d and 0", st.Unauthenticated, st.UnauthenticatedPeers, max)
+		}
 		// The flood ends; the real peer authenticates and gets the ready byte.
 		for _, c := range silent {
 			c.Close()
@@ -366,20 +390,7 @@ func TestProxyHostile(t *testing.T) {
 		for enc.Status().Unauthenticated > 0 && time.Now().Before(deadline) {
 			time.Sleep(20 * time.Millisecond)
 		}
-		raw, err := dialFrom(ctx, a, hPeer, hProxy+":7201")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer raw.Close()
-		raw.SetDeadline(time.Now().Add(3 * time.Second))
-		tc := tls.Client(raw, ident.ClientConfig(farCert, key.Public()))
-		ready := make([]byte, 1)
-		if err := tc.Handshake(); err != nil {
-			t.Fatalf("the peer's handshake after the flood: %v", err)
-		}
-		if _, err := io.ReadFull(tc, ready); err != nil || ready[0] != 0 {
-			t.Errorf("the peer after the flood: %x %v", ready, err)
-		}
+		peerReady("after the flood")
 		if n := enc.Status().Unauthenticated; n != 0 {
 			t.Errorf("an authenticated peer still counted: unauthenticated %d", n)
 		}

@@ -112,7 +112,9 @@ type Options struct {
 	SendBacklog time.Duration
 	// MaxUnauthenticated caps the connections accepted from would-be peers that have not yet
 	// authenticated (TLS, or in plaintext the source check and the header); more are reset at
-	// once and counted (unauth_limit). 0: DefaultMaxUnauthenticated.
+	// once and counted (unauth_limit). Connections from a peer's own addresses (its address
+	// list, or its sources) have a cap of this size of their own, so that a flood from other
+	// addresses cannot keep the real peers out. 0: DefaultMaxUnauthenticated.
 	MaxUnauthenticated int
 	// Authenticated, when set, is told of every peer connection once it has authenticated
 	// (the Announcer sends ADD_ADDR only then).
@@ -130,9 +132,11 @@ type Proxy struct {
 	tenants atomic.Pointer[[]*tenant] // replaced whole by Reload
 	start   time.Time
 
-	reloadMu sync.Mutex // one Reload at a time, and Run's start against it
-	running  bool       // Run has started the accept loops (guarded by reloadMu)
-	unauth   atomic.Int64
+	reloadMu sync.Mutex   // one Reload at a time, and Run's start against it
+	running  bool         // Run has started the accept loops (guarded by reloadMu)
+	unauth   atomic.Int64 // unauthenticated connections from addresses that are no peer's
+	// unauthPeers counts unauthenticated connections from a peer's addresses (its own cap).
+	unauthPeers atomic.Int64
 
 	draining atomic.Bool
 	nextID   atomic.Uint64

@@ -23,17 +23,24 @@ func (p *Proxy) servePeer(t *tenant, raw *net.TCPConn) {
 		reset(raw)
 		return
 	}
-	// Until it has authenticated, a connection counts against MaxUnauthenticated.
+	// Until it has authenticated, a connection counts against MaxUnauthenticated: those from
+	// an address of one of the tenant's peers against a cap of their own, so that a flood from
+	// elsewhere does not keep the real peers out (an attacker would have to connect from a
+	// peer's address, which takes being on its path).
 	authed := false
-	if p.unauth.Add(1) > int64(p.o.MaxUnauthenticated) {
-		p.unauth.Add(-1)
+	unauth := &p.unauth
+	if t.state().bySource(from.Addr()) != nil {
+		unauth = &p.unauthPeers
+	}
+	if unauth.Add(1) > int64(p.o.MaxUnauthenticated) {
+		unauth.Add(-1)
 		p.refuse(t, ReasonUnauthLimit, "from", from, "max_unauthenticated", p.o.MaxUnauthenticated)
 		reset(raw)
 		return
 	}
 	defer func() {
 		if !authed {
-			p.unauth.Add(-1)
+			unauth.Add(-1)
 		}
 	}()
 	pp := &pendingPeer{t: t}
@@ -77,7 +84,7 @@ func (p *Proxy) servePeer(t *tenant, raw *net.TCPConn) {
 	}
 	pp.pr.Store(pr)
 	authed = true
-	p.unauth.Add(-1)
+	unauth.Add(-1)
 	if p.o.Authenticated != nil {
 		p.o.Authenticated(addrPortOf(raw.LocalAddr()), from)
 	}

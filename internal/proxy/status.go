@@ -58,11 +58,14 @@ type Status struct {
 	Uptime    time.Duration `json:"uptime_ns"`
 	Encrypted bool          `json:"encrypted"`
 	Draining  bool          `json:"draining"`
-	// Unauthenticated connections from would-be peers, and their cap.
-	Unauthenticated    int64          `json:"unauthenticated"`
-	MaxUnauthenticated int            `json:"max_unauthenticated"`
-	Tenants            []TenantStatus `json:"tenants"`
-	Connections        []ConnStatus   `json:"connections"`
+	// Unauthenticated connections from would-be peers, and their cap: Unauthenticated from
+	// addresses that are no peer's, UnauthenticatedPeers from peers' addresses, each capped at
+	// MaxUnauthenticated.
+	Unauthenticated      int64          `json:"unauthenticated"`
+	UnauthenticatedPeers int64          `json:"unauthenticated_from_peers"`
+	MaxUnauthenticated   int            `json:"max_unauthenticated"`
+	Tenants              []TenantStatus `json:"tenants"`
+	Connections          []ConnStatus   `json:"connections"`
 }
 
 // TenantStatus is one tenant's counters.
@@ -110,7 +113,7 @@ type SubflowStatus struct {
 // Status returns the current state, with every live connection's subflows.
 func (p *Proxy) Status() Status {
 	st := Status{Uptime: time.Since(p.start), Encrypted: p.o.Cert != nil, Draining: p.draining.Load(),
-		Unauthenticated: p.unauth.Load(), MaxUnauthenticated: p.o.MaxUnauthenticated}
+		Unauthenticated: p.unauth.Load(), UnauthenticatedPeers: p.unauthPeers.Load(), MaxUnauthenticated: p.o.MaxUnauthenticated}
 	for _, t := range p.tenantList() {
 		ts := TenantStatus{Name: t.Name, Out: t.c.out.Load(), In: t.c.in.Load(), Active: t.c.active.Load(),
 			BytesUp: t.c.bytesUp.Load(), BytesDown: t.c.bytesDown.Load(), PoolFailures: t.c.poolFailures.Load(),
@@ -161,7 +164,8 @@ func (p *Proxy) StatusJSON() any {
 // subflow.
 func (p *Proxy) WriteMetrics(w *metrics.Writer) {
 	st := p.Status()
-	w.Sample("braid_proxy_unauthenticated", metrics.Gauge, "Connections from would-be peers not yet authenticated.", float64(st.Unauthenticated))
+	w.Sample("braid_proxy_unauthenticated", metrics.Gauge, "Connections from would-be peers not yet authenticated, from addresses that are no peer's.", float64(st.Unauthenticated))
+	w.Sample("braid_proxy_unauthenticated_from_peers", metrics.Gauge, "Connections not yet authenticated from peers' own addresses (a cap of their own).", float64(st.UnauthenticatedPeers))
 	w.Sample("braid_proxy_unauthenticated_max", metrics.Gauge, "The cap on connections not yet authenticated (max_unauthenticated).", float64(st.MaxUnauthenticated))
 	for _, t := range st.Tenants {
 		w.Sample("braid_proxy_connections_total", metrics.Counter, "Connections relayed, by direction (out: to a peer).", float64(t.Out), "tenant", t.Name, "direction", "out")
