@@ -71,6 +71,11 @@ type Paced struct {
 	cfg     PacedConfig
 	st      []pacedState // parallel to the last paths slice
 	scratch []pacedState
+	// Plan's run: the ID of the path the last packet sent now went on, and the bytes it has
+	// been given in a row.
+	runID    int
+	runBytes float64
+	running  bool
 }
 
 type pacedState struct {
@@ -372,7 +377,7 @@ func (s *Paced) Plan(now int64, paths []Path, sizes []int, out []int) (wake int6
 			}
 		}
 		var bestScore float64
-		chosen := -1
+		chosen, run := -1, -1
 		for i := range paths {
 			st := &s.st[i]
 			if !paths[i].Up || st.vstart > now || st.varrive > bestArrive+float64(planSlack) {
@@ -381,6 +386,15 @@ func (s *Paced) Plan(now int64, paths []Path, sizes []int, out []int) (wake int6
 			if score := st.deficit + float64(size)*share(&paths[i], s.cfg.DefaultCapacity)/total; chosen < 0 || score > bestScore {
 				chosen, bestScore = i, score
 			}
+			if s.running && paths[i].ID == s.runID && s.runBytes+float64(size) <= min(maxRun, st.rate*float64(runTime)) {
+				run = i
+			}
+		}
+		// The path of the packet before keeps the next ones until its run is full:
+		// consecutive packets then leave together, in one send of the path's batch, and
+		// arrive together, in one receive, in order (see runTime).
+		if run >= 0 {
+			chosen = run
 		}
 		if chosen >= 0 {
 			best, bestStart = chosen, now
@@ -394,6 +408,11 @@ func (s *Paced) Plan(now int64, paths []Path, sizes []int, out []int) (wake int6
 		}
 		if bestStart <= now {
 			out[k] = best
+			if s.running && s.runID == paths[best].ID && best == run {
+				s.runBytes += float64(size)
+			} else {
+				s.runID, s.runBytes, s.running = paths[best].ID, float64(size), true
+			}
 			st.tokens -= float64(size)
 			if lim {
 				paths[best].Uplink.tokens -= float64(size)
@@ -444,6 +463,23 @@ func (s *Paced) Plan(now int64, paths []Path, sizes []int, out []int) (wake int6
 // it now, rather than wait: the device reader comes back no sooner than a few hundred µs, and
 // paths whose delays differ by less than this count as equal (they split by their shares).
 const planSlack = time.Millisecond
+
+// Runs: paths that count as equal for a packet (planSlack) share the traffic by their deficits
+// in runs of consecutive packets rather than packet by packet. Split one by one, every batch
+// the device reader sends would go out as one short send per path (twice the system calls per
+// byte over two paths), each uplink reader would receive every other packet (so the receiver's
+// reorder buffer holds half of them and its writes to the device join shorter runs), and the
+// inner TCP would see a reordering at every packet whose paths differ by a few µs. A path keeps
+// the packets after its last one, while it can send them now and deliver them within planSlack
+// of the best, until it has been given runTime at its rate (at most maxRun bytes); then the
+// deficits choose the next run's path, so the shares over time are still the deficits' (the
+// runs' deficit stays within a run, inside the ±burst clamp). A packet behind another path's
+// run arrives at most runTime later than it could have: within planSlack, as for any two
+// paths counted equal.
+const (
+	maxRun  = 64 << 10
+	runTime = 500 * time.Microsecond
+)
 
 // startAt is when path i's bucket, and its uplink's, hold a packet of size bytes after what the
 // walk of Plan has given the path so far (the virtual tokens), and its window (CWnd, if set)

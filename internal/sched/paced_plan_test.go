@@ -140,3 +140,70 @@ func TestPlanDoesNotAllocate(t *testing.T) {
 		t.Errorf("Plan allocates %.1f times per call", a)
 	}
 }
+
+// Equal paths take the queue in runs, not packet by packet: consecutive packets share a path
+// for up to runTime at its rate (at most maxRun bytes), so that each path's share of a batch
+// leaves in one send and arrives in order; over time the shares are still the paths' (3:1
+// here), and on slow paths the runs are short.
+func TestPlanEqualPathsSendRuns(t *testing.T) {
+	runs := func(paths []Path, rounds int) (got [2]int, switches, longest int) {
+		s, _ := NewPaced(PacedConfig{})
+		sizes, out := make([]int, 40), make([]int, 40)
+		for k := range sizes {
+			sizes[k] = 1500
+		}
+		now, last, run := int64(time.Second), -1, 0
+		for range rounds {
+			// Between plans the buckets refill by what was sent: the paths run at capacity.
+			now += int64(time.Millisecond)
+			s.Plan(now, paths, sizes, out)
+			for _, i := range out {
+				if i < 0 {
+					continue
+				}
+				got[i]++
+				if i == last {
+					run++
+				} else {
+					if last >= 0 {
+						switches++
+					}
+					last, run = i, 1
+				}
+				longest = max(longest, run)
+			}
+		}
+		return got, switches, longest
+	}
+	fast := []Path{
+		{ID: 0, Up: true, Capacity: 3e9, MinRTT: time.Millisecond},
+		{ID: 1, Up: true, Capacity: 3e9, MinRTT: time.Millisecond},
+	}
+	got, switches, longest := runs(fast, 200)
+	n := got[0] + got[1]
+	if n == 0 || got[0] < n*45/100 || got[1] < n*45/100 {
+		t.Fatalf("equal paths carried %v packets: want about half each", got)
+	}
+	// 3 Gbit/s for 500 µs is 187 KB, capped at 64 KiB: runs of about 43 packets.
+	if avg := n / (switches + 1); avg < 20 || longest > maxRun/1500+1 {
+		t.Errorf("equal fast paths: %d packets in %d runs (average %d, longest %d): want runs of 20 to %d", n, switches+1, avg, longest, maxRun/1500+1)
+	}
+
+	unequal := []Path{
+		{ID: 0, Up: true, Weight: 3, Capacity: 3e9, MinRTT: time.Millisecond},
+		{ID: 1, Up: true, Weight: 1, Capacity: 3e9, MinRTT: time.Millisecond},
+	}
+	got, switches, _ = runs(unequal, 200)
+	if n := got[0] + got[1]; got[0] < n*70/100 || got[0] > n*80/100 || switches < 10 {
+		t.Errorf("weights 3:1 carried %v packets in %d runs: want 75 %% on the first, in runs", got, switches+1)
+	}
+
+	slow := []Path{
+		{ID: 0, Up: true, Capacity: 50e6, MinRTT: time.Millisecond},
+		{ID: 1, Up: true, Capacity: 50e6, MinRTT: time.Millisecond},
+	}
+	// 50 Mbit/s for 500 µs is 3 125 bytes: runs of 2 or 3 packets.
+	if got, _, longest := runs(slow, 200); longest > 3 || got[0] == 0 || got[1] == 0 {
+		t.Errorf("equal slow paths carried %v with runs up to %d packets: want both, runs of at most 3", got, longest)
+	}
+}
