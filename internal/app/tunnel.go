@@ -235,9 +235,12 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 			socks[u.Name] = uplinkSock{local: u.Socket(cfg.Port), iface: u.Interface, mtu: linkMTU(u), config: u}
 			continue
 		}
-		c, err := sock.Listen(u.Socket(cfg.Port), u.Interface)
-		if err == nil && cfg.Mode != config.ModeMPT {
-			c.EnableGRO()
+		var c tunnel.Conn
+		var err error
+		if cfg.Mode == config.ModeMPT {
+			c, err = sock.Listen(u.Socket(cfg.Port), u.Interface)
+		} else {
+			c, err = listenUplink(u, cfg.Port, shards(cfg))
 		}
 		if err != nil {
 			closeAll()
@@ -299,13 +302,15 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 		}
 		run, src = t.Run, tunnelSource{t}
 		// The uplinks named by interface alone follow it, also those a reload adds.
-		stop, err := followUplinks(ctx, t, log)
+		stop, err := followUplinks(ctx, t, shards(cfg), log)
 		if err != nil {
 			closeAll()
 			return err
 		}
 		defer stop()
-		rl := &tunnelReloader{t: t, nl: nl, log: log, load: loadTunnelConfig, listen: listenUplink, cfg: cfg, conns: socks}
+		rl := &tunnelReloader{t: t, nl: nl, log: log, load: loadTunnelConfig, listen: func(u config.Uplink, port uint16) (tunnel.Conn, error) {
+			return listenUplink(u, port, shards(cfg))
+		}, cfg: cfg, conns: socks}
 		file := daemonFile(ctx)
 		mutate = func(r pathRequest) error {
 			if r.Action == "reload" {
@@ -356,7 +361,7 @@ func uplinkOf(u config.Uplink, port uint16, c tunnel.Conn, mtu int) tunnel.Uplin
 
 // followUplinks runs the tunnel's follower of the uplinks named by interface alone
 // (tunnel.FollowUplinks) until ctx ends or stop is called; stop waits for it.
-func followUplinks(ctx context.Context, t *tunnel.Tunnel, log *slog.Logger) (stop func(), err error) {
+func followUplinks(ctx context.Context, t *tunnel.Tunnel, n int, log *slog.Logger) (stop func(), err error) {
 	nl, err := netlink.NewHandle()
 	if err != nil {
 		return nil, fmt.Errorf("netlink: %w", err)
@@ -366,12 +371,7 @@ func followUplinks(ctx context.Context, t *tunnel.Tunnel, log *slog.Logger) (sto
 	go func() {
 		defer close(done)
 		err := t.FollowUplinks(ctx, tunnel.FollowOptions{Netlink: nl, Listen: func(local netip.AddrPort, ifname string) (tunnel.Conn, error) {
-			c, err := sock.Listen(local, ifname)
-			if err != nil {
-				return nil, err
-			}
-			c.EnableGRO()
-			return c, nil
+			return listenGroup(local, ifname, n)
 		}})
 		if err != nil {
 			log.Error("uplinks: not following their interfaces", "err", err)
@@ -401,7 +401,7 @@ func braidOptions(cfg *config.Tunnel, dev tunnel.Device, mtu int, uplinks []tunn
 		Ciphers: cipherSet(cfg.Braid.Cipher),
 		ReorderCfg: reorder.Config{MaxPackets: cfg.Braid.Reorder.MaxPackets, MaxBytes: cfg.Braid.Reorder.MaxBytes,
 			MaxHold: cfg.Braid.Reorder.MaxHold},
-		Scheduler: string(cfg.Scheduler),
+		Scheduler: string(cfg.Scheduler), Shards: shards(cfg),
 	}
 	for _, p := range cfg.Peers {
 		pc := tunnel.PeerConfig{Name: p.Name, PublicKey: p.PublicKey, Routes: p.Routes, Keepalive: p.Keepalive, MaxPaths: p.MaxPaths}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -193,6 +194,7 @@ func restartOnly(old, cur *config.Tunnel) error {
 		check("probe_interval", a.ProbeInterval, b.ProbeInterval)
 		check("down_after", a.DownAfter, b.DownAfter)
 		check("reorder", a.Reorder, b.Reorder)
+		check("shards", a.Shards, b.Shards)
 		check("loss_recovery", a.LossRecovery, b.LossRecovery)
 		check("encryption", a.Encryption, b.Encryption)
 		check("cipher", a.Cipher, b.Cipher)
@@ -203,12 +205,28 @@ func restartOnly(old, cur *config.Tunnel) error {
 	return nil
 }
 
-// listenUplink opens an uplink's socket as serveTunnel does in braid mode.
-func listenUplink(u config.Uplink, port uint16) (tunnel.Conn, error) {
-	c, err := sock.Listen(u.Socket(port), u.Interface)
+// listenUplink opens an uplink's socket as serveTunnel does in braid mode: a group of n
+// sockets (tunnel.Options.Shards).
+func listenUplink(u config.Uplink, port uint16, n int) (tunnel.Conn, error) {
+	return listenGroup(u.Socket(port), u.Interface, n)
+}
+
+// listenGroup opens n sockets on local in one group (sock.ListenGroup) that coalesce what
+// they receive (GRO).
+func listenGroup(local netip.AddrPort, iface string, n int) (tunnel.Conn, error) {
+	g, err := sock.ListenGroup(local, iface, n)
 	if err != nil {
 		return nil, err
 	}
-	c.EnableGRO()
-	return c, nil
+	g.EnableGRO()
+	return g, nil
+}
+
+// shards is the number of receive shards of a braid-mode tunnel: the configured number, or
+// one per CPU.
+func shards(cfg *config.Tunnel) int {
+	if cfg.Braid != nil && cfg.Braid.Shards > 0 {
+		return cfg.Braid.Shards
+	}
+	return runtime.NumCPU()
 }

@@ -239,7 +239,14 @@ type BraidSettings struct {
 	// instructions, ChaCha20-Poly1305 otherwise), or one of session's cipher names, which
 	// this site then insists on.
 	Cipher string
+	// Shards is the number of sockets per uplink, each read on a core of its own, over which
+	// the peers are spread (docs/tunnel.md, "A hub on every core"); 0: as many as the
+	// machine has CPUs (the default). 1 reads each uplink with one goroutine.
+	Shards int
 }
+
+// maxShards bounds shards: sockets per uplink.
+const maxShards = 1024
 
 // Reorder bounds each peer's reorder buffer at the receiver.
 type Reorder struct {
@@ -488,6 +495,7 @@ type fileTunnel struct {
 	ReorderMaxPackets *int64       `toml:"reorder_max_packets"`
 	ReorderMaxBytes   any          `toml:"reorder_max_bytes"`
 	ReorderMaxHold    any          `toml:"reorder_max_hold"`
+	Shards            *int64       `toml:"shards"`
 	Metrics           *string      `toml:"metrics"`
 	Control           *string      `toml:"control"`
 	Uplink            []fileUplink `toml:"uplink"`
@@ -596,6 +604,7 @@ func (l *loader) tunnel(f *fileTunnel) *Tunnel {
 			{"reorder_max_packets", f.ReorderMaxPackets != nil},
 			{"reorder_max_bytes", f.ReorderMaxBytes != nil},
 			{"reorder_max_hold", f.ReorderMaxHold != nil},
+			{"shards", f.Shards != nil},
 		} {
 			if k.set {
 				l.fail(obj, p+k.key, "%s is a braid-mode key; mode is \"mpt\" (MPT has no keys or probes; reordering is per peer: reorder_window)", k.key)
@@ -674,6 +683,9 @@ func (l *loader) braid(b *BraidSettings, f *fileTunnel) {
 		}
 	}
 	l.duration(obj, p+"reorder_max_hold", "reorder_max_hold", f.ReorderMaxHold, &b.Reorder.MaxHold)
+	if f.Shards != nil {
+		b.Shards = l.int(obj, p+"shards", "shards", *f.Shards)
+	}
 }
 
 func (l *loader) uplink(i int, f *fileUplink) Uplink {
@@ -1016,6 +1028,9 @@ func (c *checker) braid(b *BraidSettings, env Env) session.PublicKey {
 		c.report(obj, fmt.Sprintf("probe_interval %v outside 1ms..1m", b.ProbeInterval), p+"probe_interval")
 	case b.DownAfter < 2*b.ProbeInterval:
 		c.report(obj, fmt.Sprintf("down_after %v is less than 2 × probe_interval (%v): one late probe would take a path down", b.DownAfter, b.ProbeInterval), p+"down_after", p+"probe_interval")
+	}
+	if b.Shards < 0 || b.Shards > maxShards {
+		c.report(obj, fmt.Sprintf("shards %d outside 0..%d (0: one per CPU)", b.Shards, maxShards), p+"shards")
 	}
 	r := b.Reorder
 	switch {

@@ -452,6 +452,8 @@ path = [{ uplink = "fibre", remote = "198.51.100.1:4754" }]` + mark + `
 		`tunnel: reorder_max_bytes: negative size "-5"`},
 	{"negative reorder hold", edit(minimal, "[tunnel]\n", "[tunnel]\nreorder_max_hold = \"-5ms\""+mark+"\n"),
 		`tunnel: negative reorder_max_hold "-5ms"`},
+	{"too many shards", edit(minimal, "[tunnel]\n", "[tunnel]\nshards = 5000"+mark+"\n"),
+		`tunnel: shards 5000 outside 0..1024 (0: one per CPU)`},
 	{"mtu too small", edit(minimal, "[tunnel]\n", "[tunnel]\nmtu = 500"+mark+"\n"),
 		`tunnel: mtu 500 outside 576..65535`},
 	{"mtu too large", edit(minimal, "[tunnel]\n", "[tunnel]\nmtu = 65536"+mark+"\n"),

@@ -35,6 +35,11 @@ type Conn struct {
 
 // Listen opens a UDP socket on local, bound to device when it is not empty.
 func Listen(local netip.AddrPort, device string) (*Conn, error) {
+	return listen(local, device, nil)
+}
+
+// listen opens the socket of Listen; extra, when set, sets more options before the bind.
+func listen(local netip.AddrPort, device string, extra func(fd int) error) (*Conn, error) {
 	lc := net.ListenConfig{Control: func(network, address string, c syscall.RawConn) error {
 		var serr error
 		err := c.Control(func(fd uintptr) {
@@ -63,6 +68,9 @@ func Listen(local netip.AddrPort, device string) (*Conn, error) {
 			}
 			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, BufferSize) != nil {
 				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, BufferSize)
+			}
+			if extra != nil {
+				serr = extra(int(fd))
 			}
 		})
 		if err != nil {

@@ -428,9 +428,10 @@ var errNoSocket = errors.New("tunnel: the uplink has no socket")
 
 // readUplink receives the datagrams of one of an uplink's sockets, several per system call
 // when the socket coalesces them (UDP GRO), and writes what they deliver to the device in one
-// batch. It stops without an error when the uplink has another socket (follow.go).
-func (t *Tunnel) readUplink(u *uplink, sk *upSock) error {
-	bc, batched := sk.conn.(BatchConn)
+// batch. It stops without an error when the uplink has another socket (follow.go). c is
+// sk's conn, or one socket of its group (shard.go).
+func (t *Tunnel) readUplink(u *uplink, sk *upSock, c Conn) error {
+	bc, batched := c.(BatchConn)
 	buf, oob := make([]byte, 65536), make([]byte, 128)
 	ob := &outbox{}
 	for {
@@ -440,7 +441,7 @@ func (t *Tunnel) readUplink(u *uplink, sk *upSock) error {
 		if batched {
 			n, seg, src, err = bc.ReadSegments(buf, oob)
 		} else {
-			n, src, err = sk.conn.ReadFromUDPAddrPort(buf)
+			n, src, err = c.ReadFromUDPAddrPort(buf)
 			seg = n
 		}
 		if err != nil {
@@ -626,9 +627,7 @@ func (t *Tunnel) deliver(p *peer, from uint8, now int64, pb *packetBuf, off int,
 	} else {
 		out := p.rb.Push(now, pre.Seq, len(inner), pb, p.released[:0])
 		p.released = out[:0]
-		for _, r := range out {
-			ob.add(r)
-		}
+		p.rxq.add(p, out, ob)
 	}
 	p.mu.Unlock()
 	if lost > 0 && t.o.Recovery {
@@ -648,6 +647,8 @@ func sleep(d int64) {
 type outbox struct {
 	bufs []*packetBuf
 	pkts [][]byte
+	// peers have packets in their delivery queue from this goroutine (deliverq.go)
+	peers []*peer
 }
 
 func (ob *outbox) add(pb *packetBuf) {
@@ -655,8 +656,18 @@ func (ob *outbox) add(pb *packetBuf) {
 	ob.pkts = append(ob.pkts, pb.packet())
 }
 
-// flush writes what ob holds and returns the buffers to the pool.
+// flush writes what ob holds, then the delivery queues of the peers it noted (deliverq.go).
 func (ob *outbox) flush(t *Tunnel) {
+	ob.write(t)
+	for i, p := range ob.peers {
+		p.rxq.drain(t, p, ob)
+		ob.peers[i] = nil
+	}
+	ob.peers = ob.peers[:0]
+}
+
+// write writes the packets ob holds and returns the buffers to the pool.
+func (ob *outbox) write(t *Tunnel) {
 	if len(ob.pkts) == 0 {
 		return
 	}
@@ -868,10 +879,8 @@ func (t *Tunnel) timers(ctx context.Context) {
 			}
 			p.rb.SetHold(hold)
 			released = p.rb.Expire(now, released[:0])
+			p.rxq.add(p, released, ob)
 			p.mu.Unlock()
-			for _, r := range released {
-				ob.add(r)
-			}
 			ob.flush(t)
 		}
 		t.updateMTU()

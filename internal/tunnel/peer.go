@@ -88,6 +88,7 @@ type peer struct {
 	versionWarned atomic.Bool
 	rb            *reorder.Buffer[*packetBuf]
 	released      []*packetBuf
+	rxq           rxQueue      // what rb released, on its way to the device (p.mu)
 	outer         atomic.Int64 // outer IP and UDP header bytes: 28, or 48 when a path is IPv6
 	q             txQueue      // packets waiting to be sent (the device reader's only)
 	// the send queue's depth as of the device reader's last change, for the status

@@ -91,6 +91,9 @@ type UplinkStatus struct {
 	Follow  bool
 	State   string `json:",omitempty"`
 	Rebinds uint64 `json:",omitempty"`
+	// ShardReads counts the reads (system calls, each of one or more datagrams) of each
+	// socket of the uplink's group, when it has several (shard.go): how the peers spread.
+	ShardReads []uint64 `json:",omitempty"`
 }
 
 // PeerStatus describes one peer.
@@ -120,7 +123,10 @@ type PeerStatus struct {
 	// feedback reported it (the buffer-aware schedulers' available buffer); -1 while unknown
 	// or when the peer does not reorder.
 	PeerBufferFree int
-	Paths          []PathStatus
+	// Shard is the socket of each uplink's group that the peer's packets are steered to
+	// (shard.go), -1 when the tunnel has one socket per uplink or the peer has none yet.
+	Shard int
+	Paths []PathStatus
 }
 
 // PathStatus describes one path to a peer.
@@ -183,7 +189,7 @@ func (t *Tunnel) Status() Status {
 	for _, p := range t.peerList() {
 		ps := PeerStatus{Name: p.name, PeerBufferFree: -1,
 			SendQueuePackets: int(p.queuedPackets.Load()), SendQueueBytes: int(p.queuedBytes.Load()),
-			SendQueueDrops: p.queueDrops.Load()}
+			SendQueueDrops: p.queueDrops.Load(), Shard: t.peerShard(p)}
 		if cur := p.cur.Load(); cur != nil {
 			ps.Session, ps.SessionAge, ps.Cipher = true, time.Duration(now-cur.created), t.cipherName(cur.s)
 			ps.Protocol = int(cur.s.Version)
@@ -270,6 +276,7 @@ func (t *Tunnel) uplinkStatus() []UplinkStatus {
 		if s := u.state.Load(); s != nil {
 			us.State = *s
 		}
+		us.ShardReads = u.shardCounts()
 		out = append(out, us)
 	}
 	return out

@@ -142,7 +142,11 @@ type Options struct {
 	Scheduler string // "paced" (default), "wrr", "minrtt"
 	// CapacityCfg tunes the capacity estimator of paths with no configured capacity.
 	CapacityCfg sched.CapacityConfig
-	Logger      *slog.Logger
+	// Shards is the number of sockets per uplink that receive at once (shard.go): the
+	// uplinks' sockets are groups of that many (ShardedConn), and the tunnel gives each peer
+	// session indices that steer it to one of them. 0 or 1: one socket, one reader.
+	Shards int
+	Logger *slog.Logger
 }
 
 // Overhead is what the tunnel adds to an inner packet, before the outer IP and UDP headers.
@@ -172,8 +176,11 @@ type Tunnel struct {
 	// errc takes the first error of a loop (the device's or an uplink's reader).
 	errc chan error
 
-	mu       sync.Mutex // guards sessions
+	mu       sync.Mutex // guards sessions and shards
 	sessions map[uint32]*sessionRef
+	// shards is the receive shard of each peer that reserved a session index (shard.go).
+	shards    map[session.PublicKey]uint32
+	nextShard uint32
 	// sessionsRO is a copy of sessions for the receive loops (publishSessions).
 	sessionsRO atomic.Pointer[map[uint32]*sessionRef]
 
@@ -220,6 +227,9 @@ type uplink struct {
 	pace atomic.Pointer[sched.Bucket]
 	// removed: a reload took the uplink out; its reader stops without an error.
 	removed atomic.Bool
+	// shardReads counts the reads of each socket of the uplink's group (shard.go); nil
+	// while it has one socket.
+	shardReads atomic.Pointer[[]atomic.Uint64]
 }
 
 // upSock is an uplink's socket and the address it is bound to; conn is nil while a following
@@ -295,6 +305,9 @@ func New(o Options) (*Tunnel, error) {
 	if o.MTU < 576 || o.MTU > 65535-Overhead-48 {
 		return nil, fmt.Errorf("tunnel: MTU %d outside 576..%d", o.MTU, 65535-Overhead-48)
 	}
+	if o.Shards < 0 || o.Shards > 1024 {
+		return nil, fmt.Errorf("tunnel: %d shards outside 0..1024", o.Shards)
+	}
 	for _, u := range o.Uplinks {
 		if err := checkUplink(u); err != nil {
 			return nil, err
@@ -322,7 +335,7 @@ func New(o Options) (*Tunnel, error) {
 		o: o, log: o.Logger, priv: o.PrivateKey, pub: o.PrivateKey.Public(),
 		mac1: session.MAC1Key(o.PrivateKey.Public()), hsq: make(chan hsJob, hsQueue), hsBudget: hsBudget{tokens: hsBurst},
 		cookies: session.NewCookies(o.PrivateKey.Public()),
-		uplinks: map[string]*uplink{}, sessions: map[uint32]*sessionRef{}, start: time.Now(),
+		uplinks: map[string]*uplink{}, sessions: map[uint32]*sessionRef{}, shards: map[session.PublicKey]uint32{}, start: time.Now(),
 		errc: make(chan error, 1),
 	}
 	if t.log == nil {
@@ -414,7 +427,11 @@ func (t *Tunnel) startReader(u *uplink) {
 	if sk.conn == nil {
 		return
 	}
-	t.wg.Go(func() { t.fail(t.readUplink(u, sk)) })
+	if g, ok := sk.conn.(ShardedConn); ok && g.Shards() > 1 {
+		t.startShardReaders(u, sk, g)
+		return
+	}
+	t.wg.Go(func() { t.fail(t.readUplink(u, sk, sk.conn)) })
 }
 
 // checkUplink checks what New and Reload take of an uplink.
@@ -456,8 +473,12 @@ func (t *Tunnel) lookup(dst netip.Addr) *peer {
 func (t *Tunnel) reserveIndex(p *peer) uint32 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	shard, n := t.shardOf(p)
 	for {
 		idx := randUint32()
+		if n > 1 {
+			idx = idx - idx%n + shard
+		}
 		if _, used := t.sessions[idx]; idx != 0 && !used {
 			t.sessions[idx] = &sessionRef{peer: p}
 			t.publishSessions()

@@ -16,7 +16,7 @@ import (
 const TunnelPort = 4754
 
 // StartTunnel runs a braid tunnel inside host h: a TUN device "braid0" with address inner, one
-// uplink socket per local address (named by the address), and the given options (peers,
+// uplink socket per local address (named by the address; a group of o.Shards sockets), and the given options (peers,
 // scheduler...). adjust, if given, sees the options last, with the device and sockets in place
 // (tests wrap a socket there). stop ends the tunnel, waits for it and returns what Run returned.
 func StartTunnel(ctx context.Context, h *lab.Host, inner []netip.Prefix, locals []netip.Addr, o tunnel.Options, adjust ...func(*tunnel.Options)) (t *tunnel.Tunnel, stop func() error, err error) {
@@ -32,10 +32,13 @@ func StartTunnel(ctx context.Context, h *lab.Host, inner []netip.Prefix, locals 
 		}
 	}
 	for _, a := range locals {
-		var c *sock.Conn
+		var c tunnel.Conn
 		if err := h.NS.Do(func() (err error) {
-			if c, err = sock.Listen(netip.AddrPortFrom(a, TunnelPort), ""); err == nil {
-				c.EnableGRO()
+			// A group of o.Shards sockets, each read on its own (tunnel.Options.Shards).
+			g, err := sock.ListenGroup(netip.AddrPortFrom(a, TunnelPort), "", max(o.Shards, 1))
+			if err == nil {
+				g.EnableGRO()
+				c = g
 			}
 			return err
 		}); err != nil {
