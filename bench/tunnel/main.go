@@ -13,6 +13,9 @@
 // and 60 ms; capacities measured; cubic flows (and one bbr flow) through one tunnel in a row,
 // beside each path alone in the same lab.
 //
+// A third table is the hub (hub.go): 4 sites at once through one hub, its uplinks read by one
+// socket each and by one per core, with the hub's CPU per core.
+//
 // Usage: go run ./bench/tunnel -braid bin/braid -runs 5 -out bench/out/tunnel.md
 package main
 
@@ -44,6 +47,8 @@ func main() {
 	runs := flag.Int("runs", 5, "runs per figure; the table shows medians")
 	quick := flag.Bool("quick", false, "short measurements: a smoke run")
 	uruns := flag.Int("unequal-runs", 3, "runs per figure of the unequal-paths table")
+	hruns := flag.Int("hub-runs", 3, "runs per figure of the hub table")
+	hubOnly := flag.Bool("hub-only", false, "run only the hub table")
 	out := flag.String("out", "bench/out/tunnel.md", "where to write this section (Markdown)")
 	flag.Parse()
 	log.SetFlags(0)
@@ -60,6 +65,11 @@ func main() {
 	var md bytes.Buffer
 	w := io.MultiWriter(os.Stdout, &md)
 	drive.Section(w, "Multipath tunnel")
+	if *hubOnly {
+		hubTable(ctx, w, *braid, *hruns, dur)
+		writeOut(*out, md.Bytes())
+		return
+	}
 	fmt.Fprintf(w, "`go run ./bench/tunnel -braid bin/braid -runs %d`: two paths of 300 and 100 Mbit/s (5 ms one way,\n"+
 		"default queues), one TCP flow for %v. Baseline: the same flow over each path alone without a\ntunnel; ideal aggregation is their sum. The tunnel is paced at the uplinks' configured capacities,\n"+
 		"except in the last row, where no capacity is configured and braid measures them. Medians of %d runs.\n\n", *runs, dur, *runs)
@@ -97,8 +107,14 @@ func main() {
 		"reaches at most 0.965 of its rate, and the tunnel's 72 bytes of overhead per packet take another 5 %%.\n"+
 		"Links emulated by: %s.\n\n", lab.EmulatorName)
 	unequal(ctx, w, *braid, *uruns, *quick)
-	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err == nil {
-		os.WriteFile(*out, md.Bytes(), 0o644)
+	hubTable(ctx, w, *braid, *hruns, dur)
+	writeOut(*out, md.Bytes())
+}
+
+// writeOut writes the section to out.
+func writeOut(out string, md []byte) {
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err == nil {
+		os.WriteFile(out, md, 0o644)
 	}
 }
 
