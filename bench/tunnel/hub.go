@@ -160,6 +160,18 @@ func hubRun(ctx context.Context, braid string, shards int, dur time.Duration) hu
 			drive.Fatalf("site %d: %v\n%s", i, err, logs)
 		}
 	}
+	// The server listens once the hub's device has its address: wait for it to accept.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		c, err := l.Host("s1").Dial(ctx, "tcp", "10.254.0.1:5201")
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			drive.Fatalf("traffic server at the hub: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	sampler := sampleCores(hubCmd.Process.Pid)
 	var wg sync.WaitGroup
 	res := make([]traffic.BulkResult, hubSites+1)
