@@ -149,18 +149,18 @@ func hubRun(ctx context.Context, braid string, shards int, dur time.Duration) hu
 		fmt.Fprintf(&s, "[[tunnel.peer.path]]\nuplink = \"u\"\nremote = \"10.20.0.1:%d\"\n", scenario.TunnelPort)
 		start(fmt.Sprintf("s%d", i), s.String())
 	}
-	srv := exec.Command(braid, "traffic", "serve", "--listen", "10.254.0.1:5201", "--udp", "off")
-	if err := l.Host("hub").Start(srv); err != nil {
-		drive.Fatal(err)
-	}
-	procs = append(procs, srv)
 	for i := 1; i <= hubSites; i++ {
 		if err := scenario.WaitReachable(ctx, l.Host(fmt.Sprintf("s%d", i)), "10.254.0.1:5201"); err != nil {
 			logs, _ := exec.Command("sh", "-c", "tail -n 5 "+filepath.Join(dir, "*.log")).CombinedOutput()
 			drive.Fatalf("site %d: %v\n%s", i, err, logs)
 		}
 	}
-	// The server listens once the hub's device has its address: wait for it to accept.
+	srv := exec.Command(braid, "traffic", "serve", "--listen", "10.254.0.1:5201", "--udp", "off")
+	if err := l.Host("hub").Start(srv); err != nil {
+		drive.Fatal(err)
+	}
+	procs = append(procs, srv)
+	// The server listens once it has started: wait for it to accept.
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		c, err := l.Host("s1").Dial(ctx, "tcp", "10.254.0.1:5201")
 		if err == nil {
