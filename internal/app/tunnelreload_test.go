@@ -71,6 +71,7 @@ func TestReloadRestartOnly(t *testing.T) {
 		{"interface", func(c *config.Tunnel) { c.Interface = "other0" }, "interface changed"},
 		{"mtu and probe interval", func(c *config.Tunnel) { c.MTU = 1300; c.Braid.ProbeInterval = time.Second }, "mtu, probe_interval changed"},
 		{"encryption", func(c *config.Tunnel) { c.Braid.Encryption = !c.Braid.Encryption }, "encryption changed"},
+		{"shards", func(c *config.Tunnel) { c.Braid.Shards = 3 }, "shards changed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			old, cur := load(t), load(t)
