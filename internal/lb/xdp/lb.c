@@ -788,6 +788,16 @@ static __always_inline int ipv6_ext(__u8 nh)
 	       nh == 140 || nh == 253 || nh == 254;
 }
 
+/* find_service: the service of f's destination (VIP, port), or 0. */
+static __always_inline struct svc *find_service(const struct flow *f)
+{
+	struct svc_key sk = {};
+	__builtin_memcpy(sk.addr, f->dst, 16);
+	sk.port = f->dport;
+	sk.family = f->family;
+	return bpf_map_lookup_elem(&services, &sk);
+}
+
 static __always_inline __u32 maglev_pick(const struct lb_config *cfg, const struct svc *s, const struct flow *f)
 {
 	__u32 h = flow_hash(f, cfg->hash_seed, cfg->flags & CFG_HASH_ADDRS);
@@ -872,32 +882,43 @@ int braid_lb(struct xdp_md *ctx)
 	if (!cfg)
 		return XDP_PASS;
 
-	struct svc_key sk = {};
-	__builtin_memcpy(sk.addr, f.dst, 16);
-	sk.port = f.dport;
-	sk.family = f.family;
 	if (cfg->flags & CFG_STATELESS) {
+		struct svc_key sk = {};
+		__builtin_memcpy(sk.addr, f.dst, 16);
+		sk.port = f.dport;
+		sk.family = f.family;
 		__u32 *sl = bpf_map_lookup_elem(&stateless, &sk);
 		if (sl) {
 			count(C_STATELESS_FWD);
 			return forward(ctx, cfg, *sl, 0, f.family == 6);
 		}
 	}
-	struct svc *s = bpf_map_lookup_elem(&services, &sk);
-	if (!s) {
-		count(C_PASS_NOT_VIP);
-		return XDP_PASS;
+	/* An established flow is found by its 5-tuple alone: one hash lookup. Its service was
+	 * known when it was placed, and DeleteService removes the flows of a service it deletes,
+	 * so the service table is read only for packets of no known flow. */
+	struct conn *c = bpf_map_lookup_elem(&conns, &f);
+	struct svc *s = 0;
+	if (!c) {
+		s = find_service(&f);
+		if (!s) {
+			count(C_PASS_NOT_VIP);
+			return XDP_PASS;
+		}
 	}
 	if (doff < 20 || (void *)tcp + doff > end) {
 		count(C_DROP_MALFORMED);
 		return XDP_DROP;
 	}
 
-	struct optbuf ob;
+	int aware = cfg->flags & CFG_AWARE;
+	int syn = (tflags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
+	/* Options are read only where they can change what happens: for a new flow (its SYN's
+	 * MP_CAPABLE, a join's token) and, on a known flow, by an MPTCP-aware balancer. */
 	struct mp_info mi = {};
-	__builtin_memset(&ob, 0, sizeof(ob));
 	int optlen = doff - 20;
-	if (optlen > 0 && optlen <= 40) {
+	if (optlen > 0 && optlen <= 40 && (aware || !c)) {
+		struct optbuf ob;
+		__builtin_memset(&ob, 0, sizeof(ob));
 		if (bpf_xdp_load_bytes(ctx, l4 + 20, ob.b, optlen)) {
 			count(C_DROP_MALFORMED);
 			return XDP_DROP;
@@ -911,11 +932,11 @@ int braid_lb(struct xdp_md *ctx)
 	}
 	__u32 bits = mi.bits;
 
-	int aware = cfg->flags & CFG_AWARE;
-	int syn = (tflags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
-	__u64 now = bpf_ktime_get_coarse_ns();
-	struct conn *c = bpf_map_lookup_elem(&conns, &f);
+	/* the clock is read only by what needs it: a packet of an established plain TCP flow
+	 * does not */
+	__u64 now = 0;
 	if (!c) {
+		now = bpf_ktime_get_coarse_ns();
 		c = bpf_map_lookup_elem(&embryonic, &f);
 		/* the packet after a SYN: the flow is established (as far as a balancer that never
 		 * sees the server's answers can tell) and moves to the connection table */
@@ -925,6 +946,8 @@ int braid_lb(struct xdp_md *ctx)
 			c = bpf_map_lookup_elem(&conns, &f);
 			count(C_CONN_ESTABLISHED);
 		}
+	} else if (aware && (bits || (c->flags & (CONN_LEARNED | CONN_JOIN)))) {
+		now = bpf_ktime_get_coarse_ns();
 	}
 	struct backend *be = 0;
 	if (c) {
@@ -974,6 +997,15 @@ int braid_lb(struct xdp_md *ctx)
 		return forward(ctx, cfg, c->backend, be, f.family == 6);
 	}
 
+	if (!s) {
+		/* a known flow whose backend was removed */
+		s = find_service(&f);
+		if (!s) {
+			count(C_PASS_NOT_VIP);
+			return XDP_PASS;
+		}
+		now = bpf_ktime_get_coarse_ns();
+	}
 	struct conn nc = {.svc = s->id, .refreshed = now};
 	if (syn && aware && (bits & MP_JOIN)) {
 		if (!(bits & MP_JOIN_SYN)) {

@@ -468,7 +468,9 @@ func (d *Dataplane) SetService(id uint32, vip netip.AddrPort) error {
 	return nil
 }
 
-// DeleteService stops balancing vip.
+// DeleteService stops balancing vip, and removes its flows: the program finds a packet of a
+// known flow by its 5-tuple alone (without reading the service table), so a deleted service's
+// flows must go with it.
 func (d *Dataplane) DeleteService(vip netip.AddrPort) error {
 	k := svcKey(vip)
 	d.mu.Lock()
@@ -476,7 +478,12 @@ func (d *Dataplane) DeleteService(vip netip.AddrPort) error {
 	if err := d.objs.Services.Delete(&k); err != nil {
 		return err
 	}
-	return d.refVIPLocked(vip, -1)
+	if err := d.refVIPLocked(vip, -1); err != nil {
+		return err
+	}
+	return d.dropFlows(func(f *lbFlow, _ *lbConn) bool {
+		return f.Family == k.Family && f.Dst == k.Addr && f.Dport == k.Port
+	})
 }
 
 // refVIPLocked counts a use of vip's address more (delta 1) or less (-1), and keeps the
@@ -757,9 +764,14 @@ func (d *Dataplane) ConnsPerBackend() (map[uint32]int, error) {
 
 // DropFlowsOf removes the flows pinned to backend i (a backend that was removed).
 func (d *Dataplane) DropFlowsOf(i uint32) error {
+	return d.dropFlows(func(_ *lbFlow, v *lbConn) bool { return v.Backend == i })
+}
+
+// dropFlows removes the flows of both connection tables for which drop is true.
+func (d *Dataplane) dropFlows(drop func(k *lbFlow, v *lbConn) bool) error {
 	var del, delEmb []lbFlow
 	err := d.eachFlow(func(k *lbFlow, v *lbConn, emb bool) {
-		if v.Backend == i {
+		if drop(k, v) {
 			if emb {
 				delEmb = append(delEmb, *k)
 			} else {

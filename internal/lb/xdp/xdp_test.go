@@ -918,3 +918,30 @@ func TestDecapRestoresFrame(t *testing.T) {
 		t.Fatalf("plain TCP through decap: %d %v", ret, err)
 	}
 }
+
+// TestDeletedServiceFlowsPassed: the program finds an established flow by its 5-tuple without
+// reading the service table, so deleting a service must remove its flows: their next packet is
+// passed to the stack (not for a service), while another service's flows keep their backend.
+func TestDeletedServiceFlowsPassed(t *testing.T) {
+	r := newRig(t, 4, nil)
+	gone := packet{Src: client(1, false, 1), Dst: vip4, Flags: tcpSYN}
+	kept := packet{Src: client(1, true, 1), Dst: vip6, Flags: tcpSYN}
+	keptBE := r.backend(r.run(kept))
+	r.run(gone)
+	gone.Flags, kept.Flags = tcpACK, tcpACK
+	r.run(gone) // both flows established: in the connection table
+	r.run(kept)
+	if err := r.d.DeleteService(vip4); err != nil {
+		t.Fatal(err)
+	}
+	before := r.counters()
+	if res := r.run(gone); res.Action != ActionPass {
+		t.Fatalf("a deleted service's established flow: action %d, want pass", res.Action)
+	}
+	if d := r.counters()[CounterPassNotVIP] - before[CounterPassNotVIP]; d != 1 {
+		t.Fatalf("pass_not_vip +%d, want +1", d)
+	}
+	if got := r.backend(r.run(kept)); got != keptBE {
+		t.Fatalf("the other service's flow went to %d, want %d", got, keptBE)
+	}
+}
