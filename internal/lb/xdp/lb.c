@@ -254,6 +254,16 @@ struct {
 	__uint(max_entries, 2 * MAX_SERVICES + 1024);
 } vips SEC(".maps");
 
+/* A bitmap of the services' (address, port, family), by svc_bit: a packet whose bit is clear is
+ * for no service, known without a hash lookup (the control plane sets the bits). */
+#define SVC_FILTER_WORDS 64
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, SVC_FILTER_WORDS);
+} svc_filter SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct svc_key);
@@ -788,6 +798,57 @@ static __always_inline int ipv6_ext(__u8 nh)
 	       nh == 140 || nh == 253 || nh == 254;
 }
 
+/* quick_options reads in place the two option lists that an MPTCP data packet carries on a
+ * known flow: timestamps alone (NOP, NOP, TS: no MPTCP option), and a DSS last, after the
+ * timestamps or alone. It sets *bits as parse_mptcp would (MP_DATA_FIN or nothing) and returns
+ * 1; for any other list it returns 0 and the parser reads it. */
+static __always_inline int quick_options(const __u8 *o, const void *end, int optlen, __u32 *bits)
+{
+	const __u32 nop_nop_ts = 0x0a080101; /* 01 01 08 0a, read as a little-endian word */
+	if ((void *)(o + 4) > end)
+		return 0;
+	if (optlen == 12) {
+		if ((void *)(o + 12) > end || *(const __u32 *)o != nop_nop_ts)
+			return 0;
+		*bits = 0;
+		return 1;
+	}
+	int at;
+	if (*(const __u32 *)o == nop_nop_ts)
+		at = 12;
+	else if (o[0] == 30)
+		at = 0;
+	else
+		return 0;
+	if (optlen < at + 4 || (void *)(o + at + 4) > end)
+		return 0;
+	const __u8 *d = o + at;
+	/* a DSS (subtype 2) that ends the list exactly */
+	if (d[0] != 30 || d[1] != optlen - at || (d[2] >> 4) != 2)
+		return 0;
+	*bits = (d[3] & 0x10) ? MP_DATA_FIN : 0;
+	return 1;
+}
+
+/* svc_bit: the bit of (address, port, family) in svc_filter (xdp.svcBit computes the same):
+ * the address's 32-bit words (as in memory, little-endian), port and family folded, then
+ * multiplied by a 32-bit constant whose high 12 bits index the 4096-bit map. */
+static __always_inline __u32 svc_bit(const struct flow *f)
+{
+	const __u32 *d = (const __u32 *)f->dst;
+	__u32 x = d[0] ^ d[1] ^ d[2] ^ d[3] ^ (__u32)f->dport ^ ((__u32)f->family << 16);
+	return (x * 0x9e3779b1) >> 20;
+}
+
+/* maybe_service: can f's destination be a service? 0 when its bit is clear. */
+static __always_inline int maybe_service(const struct flow *f)
+{
+	__u32 bit = svc_bit(f);
+	__u32 w = bit >> 6;
+	__u64 *v = bpf_map_lookup_elem(&svc_filter, &w);
+	return v && (*v >> (bit & 63)) & 1;
+}
+
 /* find_service: the service of f's destination (VIP, port), or 0. */
 static __always_inline struct svc *find_service(const struct flow *f)
 {
@@ -895,7 +956,12 @@ int braid_lb(struct xdp_md *ctx)
 	}
 	/* An established flow is found by its 5-tuple alone: one hash lookup. Its service was
 	 * known when it was placed, and DeleteService removes the flows of a service it deletes,
-	 * so the service table is read only for packets of no known flow. */
+	 * so the service table is read only for packets of no known flow. Traffic for no service
+	 * is told apart first by a bitmap (no hash lookup at all). */
+	if (!maybe_service(&f)) {
+		count(C_PASS_NOT_VIP);
+		return XDP_PASS;
+	}
 	struct conn *c = bpf_map_lookup_elem(&conns, &f);
 	struct svc *s = 0;
 	if (!c) {
@@ -916,7 +982,10 @@ int braid_lb(struct xdp_md *ctx)
 	 * MP_CAPABLE, a join's token) and, on a known flow, by an MPTCP-aware balancer. */
 	struct mp_info mi = {};
 	int optlen = doff - 20;
-	if (optlen > 0 && optlen <= 40 && (aware || !c)) {
+	int quick = 0;
+	if (optlen > 0 && optlen <= 40 && c && !syn && aware)
+		quick = quick_options((const void *)(tcp + 1), end, optlen, &mi.bits);
+	if (optlen > 0 && optlen <= 40 && (aware || !c) && !quick) {
 		struct optbuf ob;
 		__builtin_memset(&ob, 0, sizeof(ob));
 		if (bpf_xdp_load_bytes(ctx, l4 + 20, ob.b, optlen)) {

@@ -117,6 +117,7 @@ const (
 	lbMapServices       = "services"
 	lbMapSinkCount      = "sink_count"
 	lbMapStateless      = "stateless"
+	lbMapSvcFilter      = "svc_filter"
 	lbMapTokens         = "tokens"
 	lbMapVips           = "vips"
 	lbProgBraidBaseline = "braid_baseline"
@@ -191,6 +192,7 @@ type lbMapSpecs struct {
 	Services     *ebpf.MapSpec `ebpf:"services"`
 	SinkCount    *ebpf.MapSpec `ebpf:"sink_count"`
 	Stateless    *ebpf.MapSpec `ebpf:"stateless"`
+	SvcFilter    *ebpf.MapSpec `ebpf:"svc_filter"`
 	Tokens       *ebpf.MapSpec `ebpf:"tokens"`
 	Vips         *ebpf.MapSpec `ebpf:"vips"`
 }
@@ -235,6 +237,7 @@ type lbMaps struct {
 	Services     *ebpf.Map `ebpf:"services"`
 	SinkCount    *ebpf.Map `ebpf:"sink_count"`
 	Stateless    *ebpf.Map `ebpf:"stateless"`
+	SvcFilter    *ebpf.Map `ebpf:"svc_filter"`
 	Tokens       *ebpf.Map `ebpf:"tokens"`
 	Vips         *ebpf.Map `ebpf:"vips"`
 }
@@ -255,6 +258,7 @@ func (m *lbMaps) Close() error {
 		m.Services,
 		m.SinkCount,
 		m.Stateless,
+		m.SvcFilter,
 		m.Tokens,
 		m.Vips,
 	)

@@ -15,6 +15,8 @@
 //	tokens         hash: (service, token) -> backend, version, created, last active (joined)
 //	pending        LRU: the same for tokens learned and not yet joined
 //	vips           the services' addresses: fragments and extension headers to them are dropped
+//	svc_filter     bitmap of the services' (address, port, family): other traffic is passed
+//	               without a hash lookup
 //	learn_limit    LRU: token buckets per client /24 or /64 (learning, promotion)
 //	global_limit   per-CPU token bucket of promotions
 //	counters       per-CPU counters, indexed by Counter
@@ -462,6 +464,9 @@ func (d *Dataplane) SetService(id uint32, vip netip.AddrPort) error {
 	if err := d.objs.Services.Put(&k, &lbSvc{Id: id}); err != nil {
 		return err
 	}
+	if err := d.writeFilterLocked(); err != nil {
+		return err
+	}
 	if fresh {
 		return d.refVIPLocked(vip, 1)
 	}
@@ -478,12 +483,49 @@ func (d *Dataplane) DeleteService(vip netip.AddrPort) error {
 	if err := d.objs.Services.Delete(&k); err != nil {
 		return err
 	}
+	if err := d.writeFilterLocked(); err != nil {
+		return err
+	}
 	if err := d.refVIPLocked(vip, -1); err != nil {
 		return err
 	}
 	return d.dropFlows(func(f *lbFlow, _ *lbConn) bool {
 		return f.Family == k.Family && f.Dst == k.Addr && f.Dport == k.Port
 	})
+}
+
+// svcBit is lb.c's svc_bit: the bit of a service's (address, port, family) in the svc_filter
+// bitmap, from the key's bytes as the program reads them (little-endian words).
+func svcBit(k lbSvcKey) uint32 {
+	le := binary.LittleEndian
+	x := le.Uint32(k.Addr[0:]) ^ le.Uint32(k.Addr[4:]) ^ le.Uint32(k.Addr[8:]) ^ le.Uint32(k.Addr[12:])
+	x ^= uint32(k.Port) ^ uint32(k.Family)<<16
+	return (x * 0x9e3779b1) >> 20
+}
+
+// filterWords is the number of 64-bit words of svc_filter (4096 bits).
+const filterWords = 64
+
+// writeFilterLocked rewrites the svc_filter bitmap from the service table, so that a packet
+// whose bit is clear is passed without a lookup, and every service's bit is set.
+func (d *Dataplane) writeFilterLocked() error {
+	var words [filterWords]uint64
+	var k lbSvcKey
+	var v lbSvc
+	it := d.objs.Services.Iterate()
+	for it.Next(&k, &v) {
+		b := svcBit(k)
+		words[b/64] |= 1 << (b % 64)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("xdp: services: %w", err)
+	}
+	for i, w := range words {
+		if err := d.objs.SvcFilter.Put(uint32(i), w); err != nil {
+			return fmt.Errorf("xdp: service filter: %w", err)
+		}
+	}
+	return nil
 }
 
 // refVIPLocked counts a use of vip's address more (delta 1) or less (-1), and keeps the

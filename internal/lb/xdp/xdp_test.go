@@ -945,3 +945,98 @@ func TestDeletedServiceFlowsPassed(t *testing.T) {
 		t.Fatalf("the other service's flow went to %d, want %d", got, keptBE)
 	}
 }
+
+// TestServiceFilterMatchesProgram: the bitmap that lets the program pass traffic for no service
+// without a lookup is written by the control plane (svcBit) and read by the program (svc_bit):
+// every service set at random addresses and ports is balanced, and deleting it passes its
+// traffic again.
+func TestServiceFilterMatchesProgram(t *testing.T) {
+	r := newRig(t, 4, nil)
+	rnd := rand.New(rand.NewPCG(7, 19))
+	for i := 0; i < 64; i++ {
+		var vip netip.AddrPort
+		port := uint16(1 + rnd.IntN(65535))
+		if i%2 == 0 {
+			vip = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(rnd.IntN(256)), byte(rnd.IntN(256)), byte(1 + rnd.IntN(254))}), port)
+		} else {
+			var a [16]byte
+			for j := range a {
+				a[j] = byte(rnd.IntN(256))
+			}
+			a[0] = 0xfd
+			vip = netip.AddrPortFrom(netip.AddrFrom16(a), port)
+		}
+		if err := r.d.SetService(2, vip); err != nil {
+			t.Fatal(err)
+		}
+		r.d.SetTable(2, r.table)
+		p := packet{Src: client(i, vip.Addr().Is6(), 1000), Dst: vip, Flags: tcpSYN}
+		if res := r.run(p); res.Action != ActionTX {
+			t.Fatalf("service %v: action %d, want TX", vip, res.Action)
+		}
+		if err := r.d.DeleteService(vip); err != nil {
+			t.Fatal(err)
+		}
+		if res := r.run(p); res.Action != ActionPass {
+			t.Fatalf("deleted service %v: action %d, want pass", vip, res.Action)
+		}
+	}
+}
+
+// TestDataOptionsReadInPlace: the option lists of MPTCP data packets that the program reads in
+// place (timestamps alone, a DSS last after timestamps or alone) mean what the option parser
+// makes of them, and lists it does not recognise still go through the parser: a DATA_FIN marks
+// the connection's token closing wherever its DSS sits, and nothing else does.
+func TestDataOptionsReadInPlace(t *testing.T) {
+	ts := []byte{1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2}
+	dss := func(fin bool) []byte {
+		f := byte(0x01)
+		if fin {
+			f |= 0x10
+		}
+		return []byte{30, 8, 0x20, f, 0, 0, 0, 9}
+	}
+	cat := func(bs ...[]byte) []byte {
+		var o []byte
+		for _, b := range bs {
+			o = append(o, b...)
+		}
+		return o
+	}
+	cases := []struct {
+		name      string
+		opts      []byte
+		closing   bool
+		malformed bool
+	}{
+		{"timestamps alone", ts, false, false},
+		{"timestamps then DSS with DATA_FIN", cat(ts, dss(true)), true, false},
+		{"timestamps then DSS", cat(ts, dss(false)), false, false},
+		{"DSS with DATA_FIN alone", dss(true), true, false},
+		{"DSS with DATA_FIN then timestamps (parser)", cat(dss(true), ts), true, false},
+		{"DSS with DATA_FIN then end of list (parser)", cat(ts, dss(true), []byte{0, 0, 0, 0}), true, false},
+		{"DSS claiming more than the list (parser, malformed)", cat(ts, []byte{30, 12, 0x20, 0x11, 0, 0, 0, 9}), false, true},
+		{"timestamps of a wrong length (parser, malformed)", []byte{1, 1, 8, 14, 0, 0, 0, 1, 0, 0, 0, 2}, false, true},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRig(t, 4, nil)
+			r.handshake(client(100+i, false, 2000), 0x1234+uint64(i))
+			tok := tokenOf(0x1234 + uint64(i))
+			if _, ok := r.tokens()[tok]; !ok {
+				t.Fatal("not learned")
+			}
+			before := r.counters()
+			p := packet{Src: client(100+i, false, 2000), Dst: vip4, Flags: tcpACK, Opts: c.opts, Payload: make([]byte, 10)}
+			if res := r.run(p); res.Action != ActionTX {
+				t.Fatalf("action %d, want TX", res.Action)
+			}
+			if got := r.tokens()[tok].Closing; got != c.closing {
+				t.Fatalf("closing %v, want %v", got, c.closing)
+			}
+			if got := r.counters()[CounterOptMalformed] - before[CounterOptMalformed]; got != map[bool]uint64{false: 0, true: 1}[c.malformed] {
+				t.Fatalf("opt_malformed +%d, want malformed %v", got, c.malformed)
+			}
+		})
+	}
+}
