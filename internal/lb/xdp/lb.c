@@ -254,6 +254,38 @@ struct {
 	__uint(max_entries, 2 * MAX_SERVICES + 1024);
 } vips SEC(".maps");
 
+/* The flow cache: per CPU, a direct-mapped copy of the connection table's entries of flows
+ * whose packets need nothing but forwarding (plain TCP flows, and MPTCP subflows whose token
+ * is known, as long as their options ask for nothing), so that an established flow's packet
+ * is found by an array index and a comparison: no hash-table call, nothing shared written.
+ * An entry is valid while its epoch is the control plane's (bumped whenever flows are removed
+ * or the configuration changes) and for CACHE_JIFFIES jiffies (at most a second) after it was
+ * filled: then a packet takes the full path again, which marks the connection table's entry
+ * used for its LRU and refreshes the activity of the connection's token. */
+#define CACHE_SLOTS 4096
+#define CACHE_JIFFIES 100
+
+struct fcache {
+	struct flow key;
+	__u32 backend;
+	__u32 epoch;
+	__u64 since; /* jiffies when filled */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct fcache);
+	__uint(max_entries, CACHE_SLOTS);
+} flow_cache SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+} epoch SEC(".maps");
+
 /* A bitmap of the services' (address, port, family), by svc_bit: a packet whose bit is clear is
  * for no service, known without a hash lookup (the control plane sets the bits). */
 #define SVC_FILTER_WORDS 64
@@ -849,6 +881,22 @@ static __always_inline int maybe_service(const struct flow *f)
 	return v && (*v >> (bit & 63)) & 1;
 }
 
+/* cache_slot: f's slot in the flow cache (any spread will do: the key is compared whole). */
+static __always_inline __u32 cache_slot(const struct flow *f)
+{
+	const __u32 *a = (const __u32 *)f->src, *b = (const __u32 *)f->dst;
+	__u32 x = (a[0] ^ a[1] ^ a[2] ^ a[3]) * 0x9e3779b1;
+	x ^= (b[0] ^ b[1] ^ b[2] ^ b[3]) * 0x85ebca6b;
+	x ^= ((__u32)f->sport | ((__u32)f->dport << 16)) * 0xc2b2ae35;
+	return (x ^ (x >> 16)) & (CACHE_SLOTS - 1);
+}
+
+static __always_inline int same_flow(const struct flow *a, const struct flow *b)
+{
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && x[4] == y[4];
+}
+
 /* find_service: the service of f's destination (VIP, port), or 0. */
 static __always_inline struct svc *find_service(const struct flow *f)
 {
@@ -872,7 +920,7 @@ int braid_lb(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
-	struct flow f = {};
+	struct flow f __attribute__((aligned(8))) = {};
 	struct tcphdr *tcp;
 	__u32 l4;
 
@@ -962,6 +1010,23 @@ int braid_lb(struct xdp_md *ctx)
 		count(C_PASS_NOT_VIP);
 		return XDP_PASS;
 	}
+	int aware = cfg->flags & CFG_AWARE;
+	int syn = (tflags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
+	int optlen = doff - 20;
+	int wellformed = doff >= 20 && (void *)tcp + doff <= end;
+	__u32 slot = cache_slot(&f);
+	struct fcache *fc = bpf_map_lookup_elem(&flow_cache, &slot);
+	__u32 *ep = bpf_map_lookup_elem(&epoch, &zero);
+	if (fc && ep && !syn && wellformed && fc->epoch == *ep && same_flow(&fc->key, &f) &&
+	    bpf_jiffies64() - fc->since < CACHE_JIFFIES) {
+		/* a cached plain flow: forwarded if its options ask for nothing */
+		__u32 qb = 1;
+		if (!aware || optlen == 0 || (optlen <= 40 && quick_options((const void *)(tcp + 1), end, optlen, &qb) && !qb)) {
+			struct backend *cb = bpf_map_lookup_elem(&backends, &fc->backend);
+			if (cb && (cb->flags & BE_PRESENT))
+				return forward(ctx, cfg, fc->backend, cb, f.family == 6);
+		}
+	}
 	struct conn *c = bpf_map_lookup_elem(&conns, &f);
 	struct svc *s = 0;
 	if (!c) {
@@ -971,24 +1036,24 @@ int braid_lb(struct xdp_md *ctx)
 			return XDP_PASS;
 		}
 	}
-	if (doff < 20 || (void *)tcp + doff > end) {
+	if (!wellformed) {
 		count(C_DROP_MALFORMED);
 		return XDP_DROP;
 	}
 
-	int aware = cfg->flags & CFG_AWARE;
-	int syn = (tflags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
 	/* Options are read only where they can change what happens: for a new flow (its SYN's
 	 * MP_CAPABLE, a join's token) and, on a known flow, by an MPTCP-aware balancer. */
 	struct mp_info mi = {};
-	int optlen = doff - 20;
 	int quick = 0;
 	if (optlen > 0 && optlen <= 40 && c && !syn && aware)
 		quick = quick_options((const void *)(tcp + 1), end, optlen, &mi.bits);
 	if (optlen > 0 && optlen <= 40 && (aware || !c) && !quick) {
 		struct optbuf ob;
 		__builtin_memset(&ob, 0, sizeof(ob));
-		if (bpf_xdp_load_bytes(ctx, l4 + 20, ob.b, optlen)) {
+		/* 1 + ((n - 1) & 63) is n (1..40 here), written so that the verifier sees a size
+		 * of 1 to 64 whatever copy of the length the compiler passes */
+		__u32 olen = 1 + (((__u32)optlen - 1) & (OPTBUF - 1));
+		if (bpf_xdp_load_bytes(ctx, l4 + 20, ob.b, olen)) {
 			count(C_DROP_MALFORMED);
 			return XDP_DROP;
 		}
@@ -1062,6 +1127,15 @@ int braid_lb(struct xdp_md *ctx)
 						tv->active = now;
 				}
 			}
+		}
+		/* into the flow cache if its next packets need nothing but forwarding (a flow
+		 * whose token may still be learned does not) */
+		if (fc && ep && !syn &&
+		    (!aware || !(c->flags & CONN_MPC) || (c->flags & (CONN_LEARNED | CONN_JOIN)))) {
+			__builtin_memcpy(&fc->key, &f, sizeof(f));
+			fc->backend = c->backend;
+			fc->epoch = *ep;
+			fc->since = bpf_jiffies64();
 		}
 		return forward(ctx, cfg, c->backend, be, f.family == 6);
 	}

@@ -45,6 +45,14 @@ type lbConn struct {
 	Refreshed uint64
 }
 
+type lbFcache struct {
+	_       structs.HostLayout
+	Key     lbFlow
+	Backend uint32
+	Epoch   uint32
+	Since   uint64
+}
+
 type lbFlow struct {
 	_      structs.HostLayout
 	Src    [16]uint8
@@ -110,6 +118,8 @@ const (
 	lbMapCounters       = "counters"
 	lbMapDecapCount     = "decap_count"
 	lbMapEmbryonic      = "embryonic"
+	lbMapEpoch          = "epoch"
+	lbMapFlowCache      = "flow_cache"
 	lbMapGlobalLimit    = "global_limit"
 	lbMapLearnLimit     = "learn_limit"
 	lbMapMaglev         = "maglev"
@@ -185,6 +195,8 @@ type lbMapSpecs struct {
 	Counters     *ebpf.MapSpec `ebpf:"counters"`
 	DecapCount   *ebpf.MapSpec `ebpf:"decap_count"`
 	Embryonic    *ebpf.MapSpec `ebpf:"embryonic"`
+	Epoch        *ebpf.MapSpec `ebpf:"epoch"`
+	FlowCache    *ebpf.MapSpec `ebpf:"flow_cache"`
 	GlobalLimit  *ebpf.MapSpec `ebpf:"global_limit"`
 	LearnLimit   *ebpf.MapSpec `ebpf:"learn_limit"`
 	Maglev       *ebpf.MapSpec `ebpf:"maglev"`
@@ -230,6 +242,8 @@ type lbMaps struct {
 	Counters     *ebpf.Map `ebpf:"counters"`
 	DecapCount   *ebpf.Map `ebpf:"decap_count"`
 	Embryonic    *ebpf.Map `ebpf:"embryonic"`
+	Epoch        *ebpf.Map `ebpf:"epoch"`
+	FlowCache    *ebpf.Map `ebpf:"flow_cache"`
 	GlobalLimit  *ebpf.Map `ebpf:"global_limit"`
 	LearnLimit   *ebpf.Map `ebpf:"learn_limit"`
 	Maglev       *ebpf.Map `ebpf:"maglev"`
@@ -251,6 +265,8 @@ func (m *lbMaps) Close() error {
 		m.Counters,
 		m.DecapCount,
 		m.Embryonic,
+		m.Epoch,
+		m.FlowCache,
 		m.GlobalLimit,
 		m.LearnLimit,
 		m.Maglev,

@@ -15,6 +15,9 @@
 //	tokens         hash: (service, token) -> backend, version, created, last active (joined)
 //	pending        LRU: the same for tokens learned and not yet joined
 //	vips           the services' addresses: fragments and extension headers to them are dropped
+//	flow_cache     per-CPU direct-mapped copies of connection table entries of flows that
+//	               need nothing but forwarding, valid in one epoch and for at most a second
+//	epoch          the flow cache's epoch, bumped when flows are removed or the config changes
 //	svc_filter     bitmap of the services' (address, port, family): other traffic is passed
 //	               without a hash lookup
 //	learn_limit    LRU: token buckets per client /24 or /64 (learning, promotion)
@@ -30,6 +33,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -196,6 +200,7 @@ type Dataplane struct {
 	stateless int              // entries of the stateless table
 	vips      map[lbSvcKey]int // references to each VIP address (services, stateless entries)
 	once      sync.Once
+	epoch     atomic.Uint32 // the flow cache's epoch, as last written
 }
 
 // Load loads the program and creates its maps (it needs CAP_BPF and CAP_NET_ADMIN).
@@ -431,7 +436,10 @@ func (d *Dataplane) writeConfigLocked() error {
 	if d.stateless > 0 {
 		v.Flags |= flagStateless
 	}
-	return d.objs.Config.Put(uint32(0), &v)
+	if err := d.objs.Config.Put(uint32(0), &v); err != nil {
+		return err
+	}
+	return d.bumpEpoch()
 }
 
 func svcKey(vip netip.AddrPort) lbSvcKey {
@@ -829,6 +837,15 @@ func (d *Dataplane) dropFlows(drop func(k *lbFlow, v *lbConn) bool) error {
 	}
 	for j := range delEmb {
 		d.objs.Embryonic.Delete(&delEmb[j])
+	}
+	return d.bumpEpoch()
+}
+
+// bumpEpoch invalidates every CPU's flow cache: the program's cached copies of connection
+// table entries are valid only in the epoch they were made in.
+func (d *Dataplane) bumpEpoch() error {
+	if err := d.objs.Epoch.Put(uint32(0), d.epoch.Add(1)); err != nil {
+		return fmt.Errorf("xdp: epoch: %w", err)
 	}
 	return nil
 }

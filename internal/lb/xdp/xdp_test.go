@@ -1040,3 +1040,38 @@ func TestDataOptionsReadInPlace(t *testing.T) {
 		})
 	}
 }
+
+// TestFlowCacheDroppedFlowsPlacedAgain: an established flow's packets are served from the
+// per-CPU flow cache; when the control plane drops the flows of a backend and gives its index
+// to another server, the cached copy must not keep sending the flow there: the next packet is
+// placed again by the (new) table, as for a flow the connection table no longer has.
+func TestFlowCacheDroppedFlowsPlacedAgain(t *testing.T) {
+	pinToOneCPU(t) // the cache is per CPU: the packets must find the copy they made
+	r := newRig(t, 2, nil)
+	p := packet{Src: client(1, false, 1), Dst: vip4, Flags: tcpSYN}
+	be := r.backend(r.run(p))
+	other := 1 - be
+	p.Flags = tcpACK
+	for i := 0; i < 3; i++ { // established, then served from the cache
+		if got := r.backend(r.run(p)); got != be {
+			t.Fatalf("established packet %d went to %d, want %d", i, got, be)
+		}
+	}
+	table := make([]uint32, TableSize)
+	for i := range table {
+		table[i] = uint32(other)
+	}
+	if err := r.d.SetTable(0, table); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.d.DropFlowsOf(uint32(be)); err != nil {
+		t.Fatal(err)
+	}
+	// the index stays present, now another server's (a reused slot)
+	if err := r.d.SetBackend(uint32(be), Backend{MAC: net.HardwareAddr{0x02, 0xbe, 0, 0, 0, 0x77}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.backend(r.run(p)); got != other {
+		t.Fatalf("a dropped flow went to %d, want %d (placed again)", got, other)
+	}
+}
