@@ -10,7 +10,13 @@
 //     veth, received by an XDP sink on the peer) in live-frames mode, as a ratio to the same
 //     for the baseline program.
 //
+// The established rows include an MPTCP data packet (timestamps and a DSS), on a plain flow and
+// on a subflow whose token was learned.
+//
 // Usage: go run ./bench/lb -runs 5 -out bench/out/lb.md
+//
+// For a profile: go run ./bench/lb -spin 10s -packet est4 runs one kind of packet under
+// BPF_PROG_RUN for that long and prints its PID, for perf record -p PID.
 package main
 
 import (
@@ -154,6 +160,8 @@ func costTable(w io.Writer, runs, repeat, flows int) error {
 		{name: "third ACK, token learned with SHA-256, v1 (once each)"},
 		{name: "third ACK, token learned with SHA-1, v0 (once each)"},
 		{name: "MP_JOIN SYN steered by token (once each)"},
+		{name: "established IPv4 flow, timestamps and DSS (repeated)", repeats: true},
+		{name: "established MPTCP subflow, token learned, timestamps and DSS (repeated)", repeats: true},
 	}
 	for r := 0; r < runs; r++ {
 		d, err := setup()
@@ -182,6 +190,8 @@ func costTable(w io.Writer, runs, repeat, flows int) error {
 		rows[2].ns = append(rows[2].ns, rep(prog, est6.Frame()))
 		rows[3].ns = append(rows[3].ns, rep(prog, xdp.Packet{Src: client(1, false), Dst: netip.AddrPortFrom(vip4.Addr(), 22), Flags: 0x10}.Frame()))
 		rows[4].ns = append(rows[4].ns, rep(prog, xdp.Packet{Src: client(2, false), Dst: vip4, Flags: 0x02, Opts: mptcpopt.AppendJoinSYN(nil, 1, false, 0x12345678, 1)}.Frame()))
+		rows[12].ns = append(rows[12].ns, rep(prog, established(d, false, true)))
+		rows[13].ns = append(rows[13].ns, rep(prog, learnedSubflow(d)))
 
 		once := func(p *ebpf.Program, pkts [][]byte) float64 {
 			var total time.Duration
@@ -232,7 +242,7 @@ func costTable(w io.Writer, runs, repeat, flows int) error {
 		if err != nil {
 			log.Fatal(err)
 		}
-		if c[xdp.CounterTokenLearned] != uint64(2*flows) || c[xdp.CounterJoinSteered] != uint64(flows) {
+		if c[xdp.CounterTokenLearned] != uint64(2*flows+1) || c[xdp.CounterJoinSteered] != uint64(flows) {
 			log.Fatalf("the benchmark's packets did not do what they should: learned %d, joins steered %d", c[xdp.CounterTokenLearned], c[xdp.CounterJoinSteered])
 		}
 		d.Close()
@@ -274,6 +284,17 @@ func established(d *xdp.Dataplane, v6, opts bool) []byte {
 	frame := p.Frame()
 	d.Run(frame)
 	return frame
+}
+
+// learnedSubflow returns a data packet (timestamps and DSS) of an MPTCP connection's first
+// subflow whose token the balancer learned from its third ACK.
+func learnedSubflow(d *xdp.Dataplane) []byte {
+	p := xdp.Packet{Src: client(4, false), Dst: vip4, Flags: 0x02, Opts: synOpts()}
+	d.Run(p.Frame())
+	p.Flags, p.Opts = 0x10, ackOpts(1, 424242)
+	d.Run(p.Frame())
+	p.Opts, p.Payload = dataOpts(), make([]byte, 20)
+	return p.Frame()
 }
 
 // dataOpts are the options of an MPTCP data packet: NOP, NOP, timestamps, and a DSS with a

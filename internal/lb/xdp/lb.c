@@ -5,7 +5,9 @@
  * braid lb: the XDP data plane of an MPTCP-aware layer-4 load balancer.
  *
  * Packets to a virtual service (VIP:port, TCP, IPv4 or IPv6) are sent to one backend:
- *  - a packet of a known flow (connection table) goes where its flow went;
+ *  - a packet of a known flow (connection table) goes where its flow went; the flows whose
+ *    packets need nothing but forwarding are also copied into a per-CPU flow cache, so that
+ *    their packets are found with no hash-table call (see flow_cache);
  *  - a SYN without MP_JOIN (a first subflow) goes to the backend that Maglev consistent
  *    hashing picks for its 5-tuple, and the flow is pinned in the connection table;
  *  - the first client-to-server MP_CAPABLE carrying the server's key (lengths 20, 22, 24) on a
