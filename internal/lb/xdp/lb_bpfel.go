@@ -45,6 +45,11 @@ type lbConn struct {
 	Refreshed uint64
 }
 
+type lbCountersVal struct {
+	_ structs.HostLayout
+	C [30]uint64
+}
+
 type lbFcache struct {
 	_       structs.HostLayout
 	Key     lbFlow

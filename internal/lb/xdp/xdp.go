@@ -644,16 +644,16 @@ func (d *Dataplane) RemoveBackend(i uint32) error {
 	return d.objs.Backends.Put(i, &lbBackend{})
 }
 
-// Counters reads the program's counters.
+// Counters reads the program's counters (one per-CPU element holding them all).
 func (d *Dataplane) Counters() (Counters, error) {
 	var c Counters
-	var per []uint64
-	for i := Counter(0); i < NumCounters; i++ {
-		if err := d.objs.Counters.Lookup(uint32(i), &per); err != nil {
-			return c, fmt.Errorf("xdp: counters: %w", err)
-		}
-		for _, v := range per {
-			c[i] += v
+	var per [][NumCounters]uint64
+	if err := d.objs.Counters.Lookup(uint32(0), &per); err != nil {
+		return c, fmt.Errorf("xdp: counters: %w", err)
+	}
+	for _, v := range per {
+		for i := range v {
+			c[i] += v[i]
 		}
 	}
 	return c, nil
