@@ -22,7 +22,7 @@
 //	               without a hash lookup
 //	learn_limit    LRU: token buckets per client /24 or /64 (learning, promotion)
 //	global_limit   per-CPU token bucket of promotions
-//	counters       per-CPU counters, indexed by Counter
+//	counters       per-CPU counters: one element holding them all, indexed by Counter
 //	backend_stats  per-CPU per-backend packets, bytes, new connections, joins
 package xdp
 
