@@ -92,3 +92,83 @@ func FuzzOptions(f *testing.F) {
 func ackCapableSeed(version, length uint8) []byte {
 	return ackCapable(version, length, mustKey("d41c1a707ad28dc6"))
 }
+
+// FuzzDataOptions runs arbitrary TCP option lists through the XDP program on a data packet of
+// an established MPTCP subflow whose token it learned (the path where the lists that data
+// packets carry are read in place, and where the flow cache may serve the packet), and checks
+// its verdict against the Go parser: the packet is always forwarded; a malformed list is
+// counted; a DSS with DATA_FIN marks the token closing (unless an MP_FASTCLOSE comes first
+// in the program's order), and nothing else does.
+func FuzzDataOptions(f *testing.F) {
+	ts := []byte{1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2}
+	for _, s := range [][]byte{
+		ts, append(append([]byte(nil), ts...), mptcpopt.AppendDataACK(nil, 1, true)...),
+		append(append([]byte(nil), ts...), mptcpopt.AppendDataACK(nil, 1, false)...),
+		mptcpopt.AppendDataACK(nil, 1, true), append(mptcpopt.AppendDataACK(nil, 1, true), ts...),
+		{1, 1, 8, 14, 0, 0, 0, 1, 0, 0, 0, 2}, {30, 12, 0x20, 0x11}, {30, 3, 0x20, 1}, {1, 1, 8, 10},
+	} {
+		f.Add(s)
+	}
+	d, err := Load(Options{Conns: 1 << 16, Tokens: 1 << 16})
+	requireBPF(f, err)
+	f.Cleanup(func() { d.Close() })
+	if err := d.SetConfig(Config{Aware: true, SrcMAC: lbMAC}); err != nil {
+		f.Fatal(err)
+	}
+	d.SetBackend(0, Backend{MAC: backendMAC(0)})
+	d.SetTable(0, make([]uint32, TableSize))
+	d.SetService(0, vip4)
+	var flow uint32
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) > 40 {
+			b = b[:40]
+		}
+		opts := append([]byte(nil), b...)
+		for len(opts)%4 != 0 {
+			opts = append(opts, 1)
+		}
+		flow++
+		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{101, byte(flow >> 16), byte(flow >> 8), byte(flow)}), uint16(flow))
+		var key [8]byte
+		key[0], key[4], key[7] = byte(flow>>8), byte(flow), 0x5a
+		syn := Packet{Src: src, Dst: vip4, Flags: tcpSYN, Opts: mptcpopt.AppendCapable(nil, mptcpopt.Capable{Length: 4, Version: 1, Flags: 1})}
+		ack := Packet{Src: src, Dst: vip4, Flags: tcpACK, Opts: ackCapable(1, 20, key)}
+		for _, p := range []Packet{syn, ack} {
+			if res, err := d.Run(p.Frame()); err != nil || res.Action != ActionTX {
+				t.Fatalf("handshake: %v %v", res.Action, err)
+			}
+		}
+		tok := mptcpopt.Token(key, 1)
+		closing := func() (bool, bool) {
+			pend, _ := d.PendingTokens()
+			for _, x := range pend {
+				if x.Token == tok {
+					return x.Closing, true
+				}
+			}
+			return false, false
+		}
+		if c, ok := closing(); !ok || c {
+			t.Fatalf("token %08x after the handshake: present %v, closing %v", tok, ok, c)
+		}
+		before, _ := d.Counters()
+		res, err := d.Run(Packet{Src: src, Dst: vip4, Flags: tcpACK, Opts: opts, Payload: make([]byte, 8)}.Frame())
+		if err != nil || res.Action != ActionTX {
+			t.Fatalf("data packet with options %x: action %d, %v", opts, res.Action, err)
+		}
+		after, _ := d.Counters()
+		var in mptcpopt.Info
+		perr := mptcpopt.Parse(opts, &in)
+		wantMalformed := uint64(0)
+		if perr != nil {
+			wantMalformed = 1
+		}
+		if got := after[CounterOptMalformed] - before[CounterOptMalformed]; got != wantMalformed {
+			t.Fatalf("%x: opt_malformed +%d, parser error %v", opts, got, perr)
+		}
+		wantClosing := perr == nil && in.Flags&mptcpopt.DataFIN != 0 && in.Flags&mptcpopt.HasFastclose == 0
+		if c, _ := closing(); c != wantClosing {
+			t.Fatalf("%x: closing %v, want %v (parser flags %#x, error %v)", opts, c, wantClosing, in.Flags, perr)
+		}
+	})
+}

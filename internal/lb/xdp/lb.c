@@ -5,7 +5,9 @@
  * braid lb: the XDP data plane of an MPTCP-aware layer-4 load balancer.
  *
  * Packets to a virtual service (VIP:port, TCP, IPv4 or IPv6) are sent to one backend:
- *  - a packet of a known flow (connection table) goes where its flow went;
+ *  - a packet of a known flow (connection table) goes where its flow went; the flows whose
+ *    packets need nothing but forwarding are also copied into a per-CPU flow cache, so that
+ *    their packets are found with no hash-table call (see flow_cache);
  *  - a SYN without MP_JOIN (a first subflow) goes to the backend that Maglev consistent
  *    hashing picks for its 5-tuple, and the flow is pinned in the connection table;
  *  - the first client-to-server MP_CAPABLE carrying the server's key (lengths 20, 22, 24) on a
@@ -254,6 +256,48 @@ struct {
 	__uint(max_entries, 2 * MAX_SERVICES + 1024);
 } vips SEC(".maps");
 
+/* The flow cache: per CPU, a direct-mapped copy of the connection table's entries of flows
+ * whose packets need nothing but forwarding (plain TCP flows, and MPTCP subflows whose token
+ * is known, as long as their options ask for nothing), so that an established flow's packet
+ * is found by an array index and a comparison: no hash-table call, nothing shared written.
+ * An entry is valid while its epoch is the control plane's (bumped whenever flows are removed
+ * or the configuration changes) and for CACHE_JIFFIES jiffies (at most a second) after it was
+ * filled: then a packet takes the full path again, which marks the connection table's entry
+ * used for its LRU and refreshes the activity of the connection's token. */
+#define CACHE_SLOTS 4096
+#define CACHE_JIFFIES 100
+
+struct fcache {
+	struct flow key;
+	__u32 backend;
+	__u32 epoch;
+	__u64 since; /* jiffies when filled */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct fcache);
+	__uint(max_entries, CACHE_SLOTS);
+} flow_cache SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+} epoch SEC(".maps");
+
+/* A bitmap of the services' (address, port, family), by svc_bit: a packet whose bit is clear is
+ * for no service, known without a hash lookup (the control plane sets the bits). */
+#define SVC_FILTER_WORDS 64
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, SVC_FILTER_WORDS);
+} svc_filter SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct svc_key);
@@ -268,11 +312,17 @@ struct {
 	__uint(max_entries, 1);
 } global_limit SEC(".maps");
 
+/* The counters, one per-CPU element holding them all: a packet's two counts (received, and
+ * what became of it) read one element pointer and usually one cache line, not two of each. */
+struct counters_val {
+	__u64 c[C_NUM];
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, __u32);
-	__type(value, __u64);
-	__uint(max_entries, C_NUM);
+	__type(value, struct counters_val);
+	__uint(max_entries, 1);
 } counters SEC(".maps");
 
 struct {
@@ -284,9 +334,10 @@ struct {
 
 static __always_inline void count(__u32 c)
 {
-	__u64 *v = bpf_map_lookup_elem(&counters, &c);
-	if (v)
-		*v += 1;
+	__u32 zero = 0;
+	struct counters_val *v = bpf_map_lookup_elem(&counters, &zero);
+	if (v && c < C_NUM)
+		v->c[c] += 1;
 }
 
 static __always_inline __u32 rotl(__u32 x, int r) { return (x << r) | (x >> (32 - r)); }
@@ -788,6 +839,83 @@ static __always_inline int ipv6_ext(__u8 nh)
 	       nh == 140 || nh == 253 || nh == 254;
 }
 
+/* quick_options reads in place the two option lists that an MPTCP data packet carries on a
+ * known flow: timestamps alone (NOP, NOP, TS: no MPTCP option), and a DSS last, after the
+ * timestamps or alone. It sets *bits as parse_mptcp would (MP_DATA_FIN or nothing) and returns
+ * 1; for any other list it returns 0 and the parser reads it. */
+static __always_inline int quick_options(const __u8 *o, const void *end, int optlen, __u32 *bits)
+{
+	const __u32 nop_nop_ts = 0x0a080101; /* 01 01 08 0a, read as a little-endian word */
+	if ((void *)(o + 4) > end)
+		return 0;
+	if (optlen == 12) {
+		if ((void *)(o + 12) > end || *(const __u32 *)o != nop_nop_ts)
+			return 0;
+		*bits = 0;
+		return 1;
+	}
+	int at;
+	if (*(const __u32 *)o == nop_nop_ts)
+		at = 12;
+	else if (o[0] == 30)
+		at = 0;
+	else
+		return 0;
+	if (optlen < at + 4 || (void *)(o + at + 4) > end)
+		return 0;
+	const __u8 *d = o + at;
+	/* a DSS (subtype 2) that ends the list exactly */
+	if (d[0] != 30 || d[1] != optlen - at || (d[2] >> 4) != 2)
+		return 0;
+	*bits = (d[3] & 0x10) ? MP_DATA_FIN : 0;
+	return 1;
+}
+
+/* svc_bit: the bit of (address, port, family) in svc_filter (xdp.svcBit computes the same):
+ * the address's 32-bit words (as in memory, little-endian), port and family folded, then
+ * multiplied by a 32-bit constant whose high 12 bits index the 4096-bit map. */
+static __always_inline __u32 svc_bit(const struct flow *f)
+{
+	const __u32 *d = (const __u32 *)f->dst;
+	__u32 x = d[0] ^ d[1] ^ d[2] ^ d[3] ^ (__u32)f->dport ^ ((__u32)f->family << 16);
+	return (x * 0x9e3779b1) >> 20;
+}
+
+/* maybe_service: can f's destination be a service? 0 when its bit is clear. */
+static __always_inline int maybe_service(const struct flow *f)
+{
+	__u32 bit = svc_bit(f);
+	__u32 w = bit >> 6;
+	__u64 *v = bpf_map_lookup_elem(&svc_filter, &w);
+	return v && (*v >> (bit & 63)) & 1;
+}
+
+/* cache_slot: f's slot in the flow cache (any spread will do: the key is compared whole). */
+static __always_inline __u32 cache_slot(const struct flow *f)
+{
+	const __u32 *a = (const __u32 *)f->src, *b = (const __u32 *)f->dst;
+	__u32 x = (a[0] ^ a[1] ^ a[2] ^ a[3]) * 0x9e3779b1;
+	x ^= (b[0] ^ b[1] ^ b[2] ^ b[3]) * 0x85ebca6b;
+	x ^= ((__u32)f->sport | ((__u32)f->dport << 16)) * 0xc2b2ae35;
+	return (x ^ (x >> 16)) & (CACHE_SLOTS - 1);
+}
+
+static __always_inline int same_flow(const struct flow *a, const struct flow *b)
+{
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && x[4] == y[4];
+}
+
+/* find_service: the service of f's destination (VIP, port), or 0. */
+static __always_inline struct svc *find_service(const struct flow *f)
+{
+	struct svc_key sk = {};
+	__builtin_memcpy(sk.addr, f->dst, 16);
+	sk.port = f->dport;
+	sk.family = f->family;
+	return bpf_map_lookup_elem(&services, &sk);
+}
+
 static __always_inline __u32 maglev_pick(const struct lb_config *cfg, const struct svc *s, const struct flow *f)
 {
 	__u32 h = flow_hash(f, cfg->hash_seed, cfg->flags & CFG_HASH_ADDRS);
@@ -801,7 +929,7 @@ int braid_lb(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
-	struct flow f = {};
+	struct flow f __attribute__((aligned(8))) = {};
 	struct tcphdr *tcp;
 	__u32 l4;
 
@@ -872,33 +1000,69 @@ int braid_lb(struct xdp_md *ctx)
 	if (!cfg)
 		return XDP_PASS;
 
-	struct svc_key sk = {};
-	__builtin_memcpy(sk.addr, f.dst, 16);
-	sk.port = f.dport;
-	sk.family = f.family;
 	if (cfg->flags & CFG_STATELESS) {
+		struct svc_key sk = {};
+		__builtin_memcpy(sk.addr, f.dst, 16);
+		sk.port = f.dport;
+		sk.family = f.family;
 		__u32 *sl = bpf_map_lookup_elem(&stateless, &sk);
 		if (sl) {
 			count(C_STATELESS_FWD);
 			return forward(ctx, cfg, *sl, 0, f.family == 6);
 		}
 	}
-	struct svc *s = bpf_map_lookup_elem(&services, &sk);
-	if (!s) {
+	/* An established flow is found by its 5-tuple alone: one hash lookup. Its service was
+	 * known when it was placed, and DeleteService removes the flows of a service it deletes,
+	 * so the service table is read only for packets of no known flow. Traffic for no service
+	 * is told apart first by a bitmap (no hash lookup at all). */
+	if (!maybe_service(&f)) {
 		count(C_PASS_NOT_VIP);
 		return XDP_PASS;
 	}
-	if (doff < 20 || (void *)tcp + doff > end) {
+	int aware = cfg->flags & CFG_AWARE;
+	int syn = (tflags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
+	int optlen = doff - 20;
+	int wellformed = doff >= 20 && (void *)tcp + doff <= end;
+	__u32 slot = cache_slot(&f);
+	struct fcache *fc = bpf_map_lookup_elem(&flow_cache, &slot);
+	__u32 *ep = bpf_map_lookup_elem(&epoch, &zero);
+	if (fc && ep && !syn && wellformed && fc->epoch == *ep && same_flow(&fc->key, &f) &&
+	    bpf_jiffies64() - fc->since < CACHE_JIFFIES) {
+		/* a cached plain flow: forwarded if its options ask for nothing */
+		__u32 qb = 1;
+		if (!aware || optlen == 0 || (optlen <= 40 && quick_options((const void *)(tcp + 1), end, optlen, &qb) && !qb)) {
+			struct backend *cb = bpf_map_lookup_elem(&backends, &fc->backend);
+			if (cb && (cb->flags & BE_PRESENT))
+				return forward(ctx, cfg, fc->backend, cb, f.family == 6);
+		}
+	}
+	struct conn *c = bpf_map_lookup_elem(&conns, &f);
+	struct svc *s = 0;
+	if (!c) {
+		s = find_service(&f);
+		if (!s) {
+			count(C_PASS_NOT_VIP);
+			return XDP_PASS;
+		}
+	}
+	if (!wellformed) {
 		count(C_DROP_MALFORMED);
 		return XDP_DROP;
 	}
 
-	struct optbuf ob;
+	/* Options are read only where they can change what happens: for a new flow (its SYN's
+	 * MP_CAPABLE, a join's token) and, on a known flow, by an MPTCP-aware balancer. */
 	struct mp_info mi = {};
-	__builtin_memset(&ob, 0, sizeof(ob));
-	int optlen = doff - 20;
-	if (optlen > 0 && optlen <= 40) {
-		if (bpf_xdp_load_bytes(ctx, l4 + 20, ob.b, optlen)) {
+	int quick = 0;
+	if (optlen > 0 && optlen <= 40 && c && !syn && aware)
+		quick = quick_options((const void *)(tcp + 1), end, optlen, &mi.bits);
+	if (optlen > 0 && optlen <= 40 && (aware || !c) && !quick) {
+		struct optbuf ob;
+		__builtin_memset(&ob, 0, sizeof(ob));
+		/* 1 + ((n - 1) & 63) is n (1..40 here), written so that the verifier sees a size
+		 * of 1 to 64 whatever copy of the length the compiler passes */
+		__u32 olen = 1 + (((__u32)optlen - 1) & (OPTBUF - 1));
+		if (bpf_xdp_load_bytes(ctx, l4 + 20, ob.b, olen)) {
 			count(C_DROP_MALFORMED);
 			return XDP_DROP;
 		}
@@ -911,11 +1075,11 @@ int braid_lb(struct xdp_md *ctx)
 	}
 	__u32 bits = mi.bits;
 
-	int aware = cfg->flags & CFG_AWARE;
-	int syn = (tflags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
-	__u64 now = bpf_ktime_get_coarse_ns();
-	struct conn *c = bpf_map_lookup_elem(&conns, &f);
+	/* the clock is read only by what needs it: a packet of an established plain TCP flow
+	 * does not */
+	__u64 now = 0;
 	if (!c) {
+		now = bpf_ktime_get_coarse_ns();
 		c = bpf_map_lookup_elem(&embryonic, &f);
 		/* the packet after a SYN: the flow is established (as far as a balancer that never
 		 * sees the server's answers can tell) and moves to the connection table */
@@ -925,6 +1089,8 @@ int braid_lb(struct xdp_md *ctx)
 			c = bpf_map_lookup_elem(&conns, &f);
 			count(C_CONN_ESTABLISHED);
 		}
+	} else if (aware && (bits || (c->flags & (CONN_LEARNED | CONN_JOIN)))) {
+		now = bpf_ktime_get_coarse_ns();
 	}
 	struct backend *be = 0;
 	if (c) {
@@ -971,9 +1137,27 @@ int braid_lb(struct xdp_md *ctx)
 				}
 			}
 		}
+		/* into the flow cache if its next packets need nothing but forwarding (a flow
+		 * whose token may still be learned does not) */
+		if (fc && ep && !syn &&
+		    (!aware || !(c->flags & CONN_MPC) || (c->flags & (CONN_LEARNED | CONN_JOIN)))) {
+			__builtin_memcpy(&fc->key, &f, sizeof(f));
+			fc->backend = c->backend;
+			fc->epoch = *ep;
+			fc->since = bpf_jiffies64();
+		}
 		return forward(ctx, cfg, c->backend, be, f.family == 6);
 	}
 
+	if (!s) {
+		/* a known flow whose backend was removed */
+		s = find_service(&f);
+		if (!s) {
+			count(C_PASS_NOT_VIP);
+			return XDP_PASS;
+		}
+		now = bpf_ktime_get_coarse_ns();
+	}
 	struct conn nc = {.svc = s->id, .refreshed = now};
 	if (syn && aware && (bits & MP_JOIN)) {
 		if (!(bits & MP_JOIN_SYN)) {

@@ -45,6 +45,19 @@ type lbConn struct {
 	Refreshed uint64
 }
 
+type lbCountersVal struct {
+	_ structs.HostLayout
+	C [30]uint64
+}
+
+type lbFcache struct {
+	_       structs.HostLayout
+	Key     lbFlow
+	Backend uint32
+	Epoch   uint32
+	Since   uint64
+}
+
 type lbFlow struct {
 	_      structs.HostLayout
 	Src    [16]uint8
@@ -110,6 +123,8 @@ const (
 	lbMapCounters       = "counters"
 	lbMapDecapCount     = "decap_count"
 	lbMapEmbryonic      = "embryonic"
+	lbMapEpoch          = "epoch"
+	lbMapFlowCache      = "flow_cache"
 	lbMapGlobalLimit    = "global_limit"
 	lbMapLearnLimit     = "learn_limit"
 	lbMapMaglev         = "maglev"
@@ -117,6 +132,7 @@ const (
 	lbMapServices       = "services"
 	lbMapSinkCount      = "sink_count"
 	lbMapStateless      = "stateless"
+	lbMapSvcFilter      = "svc_filter"
 	lbMapTokens         = "tokens"
 	lbMapVips           = "vips"
 	lbProgBraidBaseline = "braid_baseline"
@@ -184,6 +200,8 @@ type lbMapSpecs struct {
 	Counters     *ebpf.MapSpec `ebpf:"counters"`
 	DecapCount   *ebpf.MapSpec `ebpf:"decap_count"`
 	Embryonic    *ebpf.MapSpec `ebpf:"embryonic"`
+	Epoch        *ebpf.MapSpec `ebpf:"epoch"`
+	FlowCache    *ebpf.MapSpec `ebpf:"flow_cache"`
 	GlobalLimit  *ebpf.MapSpec `ebpf:"global_limit"`
 	LearnLimit   *ebpf.MapSpec `ebpf:"learn_limit"`
 	Maglev       *ebpf.MapSpec `ebpf:"maglev"`
@@ -191,6 +209,7 @@ type lbMapSpecs struct {
 	Services     *ebpf.MapSpec `ebpf:"services"`
 	SinkCount    *ebpf.MapSpec `ebpf:"sink_count"`
 	Stateless    *ebpf.MapSpec `ebpf:"stateless"`
+	SvcFilter    *ebpf.MapSpec `ebpf:"svc_filter"`
 	Tokens       *ebpf.MapSpec `ebpf:"tokens"`
 	Vips         *ebpf.MapSpec `ebpf:"vips"`
 }
@@ -228,6 +247,8 @@ type lbMaps struct {
 	Counters     *ebpf.Map `ebpf:"counters"`
 	DecapCount   *ebpf.Map `ebpf:"decap_count"`
 	Embryonic    *ebpf.Map `ebpf:"embryonic"`
+	Epoch        *ebpf.Map `ebpf:"epoch"`
+	FlowCache    *ebpf.Map `ebpf:"flow_cache"`
 	GlobalLimit  *ebpf.Map `ebpf:"global_limit"`
 	LearnLimit   *ebpf.Map `ebpf:"learn_limit"`
 	Maglev       *ebpf.Map `ebpf:"maglev"`
@@ -235,6 +256,7 @@ type lbMaps struct {
 	Services     *ebpf.Map `ebpf:"services"`
 	SinkCount    *ebpf.Map `ebpf:"sink_count"`
 	Stateless    *ebpf.Map `ebpf:"stateless"`
+	SvcFilter    *ebpf.Map `ebpf:"svc_filter"`
 	Tokens       *ebpf.Map `ebpf:"tokens"`
 	Vips         *ebpf.Map `ebpf:"vips"`
 }
@@ -248,6 +270,8 @@ func (m *lbMaps) Close() error {
 		m.Counters,
 		m.DecapCount,
 		m.Embryonic,
+		m.Epoch,
+		m.FlowCache,
 		m.GlobalLimit,
 		m.LearnLimit,
 		m.Maglev,
@@ -255,6 +279,7 @@ func (m *lbMaps) Close() error {
 		m.Services,
 		m.SinkCount,
 		m.Stateless,
+		m.SvcFilter,
 		m.Tokens,
 		m.Vips,
 	)

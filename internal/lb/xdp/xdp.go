@@ -15,9 +15,14 @@
 //	tokens         hash: (service, token) -> backend, version, created, last active (joined)
 //	pending        LRU: the same for tokens learned and not yet joined
 //	vips           the services' addresses: fragments and extension headers to them are dropped
+//	flow_cache     per-CPU direct-mapped copies of connection table entries of flows that
+//	               need nothing but forwarding, valid in one epoch and for at most a second
+//	epoch          the flow cache's epoch, bumped when flows are removed or the config changes
+//	svc_filter     bitmap of the services' (address, port, family): other traffic is passed
+//	               without a hash lookup
 //	learn_limit    LRU: token buckets per client /24 or /64 (learning, promotion)
 //	global_limit   per-CPU token bucket of promotions
-//	counters       per-CPU counters, indexed by Counter
+//	counters       per-CPU counters: one element holding them all, indexed by Counter
 //	backend_stats  per-CPU per-backend packets, bytes, new connections, joins
 package xdp
 
@@ -28,6 +33,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -194,6 +200,7 @@ type Dataplane struct {
 	stateless int              // entries of the stateless table
 	vips      map[lbSvcKey]int // references to each VIP address (services, stateless entries)
 	once      sync.Once
+	epoch     atomic.Uint32 // the flow cache's epoch, as last written
 }
 
 // Load loads the program and creates its maps (it needs CAP_BPF and CAP_NET_ADMIN).
@@ -429,7 +436,10 @@ func (d *Dataplane) writeConfigLocked() error {
 	if d.stateless > 0 {
 		v.Flags |= flagStateless
 	}
-	return d.objs.Config.Put(uint32(0), &v)
+	if err := d.objs.Config.Put(uint32(0), &v); err != nil {
+		return err
+	}
+	return d.bumpEpoch()
 }
 
 func svcKey(vip netip.AddrPort) lbSvcKey {
@@ -462,13 +472,18 @@ func (d *Dataplane) SetService(id uint32, vip netip.AddrPort) error {
 	if err := d.objs.Services.Put(&k, &lbSvc{Id: id}); err != nil {
 		return err
 	}
+	if err := d.writeFilterLocked(); err != nil {
+		return err
+	}
 	if fresh {
 		return d.refVIPLocked(vip, 1)
 	}
 	return nil
 }
 
-// DeleteService stops balancing vip.
+// DeleteService stops balancing vip, and removes its flows: the program finds a packet of a
+// known flow by its 5-tuple alone (without reading the service table), so a deleted service's
+// flows must go with it.
 func (d *Dataplane) DeleteService(vip netip.AddrPort) error {
 	k := svcKey(vip)
 	d.mu.Lock()
@@ -476,7 +491,49 @@ func (d *Dataplane) DeleteService(vip netip.AddrPort) error {
 	if err := d.objs.Services.Delete(&k); err != nil {
 		return err
 	}
-	return d.refVIPLocked(vip, -1)
+	if err := d.writeFilterLocked(); err != nil {
+		return err
+	}
+	if err := d.refVIPLocked(vip, -1); err != nil {
+		return err
+	}
+	return d.dropFlows(func(f *lbFlow, _ *lbConn) bool {
+		return f.Family == k.Family && f.Dst == k.Addr && f.Dport == k.Port
+	})
+}
+
+// svcBit is lb.c's svc_bit: the bit of a service's (address, port, family) in the svc_filter
+// bitmap, from the key's bytes as the program reads them (little-endian words).
+func svcBit(k lbSvcKey) uint32 {
+	le := binary.LittleEndian
+	x := le.Uint32(k.Addr[0:]) ^ le.Uint32(k.Addr[4:]) ^ le.Uint32(k.Addr[8:]) ^ le.Uint32(k.Addr[12:])
+	x ^= uint32(k.Port) ^ uint32(k.Family)<<16
+	return (x * 0x9e3779b1) >> 20
+}
+
+// filterWords is the number of 64-bit words of svc_filter (4096 bits).
+const filterWords = 64
+
+// writeFilterLocked rewrites the svc_filter bitmap from the service table, so that a packet
+// whose bit is clear is passed without a lookup, and every service's bit is set.
+func (d *Dataplane) writeFilterLocked() error {
+	var words [filterWords]uint64
+	var k lbSvcKey
+	var v lbSvc
+	it := d.objs.Services.Iterate()
+	for it.Next(&k, &v) {
+		b := svcBit(k)
+		words[b/64] |= 1 << (b % 64)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("xdp: services: %w", err)
+	}
+	for i, w := range words {
+		if err := d.objs.SvcFilter.Put(uint32(i), w); err != nil {
+			return fmt.Errorf("xdp: service filter: %w", err)
+		}
+	}
+	return nil
 }
 
 // refVIPLocked counts a use of vip's address more (delta 1) or less (-1), and keeps the
@@ -587,16 +644,16 @@ func (d *Dataplane) RemoveBackend(i uint32) error {
 	return d.objs.Backends.Put(i, &lbBackend{})
 }
 
-// Counters reads the program's counters.
+// Counters reads the program's counters (one per-CPU element holding them all).
 func (d *Dataplane) Counters() (Counters, error) {
 	var c Counters
-	var per []uint64
-	for i := Counter(0); i < NumCounters; i++ {
-		if err := d.objs.Counters.Lookup(uint32(i), &per); err != nil {
-			return c, fmt.Errorf("xdp: counters: %w", err)
-		}
-		for _, v := range per {
-			c[i] += v
+	var per [][NumCounters]uint64
+	if err := d.objs.Counters.Lookup(uint32(0), &per); err != nil {
+		return c, fmt.Errorf("xdp: counters: %w", err)
+	}
+	for _, v := range per {
+		for i := range v {
+			c[i] += v[i]
 		}
 	}
 	return c, nil
@@ -757,9 +814,14 @@ func (d *Dataplane) ConnsPerBackend() (map[uint32]int, error) {
 
 // DropFlowsOf removes the flows pinned to backend i (a backend that was removed).
 func (d *Dataplane) DropFlowsOf(i uint32) error {
+	return d.dropFlows(func(_ *lbFlow, v *lbConn) bool { return v.Backend == i })
+}
+
+// dropFlows removes the flows of both connection tables for which drop is true.
+func (d *Dataplane) dropFlows(drop func(k *lbFlow, v *lbConn) bool) error {
 	var del, delEmb []lbFlow
 	err := d.eachFlow(func(k *lbFlow, v *lbConn, emb bool) {
-		if v.Backend == i {
+		if drop(k, v) {
 			if emb {
 				delEmb = append(delEmb, *k)
 			} else {
@@ -775,6 +837,15 @@ func (d *Dataplane) DropFlowsOf(i uint32) error {
 	}
 	for j := range delEmb {
 		d.objs.Embryonic.Delete(&delEmb[j])
+	}
+	return d.bumpEpoch()
+}
+
+// bumpEpoch invalidates every CPU's flow cache: the program's cached copies of connection
+// table entries are valid only in the epoch they were made in.
+func (d *Dataplane) bumpEpoch() error {
+	if err := d.objs.Epoch.Put(uint32(0), d.epoch.Add(1)); err != nil {
+		return fmt.Errorf("xdp: epoch: %w", err)
 	}
 	return nil
 }

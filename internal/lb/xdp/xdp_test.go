@@ -918,3 +918,160 @@ func TestDecapRestoresFrame(t *testing.T) {
 		t.Fatalf("plain TCP through decap: %d %v", ret, err)
 	}
 }
+
+// TestDeletedServiceFlowsPassed: the program finds an established flow by its 5-tuple without
+// reading the service table, so deleting a service must remove its flows: their next packet is
+// passed to the stack (not for a service), while another service's flows keep their backend.
+func TestDeletedServiceFlowsPassed(t *testing.T) {
+	r := newRig(t, 4, nil)
+	gone := packet{Src: client(1, false, 1), Dst: vip4, Flags: tcpSYN}
+	kept := packet{Src: client(1, true, 1), Dst: vip6, Flags: tcpSYN}
+	keptBE := r.backend(r.run(kept))
+	r.run(gone)
+	gone.Flags, kept.Flags = tcpACK, tcpACK
+	r.run(gone) // both flows established: in the connection table
+	r.run(kept)
+	if err := r.d.DeleteService(vip4); err != nil {
+		t.Fatal(err)
+	}
+	before := r.counters()
+	if res := r.run(gone); res.Action != ActionPass {
+		t.Fatalf("a deleted service's established flow: action %d, want pass", res.Action)
+	}
+	if d := r.counters()[CounterPassNotVIP] - before[CounterPassNotVIP]; d != 1 {
+		t.Fatalf("pass_not_vip +%d, want +1", d)
+	}
+	if got := r.backend(r.run(kept)); got != keptBE {
+		t.Fatalf("the other service's flow went to %d, want %d", got, keptBE)
+	}
+}
+
+// TestServiceFilterMatchesProgram: the bitmap that lets the program pass traffic for no service
+// without a lookup is written by the control plane (svcBit) and read by the program (svc_bit):
+// every service set at random addresses and ports is balanced, and deleting it passes its
+// traffic again.
+func TestServiceFilterMatchesProgram(t *testing.T) {
+	r := newRig(t, 4, nil)
+	rnd := rand.New(rand.NewPCG(7, 19))
+	for i := 0; i < 64; i++ {
+		var vip netip.AddrPort
+		port := uint16(1 + rnd.IntN(65535))
+		if i%2 == 0 {
+			vip = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(rnd.IntN(256)), byte(rnd.IntN(256)), byte(1 + rnd.IntN(254))}), port)
+		} else {
+			var a [16]byte
+			for j := range a {
+				a[j] = byte(rnd.IntN(256))
+			}
+			a[0] = 0xfd
+			vip = netip.AddrPortFrom(netip.AddrFrom16(a), port)
+		}
+		if err := r.d.SetService(2, vip); err != nil {
+			t.Fatal(err)
+		}
+		r.d.SetTable(2, r.table)
+		p := packet{Src: client(i, vip.Addr().Is6(), 1000), Dst: vip, Flags: tcpSYN}
+		if res := r.run(p); res.Action != ActionTX {
+			t.Fatalf("service %v: action %d, want TX", vip, res.Action)
+		}
+		if err := r.d.DeleteService(vip); err != nil {
+			t.Fatal(err)
+		}
+		if res := r.run(p); res.Action != ActionPass {
+			t.Fatalf("deleted service %v: action %d, want pass", vip, res.Action)
+		}
+	}
+}
+
+// TestDataOptionsReadInPlace: the option lists of MPTCP data packets that the program reads in
+// place (timestamps alone, a DSS last after timestamps or alone) mean what the option parser
+// makes of them, and lists it does not recognise still go through the parser: a DATA_FIN marks
+// the connection's token closing wherever its DSS sits, and nothing else does.
+func TestDataOptionsReadInPlace(t *testing.T) {
+	ts := []byte{1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2}
+	dss := func(fin bool) []byte {
+		f := byte(0x01)
+		if fin {
+			f |= 0x10
+		}
+		return []byte{30, 8, 0x20, f, 0, 0, 0, 9}
+	}
+	cat := func(bs ...[]byte) []byte {
+		var o []byte
+		for _, b := range bs {
+			o = append(o, b...)
+		}
+		return o
+	}
+	cases := []struct {
+		name      string
+		opts      []byte
+		closing   bool
+		malformed bool
+	}{
+		{"timestamps alone", ts, false, false},
+		{"timestamps then DSS with DATA_FIN", cat(ts, dss(true)), true, false},
+		{"timestamps then DSS", cat(ts, dss(false)), false, false},
+		{"DSS with DATA_FIN alone", dss(true), true, false},
+		{"DSS with DATA_FIN then timestamps (parser)", cat(dss(true), ts), true, false},
+		{"DSS with DATA_FIN then end of list (parser)", cat(ts, dss(true), []byte{0, 0, 0, 0}), true, false},
+		{"DSS claiming more than the list (parser, malformed)", cat(ts, []byte{30, 12, 0x20, 0x11, 0, 0, 0, 9}), false, true},
+		{"timestamps of a wrong length (parser, malformed)", []byte{1, 1, 8, 14, 0, 0, 0, 1, 0, 0, 0, 2}, false, true},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRig(t, 4, nil)
+			r.handshake(client(100+i, false, 2000), 0x1234+uint64(i))
+			tok := tokenOf(0x1234 + uint64(i))
+			if _, ok := r.tokens()[tok]; !ok {
+				t.Fatal("not learned")
+			}
+			before := r.counters()
+			p := packet{Src: client(100+i, false, 2000), Dst: vip4, Flags: tcpACK, Opts: c.opts, Payload: make([]byte, 10)}
+			if res := r.run(p); res.Action != ActionTX {
+				t.Fatalf("action %d, want TX", res.Action)
+			}
+			if got := r.tokens()[tok].Closing; got != c.closing {
+				t.Fatalf("closing %v, want %v", got, c.closing)
+			}
+			if got := r.counters()[CounterOptMalformed] - before[CounterOptMalformed]; got != map[bool]uint64{false: 0, true: 1}[c.malformed] {
+				t.Fatalf("opt_malformed +%d, want malformed %v", got, c.malformed)
+			}
+		})
+	}
+}
+
+// TestFlowCacheDroppedFlowsPlacedAgain: an established flow's packets are served from the
+// per-CPU flow cache; when the control plane drops the flows of a backend and gives its index
+// to another server, the cached copy must not keep sending the flow there: the next packet is
+// placed again by the (new) table, as for a flow the connection table no longer has.
+func TestFlowCacheDroppedFlowsPlacedAgain(t *testing.T) {
+	pinToOneCPU(t) // the cache is per CPU: the packets must find the copy they made
+	r := newRig(t, 2, nil)
+	p := packet{Src: client(1, false, 1), Dst: vip4, Flags: tcpSYN}
+	be := r.backend(r.run(p))
+	other := 1 - be
+	p.Flags = tcpACK
+	for i := 0; i < 3; i++ { // established, then served from the cache
+		if got := r.backend(r.run(p)); got != be {
+			t.Fatalf("established packet %d went to %d, want %d", i, got, be)
+		}
+	}
+	table := make([]uint32, TableSize)
+	for i := range table {
+		table[i] = uint32(other)
+	}
+	if err := r.d.SetTable(0, table); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.d.DropFlowsOf(uint32(be)); err != nil {
+		t.Fatal(err)
+	}
+	// the index stays present, now another server's (a reused slot)
+	if err := r.d.SetBackend(uint32(be), Backend{MAC: net.HardwareAddr{0x02, 0xbe, 0, 0, 0, 0x77}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.backend(r.run(p)); got != other {
+		t.Fatalf("a dropped flow went to %d, want %d (placed again)", got, other)
+	}
+}
