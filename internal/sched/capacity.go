@@ -154,6 +154,7 @@ type Capacity struct {
 	excess  float64 // cruise: the probe's gain above 1, and the drain's below
 	found   int     // cruise: probes in a row that found room
 	drains  int     // drain: samples drained beyond the first
+	regrow  bool    // drain: the estimate collapsed; startup follows
 }
 
 // NewCapacity returns an estimator; zero fields of c take their defaults.
@@ -235,7 +236,7 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 		clear(c.samples)
 		c.est = max(delivered, c.est/16)
 		c.samples[0], c.next, c.filled = c.est, 1%len(c.samples), 1
-		c.phase, c.drains, c.lossy = PhaseDrain, 0, 0
+		c.phase, c.drains, c.lossy, c.regrow = PhaseDrain, 0, 0, true
 		return
 	}
 	if busy || delivered > c.est {
@@ -278,6 +279,14 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 		// sample, at most maxDrains in all (a busy CPU lengthens round trips too).
 		if minRTT > 0 && rtt > minRTT+max(minQueue, minRTT/4) && c.drains < maxDrains {
 			c.drains++
+			return
+		}
+		if c.regrow {
+			// The capacity fell to what one sample saw: a cellular link's rate comes back
+			// within a second or two, and cruise would probe it back up by a few per cent
+			// every cycle (a path paced at a tenth of its rate for many seconds). Startup
+			// finds the rate again in a few delivery windows.
+			c.phase, c.full, c.stalls, c.regrow = PhaseStartup, c.est, 0, false
 			return
 		}
 		c.phase, c.cycle, c.drains = PhaseCruise, c.cfg.CycleLength-1, 0

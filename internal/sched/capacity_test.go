@@ -110,15 +110,41 @@ func TestCapacityCollapsesIntoAQueue(t *testing.T) {
 	if n != 1+maxDrains {
 		t.Errorf("%d samples drained while the queue stood, want %d", n, 1+maxDrains)
 	}
-	// A queue gone at once: one drain sample only.
+	// A queue gone at once: one drain sample only, then startup finds the rate again.
 	c = newCap(t)
 	for c.Phase() != PhaseCruise {
 		step(c, 50e6, math.Inf(1))
 	}
 	c.OnSample(10e6, 49e6, window, rtt+200*int64(1e6), rtt)
 	c.OnSample(10e6, 7.5e6, window, rtt, rtt)
-	if c.Phase() != PhaseCruise {
-		t.Errorf("still %v after a sample without a queue", c.Phase())
+	if c.Phase() != PhaseStartup {
+		t.Errorf("%v after a collapse's drain without a queue, want startup", c.Phase())
+	}
+}
+
+// A cellular link's rate falls for a moment and comes back: after the collapse the estimate
+// is back near the rate within a few samples (startup), not after many probing cycles.
+func TestCapacityRegrowsAfterCollapse(t *testing.T) {
+	c := newCap(t)
+	for c.Phase() != PhaseCruise {
+		step(c, 40e6, math.Inf(1))
+	}
+	c.OnSample(4e6, 39e6, window, rtt+200*int64(1e6), rtt) // the link fell to a tenth
+	if !within(c.Estimate(), 4e6, 0.01) {
+		t.Fatalf("estimate %.0f after the fall, want 4e6", c.Estimate())
+	}
+	n := 0
+	for ; c.Estimate() < 0.9*40e6 && n < 100; n++ {
+		step(c, 40e6, math.Inf(1)) // the link is back at 40 Mbit/s
+	}
+	if n > 6 {
+		t.Errorf("%d samples to find 40 Mbit/s again after a fall to 4 (estimate %.0f), want at most 6", n, c.Estimate())
+	}
+	for range 20 {
+		step(c, 40e6, math.Inf(1))
+	}
+	if c.Phase() != PhaseCruise || !within(c.Estimate(), 40e6, 0.05) {
+		t.Errorf("%v at %.0f twenty samples later, want cruise at 40e6", c.Phase(), c.Estimate())
 	}
 }
 
