@@ -139,7 +139,9 @@ func (p Phase) String() string {
 // window is much longer than a round trip, and probing harder would overflow the path's queue
 // and cost the traffic losses. A probe that finds room is repeated right after its drain, and
 // when that one finds room too the path has grown by more than probing can follow: startup
-// again.
+// again. A full sample far below the estimate (the path's capacity fell) drops the estimate
+// to it at once, drains, and starts up again, so that the rate is found again quickly when a
+// cellular link's capacity comes back.
 type Capacity struct {
 	cfg     CapacityConfig
 	samples []float64 // ring of the last busy (or raising) samples
