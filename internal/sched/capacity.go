@@ -139,7 +139,9 @@ func (p Phase) String() string {
 // window is much longer than a round trip, and probing harder would overflow the path's queue
 // and cost the traffic losses. A probe that finds room is repeated right after its drain, and
 // when that one finds room too the path has grown by more than probing can follow: startup
-// again.
+// again. A full sample far below the estimate (the path's capacity fell) drops the estimate
+// to it at once, drains, and starts up again, so that the rate is found again quickly when a
+// cellular link's capacity comes back.
 type Capacity struct {
 	cfg     CapacityConfig
 	samples []float64 // ring of the last busy (or raising) samples
@@ -153,6 +155,8 @@ type Capacity struct {
 	cycle   int     // cruise: index in the cycle (0 probes, 1 drains)
 	excess  float64 // cruise: the probe's gain above 1, and the drain's below
 	found   int     // cruise: probes in a row that found room
+	drains  int     // drain: samples drained beyond the first
+	regrow  bool    // drain: the estimate collapsed; startup follows
 }
 
 // NewCapacity returns an estimator; zero fields of c take their defaults.
@@ -223,6 +227,20 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 	} else {
 		c.lossy = 0
 	}
+	// The path's capacity fell: it was full (it lost or queued what it was sent) and delivered
+	// clearly less than the estimate. The estimate, the maximum of the last Window samples,
+	// would keep pacing above the path for seconds, and a cellular link whose capacity dropped
+	// fivefold would hold a full queue all that time (round trips of a second under load). The
+	// estimate falls at once to what the path delivered (no lower than a sixteenth of itself,
+	// so that a sample in an outage does not stop the path), and it drains the queue that
+	// built. Noise on a steady path stays far above collapseShare.
+	if (lossy || queued) && delivered < collapseShare*c.est && c.filled > 0 {
+		clear(c.samples)
+		c.est = max(delivered, c.est/16)
+		c.samples[0], c.next, c.filled = c.est, 1%len(c.samples), 1
+		c.phase, c.drains, c.lossy, c.regrow = PhaseDrain, 0, 0, true
+		return
+	}
 	if busy || delivered > c.est {
 		c.samples[c.next] = delivered
 		c.next = (c.next + 1) % len(c.samples)
@@ -259,7 +277,21 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 			c.phase = PhaseDrain
 		}
 	case PhaseDrain:
-		c.phase, c.cycle = PhaseCruise, c.cfg.CycleLength-1
+		// A queue still stands (the round trip is well above its minimum): drain for another
+		// sample, at most maxDrains in all (a busy CPU lengthens round trips too).
+		if minRTT > 0 && rtt > minRTT+max(minQueue, minRTT/4) && c.drains < maxDrains {
+			c.drains++
+			return
+		}
+		if c.regrow {
+			// The capacity fell to what one sample saw: a cellular link's rate comes back
+			// within a second or two, and cruise would probe it back up by a few per cent
+			// every cycle (a path paced at a tenth of its rate for many seconds). Startup
+			// finds the rate again in a few delivery windows.
+			c.phase, c.full, c.stalls, c.regrow = PhaseStartup, c.est, 0, false
+			return
+		}
+		c.phase, c.cycle, c.drains = PhaseCruise, c.cfg.CycleLength-1, 0
 	case PhaseCruise:
 		// A queue that grows (the estimate a little above the path's rate: it is the maximum
 		// of noisy samples): drain in the next sample, and probe only a cycle later. A round
@@ -298,6 +330,11 @@ const (
 	queuedBits   = 64 << 13 // 64 KiB: the least sent over a window for a queue to count as busy
 	queuedGrowth = 1.03     // sent over delivered for a queue to count as growing
 	queueDrain   = 0.05
+	// collapseShare: a full sample that delivered less than this share of the estimate is a
+	// fall in the path's capacity, not noise. maxDrains: the most samples drained after the
+	// first while a queue stands.
+	collapseShare = 0.8
+	maxDrains     = 3
 )
 
 // probeExcess is how far above the estimate one sample window probes: what a queue of half a

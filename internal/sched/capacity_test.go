@@ -81,8 +81,88 @@ func TestCapacityFollowsADrop(t *testing.T) {
 	for ; n < 100 && !within(c.Estimate(), 100e6, 0.01); n++ {
 		step(c, 100e6, math.Inf(1))
 	}
-	if n > 11 { // the largest of the last 10 busy samples
+	// The first sample at 100e6 lost two thirds of what it was sent: the estimate falls at
+	// once (before, it was the largest of the last 10 busy samples: 11 samples).
+	if n > 1 {
 		t.Fatalf("estimate %.0f after %d samples at 100e6", c.Estimate(), n)
+	}
+}
+
+// A capacity that falls without loss, into a queue that grows (a cellular link's buffer): the
+// estimate falls to what the path delivered on the first such sample, and the pacing drains
+// below it while the queue stands, for at most 1+maxDrains samples.
+func TestCapacityCollapsesIntoAQueue(t *testing.T) {
+	c := newCap(t)
+	for c.Phase() != PhaseCruise {
+		step(c, 50e6, math.Inf(1))
+	}
+	c.OnSample(10e6, 49e6, window, rtt+200*int64(1e6), rtt) // a fifth of the rate, 200 ms of queue
+	if !within(c.Estimate(), 10e6, 0.01) || c.Phase() != PhaseDrain {
+		t.Fatalf("after a full sample at a fifth of the rate: estimate %.0f, %v", c.Estimate(), c.Phase())
+	}
+	n := 0
+	for ; c.Phase() == PhaseDrain && n < 10; n++ {
+		if g := c.Gain(); g >= 1 {
+			t.Fatalf("gain %v while draining", g)
+		}
+		c.OnSample(10e6, c.PacingRate(), window, rtt+100*int64(1e6), rtt) // the queue still stands
+	}
+	if n != 1+maxDrains {
+		t.Errorf("%d samples drained while the queue stood, want %d", n, 1+maxDrains)
+	}
+	// A queue gone at once: one drain sample only, then startup finds the rate again.
+	c = newCap(t)
+	for c.Phase() != PhaseCruise {
+		step(c, 50e6, math.Inf(1))
+	}
+	c.OnSample(10e6, 49e6, window, rtt+200*int64(1e6), rtt)
+	c.OnSample(10e6, 7.5e6, window, rtt, rtt)
+	if c.Phase() != PhaseStartup {
+		t.Errorf("%v after a collapse's drain without a queue, want startup", c.Phase())
+	}
+}
+
+// A cellular link's rate falls for a moment and comes back: after the collapse the estimate
+// is back near the rate within a few samples (startup), not after many probing cycles.
+func TestCapacityRegrowsAfterCollapse(t *testing.T) {
+	c := newCap(t)
+	for c.Phase() != PhaseCruise {
+		step(c, 40e6, math.Inf(1))
+	}
+	c.OnSample(4e6, 39e6, window, rtt+200*int64(1e6), rtt) // the link fell to a tenth
+	if !within(c.Estimate(), 4e6, 0.01) {
+		t.Fatalf("estimate %.0f after the fall, want 4e6", c.Estimate())
+	}
+	n := 0
+	for ; c.Estimate() < 0.9*40e6 && n < 100; n++ {
+		step(c, 40e6, math.Inf(1)) // the link is back at 40 Mbit/s
+	}
+	if n > 6 {
+		t.Errorf("%d samples to find 40 Mbit/s again after a fall to 4 (estimate %.0f), want at most 6", n, c.Estimate())
+	}
+	for range 20 {
+		step(c, 40e6, math.Inf(1))
+	}
+	if c.Phase() != PhaseCruise || !within(c.Estimate(), 40e6, 0.05) {
+		t.Errorf("%v at %.0f twenty samples later, want cruise at 40e6", c.Phase(), c.Estimate())
+	}
+}
+
+// A sample that was full but delivered nearly the estimate is noise on a steady path, and an
+// outage does not stop the path: the estimate falls at most to a sixteenth per sample.
+func TestCapacityCollapseBounds(t *testing.T) {
+	c := newCap(t)
+	for c.Phase() != PhaseCruise {
+		step(c, 100e6, math.Inf(1))
+	}
+	est := c.Estimate()
+	c.OnSample(0.85*est, 0.99*est, window, rtt+5*int64(1e6), rtt) // queued, 85 %
+	if c.Estimate() != est {
+		t.Fatalf("estimate %.0f after a queued sample at 85 %%, want %.0f kept", c.Estimate(), est)
+	}
+	c.OnSample(0, est, window, rtt, rtt) // nothing delivered
+	if !within(c.Estimate(), est/16, 0.01) {
+		t.Fatalf("estimate %.0f after an outage, want %.0f", c.Estimate(), est/16)
 	}
 }
 

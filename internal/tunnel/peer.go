@@ -361,9 +361,10 @@ func (pp *peerPath) sampleCapacityLocked(now int64, outer int) {
 	pp.capN = s.RateSamples
 	pp.capBits += s.DeliveryRate * s.RateWindow.Seconds()
 	pp.capWin += s.RateWindow
-	// While the estimator looks for the path's rate, every delivery window is a sample: it
-	// paces above the path then, and each window it is late overfills the path's queue.
-	if pp.capWin < capacityWindow && pp.capEst.Phase() != sched.PhaseStartup {
+	// While the estimator looks for the path's rate, or drains the queue its pacing above the
+	// path built, every delivery window is a sample: each window it is late overfills the
+	// path's queue, or holds the traffic below the path longer than needed.
+	if ph := pp.capEst.Phase(); pp.capWin < capacityWindow && ph != sched.PhaseStartup && ph != sched.PhaseDrain {
 		return
 	}
 	sent, pkts := pp.txBytes.Load(), pp.txPackets.Load()
