@@ -38,8 +38,10 @@ import (
 	"time"
 
 	"braid/bench/internal/drive"
+	"braid/internal/experiment/federation"
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 	"braid/internal/units"
@@ -65,8 +67,8 @@ type cellCase struct {
 func lte(name, file string, delay time.Duration, loss float64) path {
 	p := path{name: name}
 	var err error
-	if p.up, err = scenario.TraceShape(file+".up", 0, delay); err == nil {
-		p.down, err = scenario.TraceShape(file+".down", 0, delay)
+	if p.up, err = kit.TraceShape(file+".up", 0, delay); err == nil {
+		p.down, err = kit.TraceShape(file+".down", 0, delay)
 	}
 	if err != nil {
 		drive.Fatal(err)
@@ -111,7 +113,7 @@ func (c cellCase) topology() *topo.Topology {
 	for i, p := range c.paths {
 		shapes[i] = p.up
 	}
-	tp := scenario.ParallelLinks("cell"+c.id, shapes...)
+	tp := kit.ParallelLinks("cell"+c.id, shapes...)
 	for i, p := range c.paths {
 		tp.Links[i].BA = p.down
 	}
@@ -214,7 +216,7 @@ func (r *row) med(f func(result) float64) float64 {
 	for i, x := range r.runs {
 		v[i] = f(x)
 	}
-	return scenario.Median(v)
+	return kit.Median(v)
 }
 
 func runCase(ctx context.Context, w io.Writer, o options, c cellCase, runs int, figures string) {
@@ -382,7 +384,7 @@ func measureAlone(ctx context.Context, o options, c cellCase, i int, reverse boo
 func measureTunnel(ctx context.Context, o options, c cellCase, sched string, capacities []uint64, reverse bool) result {
 	l := up(ctx, c)
 	defer l.Close()
-	pair, err := scenario.StartTunnelPair(ctx, l, o.braid, scenario.SiteSpec{Paths: len(c.paths), Outer: 4, Capacities: capacities, Scheduler: sched}, 4)
+	pair, err := roles.StartTunnelPair(ctx, l, o.braid, roles.SiteSpec{Paths: len(c.paths), Outer: 4, Capacities: capacities, Scheduler: sched}, 4)
 	if err != nil {
 		drive.Fatalf("tunnel %s: %v", sched, err)
 	}
@@ -397,7 +399,7 @@ func measureProxy(ctx context.Context, o options, c cellCase, reverse bool) resu
 	for i, p := range c.paths {
 		ups[i] = p.up
 	}
-	f, err := scenario.StartFed(ctx, scenario.Options{}, o.braid, nil, false, ups...)
+	f, err := federation.StartFed(ctx, kit.Options{}, o.braid, nil, false, ups...)
 	if err != nil {
 		drive.Fatal(err)
 	}
@@ -408,7 +410,7 @@ func measureProxy(ctx context.Context, o options, c cellCase, reverse bool) resu
 		lk.SetShape(1, p.down) // p2 (the hub) to p1 (the site)
 		wan = append(wan, lk)
 	}
-	cfg := scenario.FedConfig{Name: "MPTCP", Proxy: true, MPTCP: true, PM: "braid", Uplinks: len(c.paths)}
+	cfg := federation.FedConfig{Name: "MPTCP", Proxy: true, MPTCP: true, PM: "braid", Uplinks: len(c.paths)}
 	if err := f.Use(ctx, cfg); err != nil {
 		drive.Fatalf("proxy: %v\n%s", err, f.Logs())
 	}
@@ -418,14 +420,14 @@ func measureProxy(ctx context.Context, o options, c cellCase, reverse bool) resu
 			drive.Fatalf("proxy bulk: %v\n%s", err, f.Logs())
 		}
 		return res
-	}, "c", scenario.FedServer4, reverse)
+	}, "c", federation.FedServer4, reverse)
 }
 
 // plot writes the case's figure: each path's delivered rate and the flow's goodput, per second.
 func plot(file string, c cellCase, r result) error {
-	ch := scenario.Chart{Title: fmt.Sprintf("case %s: upload through braid tunnel (%s)", strings.ToUpper(c.id), schedulers[0]), XLabel: "time (s)", YLabel: "Mbit/s"}
-	series := func(name string, v []float64) scenario.Series {
-		s := scenario.Series{Name: name, Color: scenario.Palette[len(ch.Series)%len(scenario.Palette)]}
+	ch := kit.Chart{Title: fmt.Sprintf("case %s: upload through braid tunnel (%s)", strings.ToUpper(c.id), schedulers[0]), XLabel: "time (s)", YLabel: "Mbit/s"}
+	series := func(name string, v []float64) kit.Series {
+		s := kit.Series{Name: name, Color: kit.Palette[len(ch.Series)%len(kit.Palette)]}
 		for i, x := range v {
 			s.X = append(s.X, float64(i+1))
 			s.Min, s.Med, s.Max = append(s.Min, x/1e6), append(s.Med, x/1e6), append(s.Max, x/1e6)

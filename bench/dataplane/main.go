@@ -28,8 +28,9 @@ import (
 	"time"
 
 	"braid/bench/internal/drive"
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
-	"braid/internal/lab/scenario"
 )
 
 // config is one row of the table.
@@ -116,7 +117,7 @@ func main() {
 			for i, r := range rs {
 				v[i] = f(r)
 			}
-			return scenario.Median(v)
+			return kit.Median(v)
 		}
 		var drops uint64
 		for _, r := range rs {
@@ -144,7 +145,7 @@ func measure(ctx context.Context, braid string, c config, dur time.Duration, pro
 	for i := range rates {
 		rates[i] = c.rate
 	}
-	l, err := lab.Up(ctx, scenario.KernelLinks("dataplane", rates...), lab.Options{})
+	l, err := lab.Up(ctx, kit.KernelLinks("dataplane", rates...), lab.Options{})
 	if err != nil {
 		drive.Fatal(err)
 	}
@@ -164,12 +165,12 @@ func measure(ctx context.Context, braid string, c config, dur time.Duration, pro
 	plain.Stop()
 	r.baseCPU = cpu.Seconds() / (float64(bytes) * 8 / 1e9)
 
-	spec := scenario.SiteSpec{Paths: c.paths, Outer: 4, Capacities: rates, Encryption: &c.encrypt}
+	spec := roles.SiteSpec{Paths: c.paths, Outer: 4, Capacities: rates, Encryption: &c.encrypt}
 	var args []string
 	if profile != "" {
 		args = []string{"--cpuprofile", filepath.Join(profile, "{side}.prof")}
 	}
-	pair, err := scenario.StartTunnelPair(ctx, l, braid, spec, 4, args...)
+	pair, err := roles.StartTunnelPair(ctx, l, braid, spec, 4, args...)
 	if err != nil {
 		drive.Fatal(err)
 	}

@@ -33,8 +33,9 @@ import (
 	"time"
 
 	"braid/bench/internal/drive"
+	"braid/internal/experiment/accuracy"
+	"braid/internal/experiment/kit"
 	"braid/internal/lab"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 	"braid/internal/units"
@@ -63,9 +64,9 @@ func main() {
 		"while the burst arrived. The trace row replays TMobile-LTE-short.down (lab/traces) from 30 s in\n"+
 		"under a saturating UDP flow and compares the bytes the emulator delivers each second with the\n"+
 		"trace's bytes for the same window (aligned by the offset and the delay): expected and measured are\n"+
-		"the means over the seconds compared; within bound means every second within 5 %%.\n", *runs, scenario.TCPCeiling(1500), 1500)
+		"the means over the seconds compared; within bound means every second within 5 %%.\n", *runs, accuracy.TCPCeiling(1500), 1500)
 	fmt.Fprintln(w)
-	accuracy(ctx, w, *runs, *quick)
+	accuracyRuns(ctx, w, *runs, *quick)
 	fmt.Fprintln(w)
 	drive.Section(w, "Link emulator CPU")
 	fmt.Fprintln(w, "One TCP flow for each rate, 5 ms one-way delay. Baseline: the same flow over a veth pair\n"+
@@ -85,15 +86,15 @@ func main() {
 	}
 }
 
-func accuracy(ctx context.Context, w io.Writer, runs int, quick bool) {
+func accuracyRuns(ctx context.Context, w io.Writer, runs int, quick bool) {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	fmt.Fprintln(tw, "| check\t| expected\t| measured (median)\t| ratio\t| within bound\t|")
 	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|")
-	for _, c := range scenario.AccuracyChecks() {
-		var rows []scenario.Row
+	for _, c := range accuracy.AccuracyChecks() {
+		var rows []accuracy.Row
 		ok := 0
 		for range runs {
-			r, err := c.Run(ctx, scenario.Options{Quick: quick})
+			r, err := c.Run(ctx, kit.Options{Quick: quick})
 			if err != nil {
 				fatalf("%s: %v", c.Name, err)
 			}
@@ -169,7 +170,7 @@ func medianResult(rs []cpuResult) cpuResult {
 // with TBF, with the traffic tools as child processes.
 func measure(ctx context.Context, braid string, rate uint64, dur time.Duration, baseline bool) cpuResult {
 	shape := topo.Shape{Rate: rate, Delay: 5 * time.Millisecond}
-	tp := scenario.PairTopology(shape)
+	tp := topo.Pair(shape)
 	if baseline {
 		tp.Links = nil // the hosts only; the veth pair is added below
 	}

@@ -38,8 +38,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"braid/bench/internal/drive"
+	"braid/internal/experiment/kit"
 	"braid/internal/lab"
-	"braid/internal/lab/scenario"
 	"braid/internal/lb/maglev"
 	"braid/internal/lb/xdp"
 	"braid/internal/wire/mptcpopt"
@@ -354,7 +354,7 @@ func median(xs []float64) float64 {
 func vethTable(w io.Writer, runs, frames int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	l, err := lab.Up(ctx, scenario.KernelLinks("lbbench", 0), lab.Options{})
+	l, err := lab.Up(ctx, kit.KernelLinks("lbbench", 0), lab.Options{})
 	if err != nil {
 		return err
 	}

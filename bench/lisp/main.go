@@ -37,8 +37,9 @@ import (
 	"time"
 
 	"braid/bench/internal/drive"
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/lisp/mapserver"
 	"braid/internal/traffic"
@@ -105,7 +106,7 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 	drive.Section(w, "LISP xTR encapsulation")
-	fmt.Fprintf(w, "TCP bulk h1 -> h2 for %v between two LISP sites of `scenario.LispTopology` (links unshaped,\n%s): through two braid xTRs (TUN with offloads, encapsulation on UDP 4341 in GSO trains,\nhash placement), beside the same hosts forwarded natively over the same links and through a braid\ntunnel (one path, wrr) between the same two routers over their first RLOCs, in the same lab. Medians of %d runs.\n\n", dur, lab.EmulatorName, *runs)
+	fmt.Fprintf(w, "TCP bulk h1 -> h2 for %v between two LISP sites of `roles.LispTopology` (links unshaped,\n%s): through two braid xTRs (TUN with offloads, encapsulation on UDP 4341 in GSO trains,\nhash placement), beside the same hosts forwarded natively over the same links and through a braid\ntunnel (one path, wrr) between the same two routers over their first RLOCs, in the same lab. Medians of %d runs.\n\n", dur, lab.EmulatorName, *runs)
 	if err := xtrThroughput(ctx, w, dur, *runs); err != nil {
 		fmt.Fprintf(w, "not measured: %v\n", err)
 	}
@@ -300,11 +301,11 @@ func xtrThroughput(ctx context.Context, w io.Writer, dur time.Duration, runs int
 
 // xtrRun measures one baseline, one tunnel and one xTR transfer on a fresh lab.
 func xtrRun(ctx context.Context, dur time.Duration) (base, braid, tunl float64, err error) {
-	t := scenario.LispTopology(0, 0)
+	t := roles.LispTopology(0, 0)
 	// The baseline's routes: the core knows each site's EIDs behind the first RLOC.
 	for i := range t.Hosts {
 		if t.Hosts[i].Name == "core" {
-			for _, s := range scenario.LispSites {
+			for _, s := range roles.LispSites {
 				t.Hosts[i].Routes = append(t.Hosts[i].Routes, topo.Route{Dst: s.EIDs[0], Via: s.RLOCs[0]})
 			}
 		}
@@ -315,15 +316,15 @@ func xtrRun(ctx context.Context, dur time.Duration) (base, braid, tunl float64, 
 	}
 	defer l.Close()
 	h1, h2 := l.Host("h1"), l.Host("h2")
-	srvAddr := netip.AddrPortFrom(scenario.LispSites[1].HostIP[0], 5201).String()
-	stop, err := scenario.StartServer(ctx, h2, srvAddr)
+	srvAddr := netip.AddrPortFrom(roles.LispSites[1].HostIP[0], 5201).String()
+	stop, err := kit.StartServer(ctx, h2, srvAddr)
 	if err != nil {
 		return 0, 0, 0, err
 	}
 	defer stop()
 	native := []topo.Route{
-		{Dst: scenario.LispSites[1].EIDs[0], Via: scenario.LispSites[0].RLOCs[0].Next()},
-		{Dst: scenario.LispSites[0].EIDs[0], Via: scenario.LispSites[1].RLOCs[0].Next()},
+		{Dst: roles.LispSites[1].EIDs[0], Via: roles.LispSites[0].RLOCs[0].Next()},
+		{Dst: roles.LispSites[0].EIDs[0], Via: roles.LispSites[1].RLOCs[0].Next()},
 	}
 	for i, r := range []string{"xtr1", "xtr2"} {
 		if err := l.Host(r).ReplaceRoute(native[i]); err != nil {
@@ -346,13 +347,13 @@ func xtrRun(ctx context.Context, dur time.Duration) (base, braid, tunl float64, 
 		return 0, 0, 0, fmt.Errorf("through the tunnel: %w", err)
 	}
 	// Then through the xTRs: the EID space is routed into their TUNs.
-	ll, err := scenario.StartLisp(ctx, l, nil)
+	ll, err := roles.StartLisp(ctx, l, nil)
 	if err != nil {
 		return 0, 0, 0, err
 	}
 	defer ll.Close()
 	// Resolve first, so that the measurement is of the data path.
-	if _, err := scenario.Ping(ctx, h1, h2, scenario.LispSites[1].HostIP[0], time.Second); err != nil {
+	if _, err := kit.Ping(ctx, h1, h2, roles.LispSites[1].HostIP[0], time.Second); err != nil {
 		return 0, 0, 0, err
 	}
 	x, err := traffic.Bulk(ctx, h1.Dial, srvAddr, traffic.BulkOptions{Duration: dur})
@@ -383,14 +384,14 @@ func tunnelRun(ctx context.Context, l *lab.Lab, dur time.Duration, srvAddr strin
 	}()
 	var tns []*tunnel.Tunnel
 	for i, r := range routers {
-		local, remote := scenario.LispSites[i].RLOCs[0], scenario.LispSites[1-i].RLOCs[0]
+		local, remote := roles.LispSites[i].RLOCs[0], roles.LispSites[1-i].RLOCs[0]
 		inner := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 255, 0, byte(i + 1)}), 24)
 		peer := tunnel.PeerConfig{Name: routers[1-i], PublicKey: keys[1-i].Public(), Routes: []netip.Prefix{native[i].Dst},
-			Paths: []tunnel.PathConfig{{Uplink: local.String(), Remote: netip.AddrPortFrom(remote, scenario.TunnelPort)}}}
+			Paths: []tunnel.PathConfig{{Uplink: local.String(), Remote: netip.AddrPortFrom(remote, roles.TunnelPort)}}}
 		// One path: the scheduler has nothing to choose, so wrr, which sends at once; the
 		// default paced scheduler, with no capacity configured, carried a fraction of this on
 		// these unshaped emulated links (docs/lisp.md, "Data path performance").
-		tn, stop, err := scenario.StartTunnel(ctx, l.Host(r), []netip.Prefix{inner}, []netip.Addr{local},
+		tn, stop, err := roles.StartTunnel(ctx, l.Host(r), []netip.Prefix{inner}, []netip.Addr{local},
 			tunnel.Options{PrivateKey: keys[i], MTU: 1400, Scheduler: "wrr", Peers: []tunnel.PeerConfig{peer}})
 		if err != nil {
 			return 0, err
@@ -402,7 +403,7 @@ func tunnelRun(ctx context.Context, l *lab.Lab, dur time.Duration, srvAddr strin
 		}
 	}
 	for _, tn := range tns {
-		if err := scenario.WaitTunnel(ctx, tn, 10*time.Second); err != nil {
+		if err := roles.WaitTunnel(ctx, tn, 10*time.Second); err != nil {
 			return 0, err
 		}
 	}

@@ -41,8 +41,9 @@ import (
 	"time"
 
 	"braid/bench/internal/drive"
+	"braid/internal/experiment/federation"
+	"braid/internal/experiment/kit"
 	"braid/internal/lab"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 
@@ -51,7 +52,7 @@ import (
 
 var uplink = topo.Shape{Rate: 100e6, Delay: 5 * time.Millisecond}
 
-// The federation paper's links (internal/lab/scenario/fedrepro.go).
+// The federation paper's links (internal/experiment/federation/repro.go).
 var (
 	paperWired = topo.Shape{Rate: 40e6, Delay: 60 * time.Millisecond}
 	paperLTE   = topo.Shape{Rate: 10e6, Delay: 80 * time.Millisecond}
@@ -97,11 +98,11 @@ func equalLinks(ctx context.Context, w io.Writer, bin string, runs int, dur time
 	var direct, both, one, ttfbDirect, ttfbProxy, gap, back, before, during []float64
 	intact, backWithin := 0, 0
 	for r := range runs {
-		f, err := scenario.StartFed(ctx, scenario.Options{}, bin, nil, false, uplink, uplink)
+		f, err := federation.StartFed(ctx, kit.Options{}, bin, nil, false, uplink, uplink)
 		if err != nil {
 			fatal(err)
 		}
-		use := func(cfg scenario.FedConfig) {
+		use := func(cfg federation.FedConfig) {
 			if err := f.Use(ctx, cfg); err != nil {
 				fatalf(f, "%s: %v", cfg.Name, err)
 			}
@@ -121,12 +122,12 @@ func equalLinks(ctx context.Context, w io.Writer, bin string, runs int, dur time
 			}
 			return float64(res.Median)
 		}
-		use(scenario.FedPlainTCP)
+		use(federation.FedPlainTCP)
 		direct = append(direct, bulk("direct"))
 		ttfbDirect = append(ttfbDirect, ttfb("direct"))
-		use(scenario.FedMPTCP1)
+		use(federation.FedMPTCP1)
 		one = append(one, bulk("one subflow"))
-		use(scenario.FedMPTCP4)
+		use(federation.FedMPTCP4)
 		both = append(both, bulk("both uplinks"))
 		ttfbProxy = append(ttfbProxy, ttfb("proxy"))
 		cut, err := f.CutDuring(ctx, 9*time.Second, 100*time.Millisecond, 3*time.Second, 6*time.Second)
@@ -152,7 +153,7 @@ func equalLinks(ctx context.Context, w io.Writer, bin string, runs int, dur time
 		log.Printf("equal links: run %d of %d done", r+1, runs)
 	}
 
-	med := scenario.Median
+	med := kit.Median
 	drive.Section(w, "Federation proxy")
 	fmt.Fprintf(w, "`go run ./bench/proxy -braid bin/braid -runs %d`: two sites joined by two uplinks of %.0f Mbit/s\n"+
 		"(%v one way) between their proxies; TLS 1.3 between the proxies; one TCP flow for %v. Baseline:\n"+
@@ -183,7 +184,7 @@ func equalLinks(ctx context.Context, w io.Writer, bin string, runs int, dur time
 // paperRow is one way of carrying the download on the paper's links.
 type paperRow struct {
 	name                       string
-	cfg                        scenario.FedConfig
+	cfg                        federation.FedConfig
 	cubic                      bool // plain TCP with cubic instead of the host's default (an upload: the client's socket chooses)
 	goodput, gap, during, back []float64
 	backs                      int
@@ -193,11 +194,11 @@ type paperRow struct {
 // path alone, and the proxies with each policy, with a cut of the wired uplink; it writes the
 // table to w.
 func paperLinks(ctx context.Context, w io.Writer, bin string, runs int, dur time.Duration) {
-	fm, rb := scenario.FedMPTCP4, scenario.FedMPTCP4
+	fm, rb := federation.FedMPTCP4, federation.FedMPTCP4
 	fm.Policy, rb.Policy = "fullmesh", "rbpm"
 	rows := []*paperRow{
-		{name: "wired alone, plain TCP (host default: " + hostCongestion() + ")", cfg: scenario.FedPlainTCP},
-		{name: "wired alone, plain TCP (cubic, upload)", cfg: scenario.FedPlainTCP, cubic: true},
+		{name: "wired alone, plain TCP (host default: " + hostCongestion() + ")", cfg: federation.FedPlainTCP},
+		{name: "wired alone, plain TCP (cubic, upload)", cfg: federation.FedPlainTCP, cubic: true},
 		{name: "proxy, both uplinks, pm_policy fullmesh", cfg: fm},
 		{name: "proxy, both uplinks, pm_policy rbpm", cfg: rb},
 	}
@@ -206,7 +207,7 @@ func paperLinks(ctx context.Context, w io.Writer, bin string, runs int, dur time
 		cutDur, cutAt, restoreAt = 9*time.Second, 3*time.Second, 6*time.Second
 	}
 	for r := range runs {
-		f, err := scenario.StartFed(ctx, scenario.Options{}, bin, nil, false, paperWired, paperLTE)
+		f, err := federation.StartFed(ctx, kit.Options{}, bin, nil, false, paperWired, paperLTE)
 		if err != nil {
 			fatal(err)
 		}
@@ -220,7 +221,7 @@ func paperLinks(ctx context.Context, w io.Writer, bin string, runs int, dur time
 			if row.cubic {
 				dial = cubicDial(dial)
 			}
-			res, err := traffic.Bulk(ctx, dial, scenario.FedServerAddr, traffic.BulkOptions{Duration: dur, Reverse: !row.cubic})
+			res, err := traffic.Bulk(ctx, dial, federation.FedServerAddr, traffic.BulkOptions{Duration: dur, Reverse: !row.cubic})
 			if err != nil {
 				fatalf(f, "%s: bulk: %v", row.name, err)
 			}
@@ -243,7 +244,7 @@ func paperLinks(ctx context.Context, w io.Writer, bin string, runs int, dur time
 		f.Close()
 		log.Printf("paper links: run %d of %d done", r+1, runs)
 	}
-	med := scenario.Median
+	med := kit.Median
 	best := max(med(rows[0].goodput), med(rows[1].goodput))
 	drive.Section(w, "Federation proxy on unequal paths")
 	fmt.Fprintf(w, "`go run ./bench/proxy -braid bin/braid -runs %d`: the federation paper's links, wired %.0f Mbit/s (%v one\n"+
@@ -317,7 +318,7 @@ func fatal(v ...any) {
 	log.Fatal(v...)
 }
 
-func fatalf(f *scenario.FedLab, format string, v ...any) {
+func fatalf(f *federation.FedLab, format string, v ...any) {
 	logs := f.Logs()
 	lab.CloseAll()
 	log.Fatalf(format+"\n%s", append(v, logs)...)

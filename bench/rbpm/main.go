@@ -1,12 +1,12 @@
 // Command rbpm benchmarks RBPM and writes its section of bench/BENCH.md.
 //
-// For each of the RBPM paper's scenarios (scenario.RBPMScenarios: four heterogeneous paths on
+// For each of the RBPM paper's scenarios (rbpm.RBPMScenarios: four heterogeneous paths on
 // emulated links with 100-packet drop-tail queues, a 200 KB receive buffer, reno):
 //
 //   - kernel MPTCP: a bulk upload over one subflow per path, with braid pm's fullmesh policy
 //     (the kernel's default scheduler over every subflow: the baseline) and with its rbpm
 //     policy (the same subflows, slow ones demoted to backup), alternating, -runs times each;
-//     also on scenario 1 with a 2 MB buffer and shallow queues (scenario.RBPMShallowS1), where
+//     also on scenario 1 with a 2 MB buffer and shallow queues (rbpm.RBPMShallowS1), where
 //     the slow path rather than the buffer limits the kernel;
 //   - braid tunnel: one TCP flow through the tunnel with each scheduler (wrr with MPT's default
 //     weights and with rate-proportional ones, minrtt, blest, ecf, rbpm), the reorder buffer
@@ -36,12 +36,13 @@ import (
 	"time"
 
 	"braid/bench/internal/drive"
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/rbpm"
 	"braid/internal/lab"
-	"braid/internal/lab/scenario"
 )
 
 // schedulers are the tunnel schedulers measured (-schedulers).
-var schedulers = scenario.RBPMTunnelSchedulers
+var schedulers = rbpm.RBPMTunnelSchedulers
 
 func main() {
 	braid := flag.String("braid", "bin/braid", "path of the braid binary (the tunnel rows run it)")
@@ -59,8 +60,8 @@ func main() {
 	if *scheds != "" {
 		var keep []string
 		for _, s := range strings.Split(*scheds, ",") {
-			if !slices.Contains(scenario.RBPMTunnelSchedulers, s) {
-				log.Fatalf("-schedulers: no scheduler %q (%v)", s, scenario.RBPMTunnelSchedulers)
+			if !slices.Contains(rbpm.RBPMTunnelSchedulers, s) {
+				log.Fatalf("-schedulers: no scheduler %q (%v)", s, rbpm.RBPMTunnelSchedulers)
 			}
 			keep = append(keep, s)
 		}
@@ -83,7 +84,7 @@ func main() {
 	w := io.MultiWriter(os.Stdout, &md)
 	drive.Section(w, "RBPM: kernel MPTCP with braid pm, and braid tunnel's schedulers")
 	fmt.Fprintf(w, "`go run ./bench/rbpm -runs %d -tunnel-runs %d` (%s, %d cores). The RBPM paper's scenarios on %s\nlinks (100-packet drop-tail queues), receive buffer %d B, reno, %v bulk uploads. Goodput in\nbytes/s, medians of %d runs (kernel) and %d runs (tunnel).\n\n",
-		*runs, *tunnelRuns, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), lab.EmulatorName, scenario.RBPMBuffer, dur, *runs, *tunnelRuns)
+		*runs, *tunnelRuns, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), lab.EmulatorName, rbpm.RBPMBuffer, dur, *runs, *tunnelRuns)
 	var (
 		mu       sync.Mutex
 		failures []string
@@ -138,15 +139,15 @@ func kernelTable(ctx context.Context, w io.Writer, runs int, dur time.Duration, 
 	fmt.Fprintf(w, "### Kernel MPTCP\n\nOne subflow per path; baseline: braid pm fullmesh (the kernel's default scheduler over all\nsubflows); braid: braid pm rbpm (same subflows, slow ones set to backup). The receive buffer is\ntcp_rmem's maximum. S1' is scenario 1 with a 2 MB buffer and queues of one bandwidth-delay\nproduct (at least 15 KB): not the paper's, the case where the slow path rather than the buffer\nlimits upstream MPTCP.\n\n")
 	fmt.Fprintln(w, "| scenario | default (B/s) | rbpm (B/s) | ratio | paper: original MPTCP | paper: RBPM |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|")
-	for _, sc := range append(scenario.RBPMScenarios(), scenario.RBPMShallowS1()) {
+	for _, sc := range append(rbpm.RBPMScenarios(), rbpm.RBPMShallowS1()) {
 		var base, rb, ratios []float64
 		for r := 0; r < runs; r++ {
-			b, err := scenario.RBPMKernel(ctx, sc, false, dur, scenario.Options{})
+			b, err := rbpm.RBPMKernel(ctx, sc, false, dur, kit.Options{})
 			if err != nil {
 				fail("kernel %s run %d, default: %v", sc.Name, r+1, err)
 				continue
 			}
-			p, err := scenario.RBPMKernel(ctx, sc, true, dur, scenario.Options{})
+			p, err := rbpm.RBPMKernel(ctx, sc, true, dur, kit.Options{})
 			if err != nil {
 				fail("kernel %s run %d, rbpm: %v", sc.Name, r+1, err)
 				continue
@@ -165,11 +166,11 @@ func kernelTable(ctx context.Context, w io.Writer, runs int, dur time.Duration, 
 // tunnelTable measures one TCP flow through braid tunnel with each scheduler on every scenario.
 func tunnelTable(ctx context.Context, w io.Writer, self string, runs int, dur time.Duration, fail func(string, ...any)) {
 
-	fmt.Fprintf(w, "\n### braid tunnel\n\nOne TCP flow through the tunnel over the same links. The inner TCP receiver is bounded as in\nthe kernel rows (tcp_rmem's maximum %d B on the receiving host), and so is the tunnel's reorder\nbuffer; path capacities not configured. wrr: MPT's default weights (all 1); wrr-rates: weights in\nproportion to the paths' rates. vs wrr, vs wrr-rates: rbpm's median over that scheduler's; vs\nbest: rbpm's median over the best median of every other scheduler measured (named).\n\n", scenario.RBPMBuffer)
+	fmt.Fprintf(w, "\n### braid tunnel\n\nOne TCP flow through the tunnel over the same links. The inner TCP receiver is bounded as in\nthe kernel rows (tcp_rmem's maximum %d B on the receiving host), and so is the tunnel's reorder\nbuffer; path capacities not configured. wrr: MPT's default weights (all 1); wrr-rates: weights in\nproportion to the paths' rates. vs wrr, vs wrr-rates: rbpm's median over that scheduler's; vs\nbest: rbpm's median over the best median of every other scheduler measured (named).\n\n", rbpm.RBPMBuffer)
 	fmt.Fprintln(w, "| scenario | wrr | wrr-rates | minrtt | blest | ecf | rbpm | rbpm vs wrr | rbpm vs wrr-rates | rbpm vs best | paper: RBPM |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	// Each scenario's series runs on its own lab, side by side (see main).
-	scs := scenario.RBPMScenarios()
+	scs := rbpm.RBPMScenarios()
 	rows := make([]string, len(scs))
 	var wg sync.WaitGroup
 	for i, sc := range scs {
@@ -182,17 +183,17 @@ func tunnelTable(ctx context.Context, w io.Writer, self string, runs int, dur ti
 }
 
 // tunnelRow measures every scheduler on sc, runs times each, and returns its table row.
-func tunnelRow(ctx context.Context, self string, sc scenario.RBPMScenario, runs int, dur time.Duration, fail func(string, ...any)) string {
+func tunnelRow(ctx context.Context, self string, sc rbpm.RBPMScenario, runs int, dur time.Duration, fail func(string, ...any)) string {
 	med := map[string]float64{}
 	cells := ""
-	for _, s := range scenario.RBPMTunnelSchedulers {
+	for _, s := range rbpm.RBPMTunnelSchedulers {
 		if !slices.Contains(schedulers, s) {
 			cells += " not run |"
 			continue
 		}
 		var g []float64
 		for r := 0; r < runs; r++ {
-			row, err := scenario.RBPMTunnel(ctx, self, sc, s, dur, scenario.Options{})
+			row, err := rbpm.RBPMTunnel(ctx, self, sc, s, dur, kit.Options{})
 			if err != nil {
 				fail("tunnel %s %s run %d: %v", sc.Name, s, r+1, err)
 				continue
@@ -220,7 +221,7 @@ func over(med map[string]float64, a, b string) string {
 // ("0.91x minrtt"); empty when s or every other is missing.
 func vsBest(med map[string]float64, s string) string {
 	best, name := 0.0, ""
-	for _, o := range scenario.RBPMTunnelSchedulers {
+	for _, o := range rbpm.RBPMTunnelSchedulers {
 		if o != s && med[o] > best {
 			best, name = med[o], o
 		}

@@ -19,8 +19,9 @@ import (
 	"time"
 
 	"braid/bench/internal/drive"
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 	"braid/internal/tunnel/session"
@@ -84,9 +85,9 @@ func hubTable(ctx context.Context, w io.Writer, braid string, runs int, dur time
 		}
 		var cs []string
 		for c := range cores {
-			cs = append(cs, fmt.Sprintf("cpu%d %.2f", c, scenario.Median(per[c])))
+			cs = append(cs, fmt.Sprintf("cpu%d %.2f", c, kit.Median(per[c])))
 		}
-		fmt.Fprintf(tw, "| shards = %d\t| %.1f Mbit/s\t| %s\t|\n", shards, scenario.Median(good)/1e6, strings.Join(cs, ", "))
+		fmt.Fprintf(tw, "| shards = %d\t| %.1f Mbit/s\t| %s\t|\n", shards, kit.Median(good)/1e6, strings.Join(cs, ", "))
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
@@ -114,7 +115,7 @@ func hubRun(ctx context.Context, braid string, shards int, dur time.Duration) hu
 	fmt.Fprintf(&hub, "[[tunnel.uplink]]\nname = \"wan\"\ninterface = \"wan\"\naddress = \"10.20.0.1\"\n")
 	for i := 1; i <= hubSites; i++ {
 		fmt.Fprintf(&hub, "[[tunnel.peer]]\nname = \"s%d\"\npublic_key = %q\nroutes = [\"10.254.0.%d/32\"]\n", i, keys[i].Public().String(), 10+i)
-		fmt.Fprintf(&hub, "[[tunnel.peer.path]]\nuplink = \"wan\"\nremote = \"10.20.%d.2:%d\"\n", i, scenario.TunnelPort)
+		fmt.Fprintf(&hub, "[[tunnel.peer.path]]\nuplink = \"wan\"\nremote = \"10.20.%d.2:%d\"\n", i, roles.TunnelPort)
 	}
 	var procs []*exec.Cmd
 	defer func() {
@@ -146,11 +147,11 @@ func hubRun(ctx context.Context, braid string, shards int, dur time.Duration) hu
 		fmt.Fprintf(&s, "[tunnel]\nprivate_key = %q\naddress = \"10.254.0.%d/24\"\ncontrol = %q\n", keys[i].String(), 10+i, filepath.Join(dir, fmt.Sprintf("s%d.sock", i)))
 		fmt.Fprintf(&s, "[[tunnel.uplink]]\nname = \"u\"\ninterface = \"up\"\naddress = \"10.20.%d.2\"\n", i)
 		fmt.Fprintf(&s, "[[tunnel.peer]]\nname = \"hub\"\npublic_key = %q\nroutes = [\"10.254.0.1/32\"]\n", keys[0].Public().String())
-		fmt.Fprintf(&s, "[[tunnel.peer.path]]\nuplink = \"u\"\nremote = \"10.20.0.1:%d\"\n", scenario.TunnelPort)
+		fmt.Fprintf(&s, "[[tunnel.peer.path]]\nuplink = \"u\"\nremote = \"10.20.0.1:%d\"\n", roles.TunnelPort)
 		start(fmt.Sprintf("s%d", i), s.String())
 	}
 	for i := 1; i <= hubSites; i++ {
-		if err := scenario.WaitReachable(ctx, l.Host(fmt.Sprintf("s%d", i)), "10.254.0.1:5201"); err != nil {
+		if err := kit.WaitReachable(ctx, l.Host(fmt.Sprintf("s%d", i)), "10.254.0.1:5201"); err != nil {
 			logs, _ := exec.Command("sh", "-c", "tail -n 5 "+filepath.Join(dir, "*.log")).CombinedOutput()
 			drive.Fatalf("site %d: %v\n%s", i, err, logs)
 		}

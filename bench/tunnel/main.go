@@ -34,8 +34,9 @@ import (
 	"time"
 
 	"braid/bench/internal/drive"
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 )
@@ -90,19 +91,19 @@ func main() {
 		})
 		udpDrops, udpLoss = append(udpDrops, drops), append(udpLoss, loss)
 	}
-	sum := scenario.Median(base1) + scenario.Median(base2)
+	sum := kit.Median(base1) + kit.Median(base2)
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	fmt.Fprintln(tw, "| scenario\t| goodput\t| ratio to the sum of the paths\t|")
 	fmt.Fprintln(tw, "|---\t|---\t|---\t|")
-	fmt.Fprintf(tw, "| path 1 alone, no tunnel (300 Mbit/s)\t| %.1f Mbit/s\t| %.3f\t|\n", scenario.Median(base1)/1e6, scenario.Median(base1)/sum)
-	fmt.Fprintf(tw, "| path 2 alone, no tunnel (100 Mbit/s)\t| %.1f Mbit/s\t| %.3f\t|\n", scenario.Median(base2)/1e6, scenario.Median(base2)/sum)
-	fmt.Fprintf(tw, "| braid tunnel, both paths, reorder on\t| %.1f Mbit/s\t| %.3f\t|\n", scenario.Median(on)/1e6, scenario.Median(on)/sum)
-	fmt.Fprintf(tw, "| braid tunnel, both paths, reorder off\t| %.1f Mbit/s\t| %.3f\t|\n", scenario.Median(off)/1e6, scenario.Median(off)/sum)
-	fmt.Fprintf(tw, "| braid tunnel, capacities measured\t| %.1f Mbit/s\t| %.3f\t|\n", scenario.Median(measured)/1e6, scenario.Median(measured)/sum)
+	fmt.Fprintf(tw, "| path 1 alone, no tunnel (300 Mbit/s)\t| %.1f Mbit/s\t| %.3f\t|\n", kit.Median(base1)/1e6, kit.Median(base1)/sum)
+	fmt.Fprintf(tw, "| path 2 alone, no tunnel (100 Mbit/s)\t| %.1f Mbit/s\t| %.3f\t|\n", kit.Median(base2)/1e6, kit.Median(base2)/sum)
+	fmt.Fprintf(tw, "| braid tunnel, both paths, reorder on\t| %.1f Mbit/s\t| %.3f\t|\n", kit.Median(on)/1e6, kit.Median(on)/sum)
+	fmt.Fprintf(tw, "| braid tunnel, both paths, reorder off\t| %.1f Mbit/s\t| %.3f\t|\n", kit.Median(off)/1e6, kit.Median(off)/sum)
+	fmt.Fprintf(tw, "| braid tunnel, capacities measured\t| %.1f Mbit/s\t| %.3f\t|\n", kit.Median(measured)/1e6, kit.Median(measured)/sum)
 	tw.Flush()
-	fmt.Fprintf(w, "\nReorder on vs off: %.3f (runs where on >= off: %d of %d).\n", scenario.Median(on)/scenario.Median(off), countGE(on, off), len(on))
+	fmt.Fprintf(w, "\nReorder on vs off: %.3f (runs where on >= off: %d of %d).\n", kit.Median(on)/kit.Median(off), countGE(on, off), len(on))
 	fmt.Fprintf(w, "UDP offered at 300 Mbit/s (below the 400 Mbit/s of the paths) through the tunnel: median loss %.2f %%,\n"+
-		"median UdpRcvbufErrors at the receiving site %.0f (max %.0f).\n", scenario.Median(udpLoss), scenario.Median(udpDrops), maxOf(udpDrops))
+		"median UdpRcvbufErrors at the receiving site %.0f (max %.0f).\n", kit.Median(udpLoss), kit.Median(udpDrops), maxOf(udpDrops))
 	fmt.Fprintf(w, "\nGoodput is TCP payload at the receiver (steady state); rates count IP bytes, so one path alone\n"+
 		"reaches at most 0.965 of its rate, and the tunnel's 72 bytes of overhead per packet take another 5 %%.\n"+
 		"Links emulated by: %s.\n\n", lab.EmulatorName)
@@ -124,7 +125,7 @@ func topology() *topo.Topology {
 	for _, r := range rates {
 		shapes = append(shapes, topo.Shape{Rate: r, Delay: 5 * time.Millisecond})
 	}
-	return scenario.ParallelLinks("tunbench", shapes...)
+	return kit.ParallelLinks("tunbench", shapes...)
 }
 
 func up(ctx context.Context) *lab.Lab {
@@ -148,7 +149,7 @@ func baseline(ctx context.Context, braid string, dur time.Duration) (float64, fl
 func tunnelRun(ctx context.Context, braid string, dur time.Duration, reorder bool, capacities []uint64, fn func(*lab.Lab)) float64 {
 	l := up(ctx)
 	defer l.Close()
-	pair, err := scenario.StartTunnelPair(ctx, l, braid, scenario.SiteSpec{Paths: 2, Outer: 4, Capacities: capacities, Reorder: &reorder}, 4)
+	pair, err := roles.StartTunnelPair(ctx, l, braid, roles.SiteSpec{Paths: 2, Outer: 4, Capacities: capacities, Reorder: &reorder}, 4)
 	if err != nil {
 		drive.Fatal(err)
 	}
@@ -224,7 +225,7 @@ func unequal(ctx context.Context, w io.Writer, braid string, runs int, quick boo
 		paths := make([][]float64, len(c.shapes))
 		var sums, bests, first, next, bbr, rsum, rbest []float64
 		for range runs {
-			l, err := lab.Up(ctx, scenario.ParallelLinks("tununeq", c.shapes...), lab.Options{})
+			l, err := lab.Up(ctx, kit.ParallelLinks("tununeq", c.shapes...), lab.Options{})
 			if err != nil {
 				drive.Fatal(err)
 			}
@@ -235,7 +236,7 @@ func unequal(ctx context.Context, w io.Writer, braid string, runs int, quick boo
 				paths[i] = append(paths[i], g)
 				sum, best = sum+g, max(best, g)
 			}
-			pair, err := scenario.StartTunnelPair(ctx, l, braid, scenario.SiteSpec{Paths: len(c.shapes), Outer: 4}, 4)
+			pair, err := roles.StartTunnelPair(ctx, l, braid, roles.SiteSpec{Paths: len(c.shapes), Outer: 4}, 4)
 			if err != nil {
 				drive.Fatal(err)
 			}
@@ -251,11 +252,11 @@ func unequal(ctx context.Context, w io.Writer, braid string, runs int, quick boo
 		}
 		var each []string
 		for i := range paths {
-			each = append(each, fmt.Sprintf("%.1f", scenario.Median(paths[i])/1e6))
+			each = append(each, fmt.Sprintf("%.1f", kit.Median(paths[i])/1e6))
 		}
 		fmt.Fprintf(tw, "| %s\t| %s Mbit/s\t| %.1f Mbit/s\t| %.1f Mbit/s\t| %.1f Mbit/s\t| %.1f Mbit/s\t| %.3f\t| %.3f\t|\n",
-			c.name, strings.Join(each, " + "), scenario.Median(sums)/1e6, scenario.Median(first)/1e6,
-			scenario.Median(next)/1e6, scenario.Median(bbr)/1e6, scenario.Median(rsum), scenario.Median(rbest))
+			c.name, strings.Join(each, " + "), kit.Median(sums)/1e6, kit.Median(first)/1e6,
+			kit.Median(next)/1e6, kit.Median(bbr)/1e6, kit.Median(rsum), kit.Median(rbest))
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\nThe ratios are medians of each run's ratio. bbr cannot aggregate paths whose delays differ by more\n"+

@@ -18,9 +18,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"braid/internal/experiment"
+	"braid/internal/experiment/kit"
 	"braid/internal/lab"
 	"braid/internal/lab/netns"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/units"
 )
@@ -785,7 +786,7 @@ Example:
 
 func labRun(e env, args []string) int {
 	var list strings.Builder
-	for _, s := range scenario.All() {
+	for _, s := range experiment.All() {
 		fmt.Fprintf(&list, "  %-12s %s\n", s.Name, s.Summary)
 	}
 	fs := newFlags(e, "braid lab run", fmt.Sprintf(labRunDoc, list.String()))
@@ -801,7 +802,7 @@ func labRun(e env, args []string) int {
 		fmt.Fprintf(e.stderr, "braid lab run: expected one SCENARIO, one of:\n%s", list.String())
 		return exitUsage
 	}
-	s, ok := scenario.Lookup(pos[0])
+	s, ok := experiment.Lookup(pos[0])
 	if !ok {
 		fmt.Fprintf(e.stderr, "braid lab run: unknown scenario %q; the scenarios are:\n%s", pos[0], list.String())
 		return exitUsage
@@ -818,7 +819,7 @@ func labRun(e env, args []string) int {
 			return exitError
 		}
 	}
-	return runScenario(e, "run "+s.Name, s, scenario.Options{Quick: *quick, Logger: labLogger(e, *verbose), Out: *out, Reps: *reps})
+	return runScenario(e, "run "+s.Name, s, kit.Options{Quick: *quick, Logger: labLogger(e, *verbose), Out: *out, Reps: *reps})
 }
 
 // exitChecks is the exit status of a demo or repro that ran to the end but printed a failed
@@ -826,7 +827,7 @@ func labRun(e env, args []string) int {
 const exitChecks = 3
 
 // runScenario runs s; cmd names the command line in messages ("run accuracy", "demo").
-func runScenario(e env, cmd string, s scenario.Scenario, o scenario.Options) int {
+func runScenario(e env, cmd string, s kit.Scenario, o kit.Options) int {
 	if err := netns.CheckPrivilege(); err != nil {
 		return labFail(e, cmd, err)
 	}
@@ -838,7 +839,7 @@ func runScenario(e env, cmd string, s scenario.Scenario, o scenario.Options) int
 // scenarioExit turns what a scenario's run returned into the command's exit status: 0 when it
 // ran and every check it printed passed, exitChecks with a summary when a check failed.
 func scenarioExit(e env, cmd string, ctx context.Context, err error) int {
-	var failed *scenario.ClaimsFailed
+	var failed *kit.ClaimsFailed
 	switch {
 	case err == nil:
 		return exitOK
@@ -852,7 +853,7 @@ func scenarioExit(e env, cmd string, ctx context.Context, err error) int {
 		}
 		if j, ok := err.(interface{ Unwrap() []error }); ok { // e.g. a figure not written too
 			for _, x := range j.Unwrap() {
-				if x != nil && !errors.Is(x, scenario.ErrClaims) {
+				if x != nil && !errors.Is(x, kit.ErrClaims) {
 					fmt.Fprintf(e.stderr, "braid lab %s: also: %v\n", cmd, x)
 				}
 			}
@@ -886,6 +887,6 @@ func labDemo(e env, args []string) int {
 	if done, code := parseFlags(e, fs, args); done {
 		return code
 	}
-	s, _ := scenario.Lookup("demo")
-	return runScenario(e, "demo", s, scenario.Options{Quick: *quick, File: *file, Logger: labLogger(e, *verbose)})
+	s, _ := experiment.Lookup("demo")
+	return runScenario(e, "demo", s, kit.Options{Quick: *quick, File: *file, Logger: labLogger(e, *verbose)})
 }

@@ -9,32 +9,33 @@ import (
 	"testing"
 	"time"
 
-	"braid/internal/lab/scenario"
+	"braid/internal/experiment/demo"
+	"braid/internal/experiment/kit"
 )
 
 // demoResults are what a good demo run measures (the two-sites topology's figures).
-func demoResults() ([]scenario.PathResult, scenario.TunnelResult, scenario.ProxyResult, uint64) {
-	paths := []scenario.PathResult{
-		{Path: scenario.DemoPaths[0], Bottleneck: 50e6, BaseRTT: 30 * time.Millisecond, Goodput: 48e6, RTT: 31 * time.Millisecond, FileSize: 2 << 20, FileIntact: true, GoodputShare: 0.96},
-		{Path: scenario.DemoPaths[1], Bottleneck: 20e6, BaseRTT: 70 * time.Millisecond, Goodput: 19e6, RTT: 71 * time.Millisecond, FileSize: 2 << 20, FileIntact: true, GoodputShare: 0.95},
+func demoResults() ([]demo.PathResult, demo.TunnelResult, demo.ProxyResult, uint64) {
+	paths := []demo.PathResult{
+		{Path: demo.DemoPaths[0], Bottleneck: 50e6, BaseRTT: 30 * time.Millisecond, Goodput: 48e6, RTT: 31 * time.Millisecond, FileSize: 2 << 20, FileIntact: true, GoodputShare: 0.96},
+		{Path: demo.DemoPaths[1], Bottleneck: 20e6, BaseRTT: 70 * time.Millisecond, Goodput: 19e6, RTT: 71 * time.Millisecond, FileSize: 2 << 20, FileIntact: true, GoodputShare: 0.95},
 	}
-	tr := scenario.TunnelResult{Goodput: 61e6, FileSize: 2 << 20, FileIntact: true, CutGap: 105 * time.Millisecond, CutIntact: true}
-	pr := scenario.ProxyResult{Goodput: 71e6, FileSize: 2 << 20, FileIntact: true, Subflows: 4}
+	tr := demo.TunnelResult{Goodput: 61e6, FileSize: 2 << 20, FileIntact: true, CutGap: 105 * time.Millisecond, CutIntact: true}
+	pr := demo.ProxyResult{Goodput: 71e6, FileSize: 2 << 20, FileIntact: true, Subflows: 4}
 	return paths, tr, pr, 80e6
 }
 
 // runDemoChecks runs the exit path of `braid lab demo` on a scenario that "measured" the given
 // results: it prints the demo's checks and returns what they make of them.
-func runDemoChecks(t *testing.T, paths []scenario.PathResult, tr scenario.TunnelResult, pr scenario.ProxyResult, mesh uint64) (code int, stdout, stderr string) {
+func runDemoChecks(t *testing.T, paths []demo.PathResult, tr demo.TunnelResult, pr demo.ProxyResult, mesh uint64) (code int, stdout, stderr string) {
 	t.Helper()
 	var o, e bytes.Buffer
-	s := scenario.Scenario{Name: "demo", Run: func(_ context.Context, w io.Writer, _ scenario.Options) error {
-		c := scenario.DemoChecks(paths, tr, pr, mesh)
+	s := kit.Scenario{Name: "demo", Run: func(_ context.Context, w io.Writer, _ kit.Options) error {
+		c := demo.DemoChecks(paths, tr, pr, mesh)
 		c.Print(w)
 		return c.Err()
 	}}
 	ctx := context.Background()
-	code = scenarioExit(env{stdout: &o, stderr: &e}, "demo", ctx, s.Run(ctx, &o, scenario.Options{}))
+	code = scenarioExit(env{stdout: &o, stderr: &e}, "demo", ctx, s.Run(ctx, &o, kit.Options{}))
 	return code, o.String(), e.String()
 }
 
@@ -64,35 +65,35 @@ func TestDemoCorruptedTransferFails(t *testing.T) {
 
 // Each bound of the demo fails on both sides of what the links allow.
 func TestDemoChecksBounds(t *testing.T) {
-	for name, spoil := range map[string]func(p []scenario.PathResult, tr *scenario.TunnelResult, pr *scenario.ProxyResult){
-		"path slower than 0.6 of its bottleneck": func(p []scenario.PathResult, _ *scenario.TunnelResult, _ *scenario.ProxyResult) {
+	for name, spoil := range map[string]func(p []demo.PathResult, tr *demo.TunnelResult, pr *demo.ProxyResult){
+		"path slower than 0.6 of its bottleneck": func(p []demo.PathResult, _ *demo.TunnelResult, _ *demo.ProxyResult) {
 			p[1].GoodputShare = 0.5
 		},
-		"path faster than its bottleneck": func(p []scenario.PathResult, _ *scenario.TunnelResult, _ *scenario.ProxyResult) {
+		"path faster than its bottleneck": func(p []demo.PathResult, _ *demo.TunnelResult, _ *demo.ProxyResult) {
 			p[0].GoodputShare = 1.04
 		},
-		"RTT below the links' delays": func(p []scenario.PathResult, _ *scenario.TunnelResult, _ *scenario.ProxyResult) {
+		"RTT below the links' delays": func(p []demo.PathResult, _ *demo.TunnelResult, _ *demo.ProxyResult) {
 			p[0].RTT = 20 * time.Millisecond
 		},
-		"tunnel no faster than the best path": func(_ []scenario.PathResult, tr *scenario.TunnelResult, _ *scenario.ProxyResult) { tr.Goodput = 50e6 },
-		"tunnel faster than both paths":       func(_ []scenario.PathResult, tr *scenario.TunnelResult, _ *scenario.ProxyResult) { tr.Goodput = 72e6 },
-		"ping gap over 1 s when path A is cut": func(_ []scenario.PathResult, tr *scenario.TunnelResult, _ *scenario.ProxyResult) {
+		"tunnel no faster than the best path": func(_ []demo.PathResult, tr *demo.TunnelResult, _ *demo.ProxyResult) { tr.Goodput = 50e6 },
+		"tunnel faster than both paths":       func(_ []demo.PathResult, tr *demo.TunnelResult, _ *demo.ProxyResult) { tr.Goodput = 72e6 },
+		"ping gap over 1 s when path A is cut": func(_ []demo.PathResult, tr *demo.TunnelResult, _ *demo.ProxyResult) {
 			tr.CutGap = 2 * time.Second
 		},
-		"proxy faster than the uplinks":      func(_ []scenario.PathResult, _ *scenario.TunnelResult, pr *scenario.ProxyResult) { pr.Goodput = 81e6 },
-		"proxy connection on one subflow":    func(_ []scenario.PathResult, _ *scenario.TunnelResult, pr *scenario.ProxyResult) { pr.Subflows = 1 },
-		"proxy no faster than the best path": func(_ []scenario.PathResult, _ *scenario.TunnelResult, pr *scenario.ProxyResult) { pr.Goodput = 48e6 },
-		"path RTT far above the links' delays": func(p []scenario.PathResult, _ *scenario.TunnelResult, _ *scenario.ProxyResult) {
+		"proxy faster than the uplinks":      func(_ []demo.PathResult, _ *demo.TunnelResult, pr *demo.ProxyResult) { pr.Goodput = 81e6 },
+		"proxy connection on one subflow":    func(_ []demo.PathResult, _ *demo.TunnelResult, pr *demo.ProxyResult) { pr.Subflows = 1 },
+		"proxy no faster than the best path": func(_ []demo.PathResult, _ *demo.TunnelResult, pr *demo.ProxyResult) { pr.Goodput = 48e6 },
+		"path RTT far above the links' delays": func(p []demo.PathResult, _ *demo.TunnelResult, _ *demo.ProxyResult) {
 			p[1].RTT = 200 * time.Millisecond
 		},
-		"proxy file corrupted": func(_ []scenario.PathResult, _ *scenario.TunnelResult, pr *scenario.ProxyResult) {
+		"proxy file corrupted": func(_ []demo.PathResult, _ *demo.TunnelResult, pr *demo.ProxyResult) {
 			pr.FileIntact = false
 		},
 	} {
 		paths, tr, pr, mesh := demoResults()
 		spoil(paths, &tr, &pr)
-		c := scenario.DemoChecks(paths, tr, pr, mesh)
-		if err := c.Err(); !errors.Is(err, scenario.ErrClaims) || len(c.Failed()) != 1 {
+		c := demo.DemoChecks(paths, tr, pr, mesh)
+		if err := c.Err(); !errors.Is(err, kit.ErrClaims) || len(c.Failed()) != 1 {
 			t.Errorf("%s: %d checks failed (%v), want 1", name, len(c.Failed()), err)
 		}
 	}

@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/mplb"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lb"
 )
 
@@ -105,18 +105,18 @@ func TestLBCommandLab(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const n = 2
-	l := labtest.Up(t, scenario.MPLBTopology(n, 0))
-	if err := scenario.MPLBPrepare(l, n); err != nil {
+	l := labtest.Up(t, mplb.MPLBTopology(n, 0))
+	if err := mplb.MPLBPrepare(l, n); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := scenario.StartMPLBServers(l, n)
+	srv, err := mplb.StartMPLBServers(l, n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Close()
 	var backends strings.Builder
 	for k := 0; k < n; k++ {
-		s, err := scenario.MPLBBackendSpec(l, k, 1)
+		s, err := mplb.MPLBBackendSpec(l, k, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -133,7 +133,7 @@ metrics = "127.0.0.1:9476"
 control = %q
 [[lb.service]]
 vip = "%s:%d"
-%s`, control, scenario.MPLBVIP, scenario.MPLBPort, backends.String())), 0o644)
+%s`, control, mplb.MPLBVIP, mplb.MPLBPort, backends.String())), 0o644)
 
 	// The balancer runs on a thread of the lb host until runCtx ends.
 	runCtx, stop := context.WithCancel(ctx)
@@ -194,7 +194,7 @@ vip = "%s:%d"
 		return st
 	}
 
-	if err := scenario.MPLBEndpoint(ctx, l); err != nil {
+	if err := mplb.MPLBEndpoint(ctx, l); err != nil {
 		t.Fatal(err)
 	}
 	var conns []*net.TCPConn
@@ -204,12 +204,12 @@ vip = "%s:%d"
 		}
 	}()
 	for i := 0; i < 40; i++ {
-		c, err := scenario.MPLBDial(ctx, l)
+		c, err := mplb.MPLBDial(ctx, l)
 		if err != nil {
 			t.Fatal(err)
 		}
 		conns = append(conns, c)
-		if _, err := scenario.MPLBAsk(c); err != nil {
+		if _, err := mplb.MPLBAsk(c); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -229,12 +229,12 @@ vip = "%s:%d"
 		t.Fatalf("drain: %d %s", code, errOut)
 	}
 	for i := 0; i < 20; i++ {
-		c, err := scenario.MPLBDial(ctx, l)
+		c, err := mplb.MPLBDial(ctx, l)
 		if err != nil {
 			t.Fatal(err)
 		}
 		conns = append(conns, c)
-		if k, err := scenario.MPLBAsk(c); err != nil || k != 1 {
+		if k, err := mplb.MPLBAsk(c); err != nil || k != 1 {
 			t.Fatalf("after draining b0 a new connection reached b%d (%v)", k, err)
 		}
 	}

@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/mplb"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/lb/xdp"
 	"braid/internal/mptcp/info"
@@ -44,17 +44,17 @@ func TestLBFleetECMP(t *testing.T) {
 	// the instance dies mid-transfer, with no bottleneck whose losses would stall subflows too.
 	// 25 ms each way on the client's links: a 100 ms round trip keeps every active subflow's
 	// data in flight, so that the kill catches data in flight on the dead instance's subflows.
-	l := labtest.Up(t, scenario.MPLBFleetTopology(instances, hosts, 0))
+	l := labtest.Up(t, mplb.MPLBFleetTopology(instances, hosts, 0))
 	for _, lk := range l.Links() {
 		if lk.Spec.A.Host == "client" {
 			lk.SetShape(0, topo.Shape{Delay: 25 * time.Millisecond})
 			lk.SetShape(1, topo.Shape{Delay: 25 * time.Millisecond})
 		}
 	}
-	if err := scenario.MPLBPrepare(l, hosts); err != nil {
+	if err := mplb.MPLBPrepare(l, hosts); err != nil {
 		t.Fatal(err)
 	}
-	if err := scenario.MPLBStateless(ctx, l, hosts); err != nil {
+	if err := mplb.MPLBStateless(ctx, l, hosts); err != nil {
 		t.Fatal(err)
 	}
 	// The lab's kernels have no IP-in-IP device: the backends decapsulate with braid_decap.
@@ -63,7 +63,7 @@ func TestLBFleetECMP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer decap.Close()
-	if err := scenario.MPLBDecap(l, hosts, decap); err != nil {
+	if err := mplb.MPLBDecap(l, hosts, decap); err != nil {
 		t.Fatal(err)
 	}
 	srv, err := startPacedServers(l, hosts)
@@ -73,11 +73,11 @@ func TestLBFleetECMP(t *testing.T) {
 	defer srv.close()
 	self, _ := os.Executable()
 	t.Setenv("BRAID_TEST_MAIN", "1") // the instances and the control commands run this binary as braid
-	fleet, err := scenario.StartFleet(l, t.TempDir(), bird, []string{self}, []string{"BRAID_TEST_MAIN=1"}, instances, backends)
+	fleet, err := mplb.StartFleet(l, t.TempDir(), bird, []string{self}, []string{"BRAID_TEST_MAIN=1"}, instances, backends)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var insts []*scenario.FleetInstance
+	var insts []*mplb.FleetInstance
 	defer func() {
 		if t.Failed() {
 			t.Logf("bird:\n%s", fleetTail(fleet.BirdLog(), 40))
@@ -302,7 +302,7 @@ func TestLBFleetECMP(t *testing.T) {
 			}
 			h := l.Host(fmt.Sprintf("lb%d", i))
 			if out, err := h.Run(ctx, self, "lb", "add", "b4", "--mac", rl.Attrs().HardwareAddr.String(), "--address", "10.3.4.2",
-				"--stateless-port", fmt.Sprint(scenario.MPLBStatelessPort(4))); err != nil {
+				"--stateless-port", fmt.Sprint(mplb.MPLBStatelessPort(4))); err != nil {
 				t.Errorf("instance %d: braid lb add b4: %v: %s", i, err, out)
 			}
 			if out, err := h.Run(ctx, self, "lb", "drain", "b0"); err != nil {
@@ -374,20 +374,20 @@ func fleetCloseAll(cs []*fleetConn) {
 
 // fleetConnect opens n MPTCP connections, asks each for its backend and waits until each has
 // its second subflow to that backend's own port (the balancer's stateless table steers it).
-func fleetConnect(t *testing.T, ctx context.Context, l *lab.Lab, fleet *scenario.Fleet, n int) []*fleetConn {
+func fleetConnect(t *testing.T, ctx context.Context, l *lab.Lab, fleet *mplb.Fleet, n int) []*fleetConn {
 	t.Helper()
 	cs := make([]*fleetConn, n)
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	for i := range n {
 		wg.Go(func() {
-			c, err := scenario.MPLBDial(ctx, l)
+			c, err := mplb.MPLBDial(ctx, l)
 			if err != nil {
 				errs <- fmt.Errorf("dial %d: %w", i, err)
 				return
 			}
 			cs[i] = &fleetConn{c: c}
-			k, err := scenario.MPLBAsk(c)
+			k, err := mplb.MPLBAsk(c)
 			if err != nil {
 				errs <- fmt.Errorf("connection %d: %w", i, err)
 				return
@@ -403,7 +403,7 @@ func fleetConnect(t *testing.T, ctx context.Context, l *lab.Lab, fleet *scenario
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for _, fc := range cs {
-		want := scenario.MPLBStatelessPort(fc.backend)
+		want := mplb.MPLBStatelessPort(fc.backend)
 		for {
 			sfs, err := establishedSubflows(fc.c)
 			if err != nil {
@@ -660,7 +660,7 @@ func startPacedServers(l *lab.Lab, n int) (*pacedServers, error) {
 			var lc net.ListenConfig
 			lc.SetMultipathTCP(true)
 			var err error
-			ln, err = lc.Listen(context.Background(), "tcp", netip.AddrPortFrom(scenario.MPLBVIP, scenario.MPLBPort).String())
+			ln, err = lc.Listen(context.Background(), "tcp", netip.AddrPortFrom(mplb.MPLBVIP, mplb.MPLBPort).String())
 			return err
 		})
 		if err != nil {

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/mplb"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lb"
 )
 
@@ -49,17 +49,17 @@ func TestLBReload(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const n = 3
-	l := labtest.Up(t, scenario.MPLBTopology(n, 0))
-	if err := scenario.MPLBPrepare(l, n); err != nil {
+	l := labtest.Up(t, mplb.MPLBTopology(n, 0))
+	if err := mplb.MPLBPrepare(l, n); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := scenario.StartMPLBServers(l, n)
+	srv, err := mplb.StartMPLBServers(l, n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Close()
 	backend := func(k int, weight int) string {
-		s, err := scenario.MPLBBackendSpec(l, k, 1)
+		s, err := mplb.MPLBBackendSpec(l, k, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,7 +69,7 @@ func TestLBReload(t *testing.T) {
 	control := filepath.Join(dir, "lb.sock")
 	site := filepath.Join(dir, "site.toml")
 	head := fmt.Sprintf("[lb]\ninterface = \"lc0\"\ninterfaces = [\"lc1\"]\nattach = \"generic\"\nmetrics = \"\"\ncontrol = %q\n[[lb.service]]\nvip = \"%s:%d\"\n",
-		control, scenario.MPLBVIP, scenario.MPLBPort)
+		control, mplb.MPLBVIP, mplb.MPLBPort)
 	write := func(body string) {
 		if err := os.WriteFile(site, []byte(head+body), 0o644); err != nil {
 			t.Fatal(err)
@@ -111,17 +111,17 @@ func TestLBReload(t *testing.T) {
 		}
 		return st
 	}
-	if err := scenario.MPLBEndpoint(ctx, l); err != nil {
+	if err := mplb.MPLBEndpoint(ctx, l); err != nil {
 		t.Fatal(err)
 	}
 
 	// A download from one backend, read halfway before the reload and the rest after it.
-	c, err := scenario.MPLBDial(ctx, l)
+	c, err := mplb.MPLBDial(ctx, l)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	first, err := scenario.MPLBAsk(c)
+	first, err := mplb.MPLBAsk(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,11 +163,11 @@ func TestLBReload(t *testing.T) {
 	// New connections reach the new backend.
 	reached := map[int]int{}
 	for range 40 {
-		c, err := scenario.MPLBDial(ctx, l)
+		c, err := mplb.MPLBDial(ctx, l)
 		if err != nil {
 			t.Fatal(err)
 		}
-		k, err := scenario.MPLBAsk(c)
+		k, err := mplb.MPLBAsk(c)
 		c.Close()
 		if err != nil {
 			t.Fatal(err)

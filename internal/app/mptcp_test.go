@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/mptcp/info"
 	"braid/internal/traffic"
@@ -74,7 +74,7 @@ func TestPMCheck(t *testing.T) {
 func mptcpLab(t *testing.T) (l *lab.Lab, site, self string) {
 	t.Helper()
 	shape := topo.Shape{Rate: 100e6, Delay: 2 * time.Millisecond}
-	l = labtest.Up(t, scenario.ParallelLinks("mpapp", shape, shape))
+	l = labtest.Up(t, kit.ParallelLinks("mpapp", shape, shape))
 	site = filepath.Join(t.TempDir(), "site.toml")
 	var b strings.Builder
 	b.WriteString("[pm]\nmetrics = \"127.0.0.1:9475\"\npoll = \"50ms\"\n")

@@ -17,9 +17,11 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/federation"
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/mptcp/pmnl"
 	"braid/internal/netconf"
@@ -95,7 +97,7 @@ func whoamiFrom(ctx context.Context, h *lab.Host, src, addr string) (string, net
 
 func refused(t *testing.T, ctx context.Context, h *lab.Host, reason string) uint64 {
 	t.Helper()
-	st, err := scenario.ProxyStatus(ctx, h)
+	st, err := roles.ProxyStatus(ctx, h)
 	if err != nil {
 		t.Fatalf("status of %s: %v", h.Name, err)
 	}
@@ -114,25 +116,25 @@ func refused(t *testing.T, ctx context.Context, h *lab.Host, reason string) uint
 // with --cleanup).
 func TestProxyLab(t *testing.T) {
 	labtest.Require(t)
-	l := labtest.Up(t, scenario.FederationTopology("proxy", true, topo.Shape{}, topo.Shape{}))
+	l := labtest.Up(t, federation.FederationTopology("proxy", true, topo.Shape{}, topo.Shape{}))
 	c, p1h, p2h, s := l.Host("c"), l.Host("p1"), l.Host("p2"), l.Host("s")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	k1, k2, err := scenario.FedKeys()
+	k1, k2, err := roles.ProxyKeys()
 	if err != nil {
 		t.Fatal(err)
 	}
 	self, _ := os.Executable()
 	t.Setenv("BRAID_TEST_MAIN", "1") // the proxies and --cleanup run this binary as braid
 	dir := t.TempDir()
-	site1 := scenario.FedSite{Side: 1, Links: 2, Key: k1, PeerKey: k2.Public(), Drain: 20 * time.Second}
-	site2 := scenario.FedSite{Side: 2, Links: 2, Key: k2, PeerKey: k1.Public()}
-	p1, err := scenario.StartProxy(p1h, self, dir, site1.Bytes())
+	site1 := federation.FedSite{Side: 1, Links: 2, Key: k1, PeerKey: k2.Public(), Drain: 20 * time.Second}
+	site2 := federation.FedSite{Side: 2, Links: 2, Key: k2, PeerKey: k1.Public()}
+	p1, err := roles.StartProxy(p1h, self, dir, site1.Bytes())
 	if err != nil {
 		t.Fatal(err)
 	}
-	p2, err := scenario.StartProxy(p2h, self, dir, site2.Bytes())
+	p2, err := roles.StartProxy(p2h, self, dir, site2.Bytes())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,35 +145,35 @@ func TestProxyLab(t *testing.T) {
 			t.Logf("p1 log:\n%s\np2 log:\n%s", p1.Log(), p2.Log())
 		}
 	})
-	if err := scenario.WaitProxyPair(ctx, p1, p2, true, 15*time.Second); err != nil {
+	if err := roles.WaitProxyPair(ctx, p1, p2, true, 15*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	stop, err := scenario.StartServer(ctx, s, scenario.FedServer4+":5201")
+	stop, err := kit.StartServer(ctx, s, federation.FedServer4+":5201")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stop()
-	stop6, err := scenario.StartServer(ctx, s, "["+scenario.FedServer6+"]:5201")
+	stop6, err := kit.StartServer(ctx, s, "["+federation.FedServer6+"]:5201")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stop6()
 	origin := &originServer{}
-	origin.serve(t, s, scenario.FedServer4+":5300")
-	origin.serve(t, s, "["+scenario.FedServer6+"]:5300")
-	origin.serve(t, s, scenario.FedServerRed+":5300")
+	origin.serve(t, s, federation.FedServer4+":5300")
+	origin.serve(t, s, "["+federation.FedServer6+"]:5300")
+	origin.serve(t, s, federation.FedServerRed+":5300")
 
 	t.Run("intact", func(t *testing.T) {
 		for _, tc := range []struct {
 			addr string
 			size int64
 		}{
-			{scenario.FedServer4 + ":5201", 1 << 10},
-			{"[" + scenario.FedServer6 + "]:5201", 1 << 10},
-			{scenario.FedServer4 + ":5201", 32 << 20},
-			{"[" + scenario.FedServer6 + "]:5201", 32 << 20},
-			{scenario.FedServer4 + ":5201", 1 << 30},
-			{"[" + scenario.FedServer6 + "]:5201", 1 << 30},
+			{federation.FedServer4 + ":5201", 1 << 10},
+			{"[" + federation.FedServer6 + "]:5201", 1 << 10},
+			{federation.FedServer4 + ":5201", 32 << 20},
+			{"[" + federation.FedServer6 + "]:5201", 32 << 20},
+			{federation.FedServer4 + ":5201", 1 << 30},
+			{"[" + federation.FedServer6 + "]:5201", 1 << 30},
 		} {
 			for _, rev := range []bool{false, true} {
 				start := time.Now()
@@ -189,9 +191,9 @@ func TestProxyLab(t *testing.T) {
 
 	t.Run("original-source", func(t *testing.T) {
 		for _, tc := range []struct{ addr, want string }{
-			{scenario.FedServer4 + ":5300", scenario.FedClient4},
-			{"[" + scenario.FedServer6 + "]:5300", scenario.FedClient6},
-			{"[" + scenario.FedServer6 + "]:5300", scenario.FedClient6},
+			{federation.FedServer4 + ":5300", federation.FedClient4},
+			{"[" + federation.FedServer6 + "]:5300", federation.FedClient6},
+			{"[" + federation.FedServer6 + "]:5300", federation.FedClient6},
 		} {
 			start := time.Now()
 			seen, conn, err := whoami(ctx, c, tc.addr)
@@ -211,13 +213,13 @@ func TestProxyLab(t *testing.T) {
 		// A download long enough to look at: every uplink pair carries a subflow.
 		done := make(chan error, 1)
 		go func() {
-			_, err := traffic.Bulk(ctx, c.Dial, scenario.FedServer4+":5201", traffic.BulkOptions{Duration: 3 * time.Second, Reverse: true})
+			_, err := traffic.Bulk(ctx, c.Dial, federation.FedServer4+":5201", traffic.BulkOptions{Duration: 3 * time.Second, Reverse: true})
 			done <- err
 		}()
 		var best int
 		for deadline := time.Now().Add(2500 * time.Millisecond); time.Now().Before(deadline) && best < 4; {
 			time.Sleep(200 * time.Millisecond)
-			st, err := scenario.ProxyStatus(ctx, p1h)
+			st, err := roles.ProxyStatus(ctx, p1h)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -238,7 +240,7 @@ func TestProxyLab(t *testing.T) {
 	t.Run("half-close-and-reset", func(t *testing.T) {
 		// A server that reads to the end of the request, answers, and closes; and one that
 		// resets after reading a line.
-		ln, err := s.Listen("tcp", scenario.FedServer4+":5301")
+		ln, err := s.Listen("tcp", federation.FedServer4+":5301")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -256,7 +258,7 @@ func TestProxyLab(t *testing.T) {
 				}()
 			}
 		}()
-		rl, err := s.Listen("tcp", scenario.FedServer4+":5302")
+		rl, err := s.Listen("tcp", federation.FedServer4+":5302")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -272,7 +274,7 @@ func TestProxyLab(t *testing.T) {
 				c.Close()
 			}
 		}()
-		conn, err := c.Dial(ctx, "tcp", scenario.FedServer4+":5301")
+		conn, err := c.Dial(ctx, "tcp", federation.FedServer4+":5301")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -284,7 +286,7 @@ func TestProxyLab(t *testing.T) {
 		if err != nil || string(reply) != "got 100000 bytes" {
 			t.Errorf("after a half-close: %q %v", reply, err)
 		}
-		conn, err = c.Dial(ctx, "tcp", scenario.FedServer4+":5302")
+		conn, err = c.Dial(ctx, "tcp", federation.FedServer4+":5302")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -298,7 +300,7 @@ func TestProxyLab(t *testing.T) {
 	})
 
 	t.Run("curl-socks5", func(t *testing.T) {
-		ln, err := s.Listen("tcp", scenario.FedServer4+":5400")
+		ln, err := s.Listen("tcp", federation.FedServer4+":5400")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -306,15 +308,15 @@ func TestProxyLab(t *testing.T) {
 		go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(w, "hello %s\n", r.RemoteAddr)
 		}))
-		out, err := c.Run(ctx, "curl", "-sS", "--max-time", "10", "--socks5", scenario.FedSocks, "http://"+scenario.FedServer4+":5400/")
+		out, err := c.Run(ctx, "curl", "-sS", "--max-time", "10", "--socks5", federation.FedSocks, "http://"+federation.FedServer4+":5400/")
 		if err != nil {
 			t.Fatalf("curl: %v: %s", err, out)
 		}
-		if !strings.HasPrefix(string(out), "hello "+scenario.FedClient4+":") {
-			t.Errorf("curl got %q, want the server to see the client %s", out, scenario.FedClient4)
+		if !strings.HasPrefix(string(out), "hello "+federation.FedClient4+":") {
+			t.Errorf("curl got %q, want the server to see the client %s", out, federation.FedClient4)
 		}
 		// The same port refuses a destination of another tenant (red) with REP 0x02.
-		out, err = c.Run(ctx, "curl", "-sS", "--max-time", "10", "--socks5", scenario.FedSocks, "http://"+scenario.FedServerRed+":5300/")
+		out, err = c.Run(ctx, "curl", "-sS", "--max-time", "10", "--socks5", federation.FedSocks, "http://"+federation.FedServerRed+":5300/")
 		if err == nil || !strings.Contains(string(out), "SOCKS5") {
 			t.Errorf("curl to tenant red's network through blue's SOCKS port: %v %q, want a SOCKS refusal", err, out)
 		}
@@ -322,7 +324,7 @@ func TestProxyLab(t *testing.T) {
 
 	t.Run("bad-peers", func(t *testing.T) {
 		before := origin.accepted.Load()
-		peerAddr := fmt.Sprintf("10.9.0.2:%d", scenario.FedBluePeer)
+		peerAddr := fmt.Sprintf("10.9.0.2:%d", federation.FedBluePeer)
 		// A peer with a key p2 does not know.
 		rogue, _ := ident.Generate()
 		cert, _ := ident.Certificate(rogue)
@@ -335,7 +337,7 @@ func TestProxyLab(t *testing.T) {
 		tc := tls.Client(raw, ident.ClientConfig(cert, k2.Public()))
 		err = tc.Handshake()
 		if err == nil {
-			b, _ := (socks5.Header{Dst: netip.MustParseAddrPort(scenario.FedServer4 + ":5300"), Src: netip.MustParseAddrPort("10.1.0.1:40000")}).Append(nil)
+			b, _ := (socks5.Header{Dst: netip.MustParseAddrPort(federation.FedServer4 + ":5300"), Src: netip.MustParseAddrPort("10.1.0.1:40000")}).Append(nil)
 			tc.Write(b)
 			_, err = tc.Read(make([]byte, 1))
 		}
@@ -349,7 +351,7 @@ func TestProxyLab(t *testing.T) {
 			t.Fatal(err)
 		}
 		raw.SetDeadline(time.Now().Add(5 * time.Second))
-		b, _ := (socks5.Header{Dst: netip.MustParseAddrPort(scenario.FedServer4 + ":5300"), Src: netip.MustParseAddrPort("10.1.0.1:40001")}).Append(nil)
+		b, _ := (socks5.Header{Dst: netip.MustParseAddrPort(federation.FedServer4 + ":5300"), Src: netip.MustParseAddrPort("10.1.0.1:40001")}).Append(nil)
 		raw.Write(b)
 		n, _ := io.Copy(io.Discard, raw)
 		raw.Close()
@@ -375,8 +377,8 @@ func TestProxyLab(t *testing.T) {
 			{"truncated", "malformed", []byte{socks5.DialectVersion, 19, socks5.AtypIPv4Source, 10, 2}},
 			{"unknown atyp", "addr_type", []byte{socks5.DialectVersion, 9, 0x09, 10, 2, 0, 1, 0, 80}},
 			{"socks5 request", "malformed", []byte{5, 1, 0, 1, 10, 2, 0, 1, 0, 80}},
-			{"other tenant", "dst_not_allowed", must(socks5.Header{Dst: netip.MustParseAddrPort(scenario.FedServerRed + ":5300"), Src: netip.MustParseAddrPort("10.1.0.1:40002")}.Append(nil))},
-			{"foreign source", "src_not_allowed", must(socks5.Header{Dst: netip.MustParseAddrPort(scenario.FedServer4 + ":5300"), Src: netip.MustParseAddrPort("192.0.2.1:40003")}.Append(nil))},
+			{"other tenant", "dst_not_allowed", must(socks5.Header{Dst: netip.MustParseAddrPort(federation.FedServerRed + ":5300"), Src: netip.MustParseAddrPort("10.1.0.1:40002")}.Append(nil))},
+			{"foreign source", "src_not_allowed", must(socks5.Header{Dst: netip.MustParseAddrPort(federation.FedServer4 + ":5300"), Src: netip.MustParseAddrPort("192.0.2.1:40003")}.Append(nil))},
 		} {
 			before := refused(t, ctx, p2h, bad.reason)
 			raw, err := p1h.Dial(ctx, "tcp", peerAddr)
@@ -409,11 +411,11 @@ func TestProxyLab(t *testing.T) {
 			t.Errorf("the origin got %d connections from refused peers", n-before)
 		}
 		// Everyone else is still served.
-		if seen, conn, err := whoami(ctx, c, scenario.FedServer4+":5300"); err != nil {
+		if seen, conn, err := whoami(ctx, c, federation.FedServer4+":5300"); err != nil {
 			t.Errorf("after the bad peers: %v", err)
 		} else {
 			conn.Close()
-			if !strings.HasPrefix(seen, scenario.FedClient4+":") {
+			if !strings.HasPrefix(seen, federation.FedClient4+":") {
 				t.Errorf("after the bad peers the server saw %s", seen)
 			}
 		}
@@ -421,20 +423,20 @@ func TestProxyLab(t *testing.T) {
 
 	t.Run("tenants", func(t *testing.T) {
 		// Red reaches red.
-		seen, conn, err := whoamiFrom(ctx, c, scenario.FedClientRed, scenario.FedServerRed+":5300")
+		seen, conn, err := whoamiFrom(ctx, c, federation.FedClientRed, federation.FedServerRed+":5300")
 		if err != nil {
 			t.Fatalf("red to red: %v", err)
 		}
 		conn.Close()
 		// The client's blue address is not intercepted for red's destination (no rule selects
 		// it) and the sites have no other route: it cannot get there.
-		if !strings.HasPrefix(seen, scenario.FedClientRed+":") {
+		if !strings.HasPrefix(seen, federation.FedClientRed+":") {
 			t.Errorf("red: the server saw %s", seen)
 		}
 		dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(scenario.FedClient4)}}
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(federation.FedClient4)}}
 		err = c.NS.Spawn(func() error {
-			cc, err := d.DialContext(dctx, "tcp", scenario.FedServerRed+":5300")
+			cc, err := d.DialContext(dctx, "tcp", federation.FedServerRed+":5300")
 			if err == nil {
 				cc.Close()
 			}
@@ -447,7 +449,7 @@ func TestProxyLab(t *testing.T) {
 	})
 
 	t.Run("drain", func(t *testing.T) {
-		_, conn, err := whoami(ctx, c, scenario.FedServer4+":5300")
+		_, conn, err := whoami(ctx, c, federation.FedServer4+":5300")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -458,7 +460,7 @@ func TestProxyLab(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 		// New connections are refused at once...
 		start := time.Now()
-		if _, c2, err := whoami(ctx, c, scenario.FedServer4+":5300"); err == nil {
+		if _, c2, err := whoami(ctx, c, federation.FedServer4+":5300"); err == nil {
 			c2.Close()
 			t.Error("a new connection was relayed while draining")
 		} else if d := time.Since(start); d > 2*time.Second {
@@ -483,7 +485,7 @@ func TestProxyLab(t *testing.T) {
 		select {
 		case <-p1.Done():
 		case <-time.After(10 * time.Second):
-			st, err := scenario.ProxyStatus(ctx, p1h)
+			st, err := roles.ProxyStatus(ctx, p1h)
 			if err == nil {
 				for _, cs := range st.Proxy.Connections {
 					t.Logf("still open: %+v", cs)
@@ -528,18 +530,18 @@ func TestProxyLab(t *testing.T) {
 // (rules, routes, endpoints) after the proxies stop.
 func TestProxyLabRedirectPlaintext(t *testing.T) {
 	labtest.Require(t)
-	l := labtest.Up(t, scenario.FederationTopology("proxyr", true, topo.Shape{}, topo.Shape{}))
+	l := labtest.Up(t, federation.FederationTopology("proxyr", true, topo.Shape{}, topo.Shape{}))
 	c, p1h, p2h, s := l.Host("c"), l.Host("p1"), l.Host("p2"), l.Host("s")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	self, _ := os.Executable()
 	t.Setenv("BRAID_TEST_MAIN", "1")
 	dir := t.TempDir()
-	p1, err := scenario.StartProxy(p1h, self, dir, scenario.FedSite{Side: 1, Links: 2, Plaintext: true, Mode: "redirect", PM: "kernel"}.Bytes())
+	p1, err := roles.StartProxy(p1h, self, dir, federation.FedSite{Side: 1, Links: 2, Plaintext: true, Mode: "redirect", PM: "kernel"}.Bytes())
 	if err != nil {
 		t.Fatal(err)
 	}
-	p2, err := scenario.StartProxy(p2h, self, dir, scenario.FedSite{Side: 2, Links: 2, Plaintext: true, Mode: "redirect", PM: "kernel"}.Bytes())
+	p2, err := roles.StartProxy(p2h, self, dir, federation.FedSite{Side: 2, Links: 2, Plaintext: true, Mode: "redirect", PM: "kernel"}.Bytes())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -553,14 +555,14 @@ func TestProxyLabRedirectPlaintext(t *testing.T) {
 			t.Logf("p1 log:\n%s\np2 log:\n%s", p1.Log(), p2.Log())
 		}
 	})
-	if err := scenario.WaitProxyPair(ctx, p1, p2, true, 15*time.Second); err != nil {
+	if err := roles.WaitProxyPair(ctx, p1, p2, true, 15*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	origin := &originServer{}
-	origin.serve(t, s, scenario.FedServer4+":5300")
-	origin.serve(t, s, "["+scenario.FedServer6+"]:5300")
-	for _, addr := range []string{scenario.FedServer4 + ":5201", "[" + scenario.FedServer6 + "]:5201"} {
-		stop, err := scenario.StartServer(ctx, s, addr)
+	origin.serve(t, s, federation.FedServer4+":5300")
+	origin.serve(t, s, "["+federation.FedServer6+"]:5300")
+	for _, addr := range []string{federation.FedServer4 + ":5201", "[" + federation.FedServer6 + "]:5201"} {
+		stop, err := kit.StartServer(ctx, s, addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -577,8 +579,8 @@ func TestProxyLabRedirectPlaintext(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct{ addr, want string }{
-		{scenario.FedServer4 + ":5300", scenario.FedClient4},
-		{"[" + scenario.FedServer6 + "]:5300", scenario.FedClient6},
+		{federation.FedServer4 + ":5300", federation.FedClient4},
+		{"[" + federation.FedServer6 + "]:5300", federation.FedClient6},
 	} {
 		seen, conn, err := whoami(ctx, c, tc.addr)
 		if err != nil {
@@ -590,13 +592,13 @@ func TestProxyLabRedirectPlaintext(t *testing.T) {
 		}
 	}
 	// The kernel's path manager adds subflows from the endpoints and announced addresses.
-	_, conn, err := whoami(ctx, c, scenario.FedServer4+":5300")
+	_, conn, err := whoami(ctx, c, federation.FedServer4+":5300")
 	if err != nil {
 		t.Fatal(err)
 	}
 	best := 0
 	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline) && best < 2; time.Sleep(100 * time.Millisecond) {
-		st, err := scenario.ProxyStatus(ctx, p1h)
+		st, err := roles.ProxyStatus(ctx, p1h)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -614,7 +616,7 @@ func TestProxyLabRedirectPlaintext(t *testing.T) {
 		t.Errorf("p2: exit %v", err)
 	}
 	start := time.Now()
-	if _, c2, err := whoami(ctx, c, scenario.FedServer4+":5300"); err == nil {
+	if _, c2, err := whoami(ctx, c, federation.FedServer4+":5300"); err == nil {
 		c2.Close()
 		t.Error("a connection was relayed to a stopped peer")
 	}
@@ -624,7 +626,7 @@ func TestProxyLabRedirectPlaintext(t *testing.T) {
 	if n := refused(t, ctx, p1h, "peer_unreachable"); n == 0 {
 		t.Error("peer_unreachable not counted")
 	}
-	for _, p := range []*scenario.ProxyProc{p1, p2} {
+	for _, p := range []*roles.ProxyProc{p1, p2} {
 		if err := p.Stop(); err != nil {
 			t.Errorf("%s: exit %v", p.Host.Name, err)
 		}

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/demo"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 )
 
 // TestProxyNewConnectionLatency runs braid proxy on the demo's topology (two sites, two
@@ -16,7 +16,7 @@ import (
 // persistent one.
 func TestProxyNewConnectionLatency(t *testing.T) {
 	labtest.Require(t)
-	tp, err := scenario.TwoSites()
+	tp, err := demo.TwoSites()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,7 +24,7 @@ func TestProxyNewConnectionLatency(t *testing.T) {
 	t.Setenv("BRAID_TEST_MAIN", "1") // the proxies run this binary as braid
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	pr, err := scenario.MeasureProxy(ctx, l, true)
+	pr, err := demo.MeasureProxy(ctx, l, true)
 	if err != nil {
 		t.Fatal(err)
 	}

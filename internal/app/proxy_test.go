@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"braid/internal/lab/scenario"
+	"braid/internal/experiment/federation"
 	"braid/internal/proxy"
 	"braid/internal/proxy/ident"
 )
@@ -39,7 +39,7 @@ func TestProxyHelpKeygenCheck(t *testing.T) {
 	}
 	k, _ := ident.ParsePrivateKey(strings.TrimSpace(string(data)))
 	peer, _ := ident.Generate()
-	site := scenario.FedSite{Side: 1, Links: 1, Key: k, PeerKey: peer.Public(), PM: "none", Mode: "redirect"}.Bytes()
+	site := federation.FedSite{Side: 1, Links: 1, Key: k, PeerKey: peer.Public(), PM: "none", Mode: "redirect"}.Bytes()
 	// The uplink interface wan0 does not exist here; the check says so with its line.
 	file := filepath.Join(dir, "site.toml")
 	os.WriteFile(file, site, 0o600)

@@ -11,9 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/federation"
+	"braid/internal/experiment/kit"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 )
@@ -45,20 +46,20 @@ func TestProxyRBPMUnequalPaths(t *testing.T) {
 	defer cancel()
 	wired := topo.Shape{Rate: 40e6, Delay: 60 * time.Millisecond}
 	lte := topo.Shape{Rate: 10e6, Delay: 80 * time.Millisecond}
-	f, err := scenario.StartFed(ctx, scenario.Options{}, self, nil, false, wired, lte)
+	f, err := federation.StartFed(ctx, kit.Options{}, self, nil, false, wired, lte)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
 
-	if err := f.Use(ctx, scenario.FedPlainTCP); err != nil {
+	if err := f.Use(ctx, federation.FedPlainTCP); err != nil {
 		t.Fatal(err)
 	}
 	alone, err := f.Bulk(ctx, traffic.BulkOptions{Duration: 8 * time.Second, Reverse: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := scenario.FedMPTCP4
+	cfg := federation.FedMPTCP4
 	cfg.Policy = "rbpm"
 	if err := f.Use(ctx, cfg); err != nil {
 		t.Fatal(err)
@@ -132,7 +133,7 @@ func proxyMetrics(ctx context.Context, t *testing.T, h *lab.Host) string {
 	t.Helper()
 	c := http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) { return h.Dial(ctx, network, addr) }}}
-	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+scenario.FedMetrics+"/metrics", nil)
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+federation.FedMetrics+"/metrics", nil)
 	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatalf("metrics of %s: %v", h.Name, err)

@@ -11,9 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/federation"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/mptcp/pmnl"
 	"braid/internal/proxy/ident"
@@ -26,18 +27,18 @@ import (
 // connection, and that one is told the other uplink.
 func TestProxyAddAddrAfterAuth(t *testing.T) {
 	labtest.Require(t)
-	l := labtest.Up(t, scenario.FederationTopology("paddr", true, topo.Shape{}, topo.Shape{}))
+	l := labtest.Up(t, federation.FederationTopology("paddr", true, topo.Shape{}, topo.Shape{}))
 	p1h, p2h := l.Host("p1"), l.Host("p2")
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
-	k1, k2, err := scenario.FedKeys()
+	k1, k2, err := roles.ProxyKeys()
 	if err != nil {
 		t.Fatal(err)
 	}
 	self, _ := os.Executable()
 	t.Setenv("BRAID_TEST_MAIN", "1")
 	// p2 alone, pool 0: nothing but the attacker and the test's peer connects.
-	p2, err := scenario.StartProxy(p2h, self, t.TempDir(), scenario.FedSite{Side: 2, Links: 2, Key: k2, PeerKey: k1.Public(), Pool: -1}.Bytes())
+	p2, err := roles.StartProxy(p2h, self, t.TempDir(), federation.FedSite{Side: 2, Links: 2, Key: k2, PeerKey: k1.Public(), Pool: -1}.Bytes())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func TestProxyAddAddrAfterAuth(t *testing.T) {
 		}
 	})
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if _, err := scenario.ProxyStatus(ctx, p2h); err == nil {
+		if _, err := roles.ProxyStatus(ctx, p2h); err == nil {
 			break
 		} else if time.Now().After(deadline) {
 			t.Fatalf("p2 does not answer: %v", err)
@@ -59,7 +60,7 @@ func TestProxyAddAddrAfterAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer events.Close()
-	peerAddr := fmt.Sprintf("10.9.0.2:%d", scenario.FedBluePeer)
+	peerAddr := fmt.Sprintf("10.9.0.2:%d", federation.FedBluePeer)
 	other := netip.MustParseAddr("10.9.1.2") // p2's second uplink
 
 	// announced collects the ADD_ADDRs p1's kernel receives for within.

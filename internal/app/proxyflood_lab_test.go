@@ -16,9 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/federation"
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/proxy"
 	"braid/internal/proxy/ident"
@@ -90,12 +92,12 @@ func (r *recorder) Write(p []byte) (int, error) {
 func TestProxyHostileFlood(t *testing.T) {
 	labtest.Require(t)
 	wan := topo.Shape{Rate: 50e6}
-	l := labtest.Up(t, scenario.FederationTopology("pflood", true, wan, wan))
+	l := labtest.Up(t, federation.FederationTopology("pflood", true, wan, wan))
 	c, p1h, p2h, s := l.Host("c"), l.Host("p1"), l.Host("p2"), l.Host("s")
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 
-	k1, k2, err := scenario.FedKeys()
+	k1, k2, err := roles.ProxyKeys()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,13 +110,13 @@ func TestProxyHostileFlood(t *testing.T) {
 	}
 	// Uplinks: wan0 only; wan1 is the attacker's way in (the transfer's link is not the one
 	// the flood fills, so the rate measures the proxies under the flood, not a shared pipe).
-	site1 := scenario.FedSite{Side: 1, Links: 2, Uplinks: 1, Key: k1, PeerKey: k2.Public()}
-	site2 := scenario.FedSite{Side: 2, Links: 2, Uplinks: 1, Key: k2, PeerKey: k1.Public()}
-	p1, err := scenario.StartProxy(p1h, self, dir, capped(site1.Bytes()))
+	site1 := federation.FedSite{Side: 1, Links: 2, Uplinks: 1, Key: k1, PeerKey: k2.Public()}
+	site2 := federation.FedSite{Side: 2, Links: 2, Uplinks: 1, Key: k2, PeerKey: k1.Public()}
+	p1, err := roles.StartProxy(p1h, self, dir, capped(site1.Bytes()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p2, err := scenario.StartProxy(p2h, self, dir, capped(site2.Bytes()))
+	p2, err := roles.StartProxy(p2h, self, dir, capped(site2.Bytes()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +127,7 @@ func TestProxyHostileFlood(t *testing.T) {
 			t.Logf("p1 log:\n%s\np2 log:\n%s", tail(p1.Log(), 40), tail(p2.Log(), 40))
 		}
 	})
-	if err := scenario.WaitProxyPair(ctx, p1, p2, true, 15*time.Second); err != nil {
+	if err := roles.WaitProxyPair(ctx, p1, p2, true, 15*time.Second); err != nil {
 		t.Fatal(err)
 	}
 
@@ -152,8 +154,8 @@ func TestProxyHostileFlood(t *testing.T) {
 		plain.Close()
 	})
 
-	addr := scenario.FedServer4 + ":5201"
-	stop, err := scenario.StartServer(ctx, s, addr)
+	addr := federation.FedServer4 + ":5201"
+	stop, err := kit.StartServer(ctx, s, addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +163,7 @@ func TestProxyHostileFlood(t *testing.T) {
 
 	// A captured handshake: what a legitimate peer (p1's key) sends to p2's peer port.
 	const attacker = "10.9.1.1"
-	blue := netip.AddrPortFrom(netip.MustParseAddr("10.9.1.2"), scenario.FedBluePeer)
+	blue := netip.AddrPortFrom(netip.MustParseAddr("10.9.1.2"), federation.FedBluePeer)
 	cert1, err := ident.Certificate(k1)
 	if err != nil {
 		t.Fatal(err)
@@ -194,7 +196,7 @@ func TestProxyHostileFlood(t *testing.T) {
 		if err := p1h.NS.Spawn(func() error {
 			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("10.9.0.1")}}
 			var err error
-			raw, err = d.DialContext(ctx, "tcp", netip.AddrPortFrom(netip.MustParseAddr("10.9.0.2"), scenario.FedBluePeer).String())
+			raw, err = d.DialContext(ctx, "tcp", netip.AddrPortFrom(netip.MustParseAddr("10.9.0.2"), federation.FedBluePeer).String())
 			return err
 		}); err != nil {
 			return err
@@ -248,16 +250,16 @@ func TestProxyHostileFlood(t *testing.T) {
 	defer dropSilent()
 	socksReq := must(socks5.Header{Dst: netip.MustParseAddrPort(addr)}.Append(nil))
 	plainReq := must(socks5.Header{Src: netip.MustParseAddrPort("10.1.0.1:40000"), Dst: netip.MustParseAddrPort(addr)}.Append(nil))
-	socksListener := netip.MustParseAddrPort(scenario.FedSocks)
+	socksListener := netip.MustParseAddrPort(federation.FedSocks)
 	attacks := []floodAttack{
 		{"silent connections to blue's peer port", p1h, attacker, blue, 20 * time.Millisecond, hold},
 		{"garbage ClientHellos to blue's peer port", p1h, attacker, blue, 5 * time.Millisecond, writeClose(func() []byte { return junk(true) })},
 		{"replayed handshakes to blue's peer port", p1h, attacker, blue, 10 * time.Millisecond, writeClose(func() []byte { return captured })},
-		{"garbage to red's peer port", p1h, attacker, netip.AddrPortFrom(blue.Addr(), scenario.FedRedPeer), 10 * time.Millisecond, writeClose(func() []byte { return junk(false) })},
+		{"garbage to red's peer port", p1h, attacker, netip.AddrPortFrom(blue.Addr(), federation.FedRedPeer), 10 * time.Millisecond, writeClose(func() []byte { return junk(false) })},
 		{"requests to the plaintext peer port from no peer", p1h, attacker, netip.AddrPortFrom(blue.Addr(), plainPort), 5 * time.Millisecond, writeClose(func() []byte { return plainReq })},
-		{"SOCKS5 requests from outside blue", c, scenario.FedClientRed, socksListener, 5 * time.Millisecond,
+		{"SOCKS5 requests from outside blue", c, federation.FedClientRed, socksListener, 5 * time.Millisecond,
 			writeClose(func() []byte { return append([]byte{socks5.Version, 1, socks5.MethodNoAuth}, socksReq...) })},
-		{"junk to blue's intercept port", c, scenario.FedClientRed, netip.AddrPortFrom(socksListener.Addr(), scenario.FedBluePort), 10 * time.Millisecond, writeClose(func() []byte { return junk(false) })},
+		{"junk to blue's intercept port", c, federation.FedClientRed, netip.AddrPortFrom(socksListener.Addr(), federation.FedBluePort), 10 * time.Millisecond, writeClose(func() []byte { return junk(false) })},
 	}
 	planned := 0.0
 	for _, a := range attacks {
@@ -281,7 +283,7 @@ func TestProxyHostileFlood(t *testing.T) {
 		return counts
 	}
 	status := func(h *lab.Host) *proxy.Status {
-		st, err := scenario.ProxyStatus(ctx, h)
+		st, err := roles.ProxyStatus(ctx, h)
 		if err != nil {
 			t.Fatalf("status of %s: %v", h.Name, err)
 		}
@@ -345,7 +347,7 @@ func TestProxyHostileFlood(t *testing.T) {
 		go func() { // the highest unauthenticated count p2 shows during the flood
 			defer close(watch)
 			for ctx.Err() == nil && time.Since(start) < 4*time.Second {
-				if st, err := scenario.ProxyStatus(ctx, p2h); err == nil && st.Proxy.Unauthenticated > peakUnauth.Load() {
+				if st, err := roles.ProxyStatus(ctx, p2h); err == nil && st.Proxy.Unauthenticated > peakUnauth.Load() {
 					peakUnauth.Store(st.Proxy.Unauthenticated)
 				}
 				time.Sleep(200 * time.Millisecond)

@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/federation"
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/proxy/ident"
 	"braid/internal/traffic"
@@ -25,11 +27,11 @@ import (
 func TestProxyReload(t *testing.T) {
 	labtest.Require(t)
 	// One 100 Mbit/s WAN link: the download lasts a few seconds, long enough to reload under it.
-	l := labtest.Up(t, scenario.FederationTopology("preload", true, topo.Shape{Rate: 100e6}))
+	l := labtest.Up(t, federation.FederationTopology("preload", true, topo.Shape{Rate: 100e6}))
 	c, p1h, p2h, s := l.Host("c"), l.Host("p1"), l.Host("p2"), l.Host("s")
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	k1, k2, err := scenario.FedKeys()
+	k1, k2, err := roles.ProxyKeys()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,12 +39,12 @@ func TestProxyReload(t *testing.T) {
 	self, _ := os.Executable()
 	t.Setenv("BRAID_TEST_MAIN", "1")
 	dir := t.TempDir()
-	site1 := string(scenario.FedSite{Side: 1, Links: 1, Key: k1, PeerKey: k2.Public()}.Bytes())
-	p1, err := scenario.StartProxy(p1h, self, dir, []byte(site1))
+	site1 := string(federation.FedSite{Side: 1, Links: 1, Key: k1, PeerKey: k2.Public()}.Bytes())
+	p1, err := roles.StartProxy(p1h, self, dir, []byte(site1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p2, err := scenario.StartProxy(p2h, self, dir, scenario.FedSite{Side: 2, Links: 1, Key: k2, PeerKey: k1.Public()}.Bytes())
+	p2, err := roles.StartProxy(p2h, self, dir, federation.FedSite{Side: 2, Links: 1, Key: k2, PeerKey: k1.Public()}.Bytes())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,19 +55,19 @@ func TestProxyReload(t *testing.T) {
 			t.Logf("p1 log:\n%s\np2 log:\n%s", p1.Log(), p2.Log())
 		}
 	})
-	if err := scenario.WaitProxyPair(ctx, p1, p2, true, 15*time.Second); err != nil {
+	if err := roles.WaitProxyPair(ctx, p1, p2, true, 15*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	stop, err := scenario.StartServer(ctx, s, scenario.FedServer4+":5201")
+	stop, err := kit.StartServer(ctx, s, federation.FedServer4+":5201")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stop()
 	origin := &originServer{}
-	origin.serve(t, s, scenario.FedServerRed+":5300")
+	origin.serve(t, s, federation.FedServerRed+":5300")
 
 	// Red's connection to site2, open across the reload.
-	_, redConn, err := whoamiFrom(ctx, c, scenario.FedClientRed, scenario.FedServerRed+":5300")
+	_, redConn, err := whoamiFrom(ctx, c, federation.FedClientRed, federation.FedServerRed+":5300")
 	if err != nil {
 		t.Fatalf("red before the reload: %v", err)
 	}
@@ -79,7 +81,7 @@ func TestProxyReload(t *testing.T) {
 	done := make(chan result, 1)
 	start := time.Now()
 	go func() {
-		r, err := traffic.File(ctx, c.Dial, scenario.FedServer4+":5201", traffic.FileOptions{Size: size, Seed: 18, Reverse: true})
+		r, err := traffic.File(ctx, c.Dial, federation.FedServer4+":5201", traffic.FileOptions{Size: size, Seed: 18, Reverse: true})
 		done <- result{r, err}
 	}()
 	time.Sleep(1500 * time.Millisecond)
@@ -99,7 +101,7 @@ peer_port = %d
   address = ["10.9.0.3:%d"]
   networks = ["10.3.1.0/24"]
   public_key = %q
-`, scenario.FedRedPort, scenario.FedRedPeer, scenario.FedRedPeer, k3.Public().String())
+`, federation.FedRedPort, federation.FedRedPeer, federation.FedRedPeer, k3.Public().String())
 	if err := os.WriteFile(p1.File, []byte(reloaded), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +131,7 @@ peer_port = %d
 		}
 	}
 	peersOf := func() map[string][]string {
-		st, err := scenario.ProxyStatus(ctx, p1h)
+		st, err := roles.ProxyStatus(ctx, p1h)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -189,7 +191,7 @@ peer_port = %d
 	}
 	t.Logf("download of %d MiB across the reload: %v (%.1f s)", size>>20, r.r, time.Since(start).Seconds())
 	// And blue still serves a new connection.
-	if r, err := traffic.File(ctx, c.Dial, scenario.FedServer4+":5201", traffic.FileOptions{Size: 1 << 20, Seed: 19}); err != nil || !r.Intact {
+	if r, err := traffic.File(ctx, c.Dial, federation.FedServer4+":5201", traffic.FileOptions{Size: 1 << 20, Seed: 19}); err != nil || !r.Intact {
 		t.Errorf("blue after the reloads: %v %v", r, err)
 	}
 }

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 	"braid/internal/tunnel/session"
@@ -101,7 +101,7 @@ func TestTunnelCommand(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	stop, err := scenario.StartServer(ctx, l.Host("b"), "10.255.0.2:5201")
+	stop, err := kit.StartServer(ctx, l.Host("b"), "10.255.0.2:5201")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func TestTunnelCommandMPT(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	stop, err := scenario.StartServer(ctx, l.Host("b"), "0.0.0.0:5201")
+	stop, err := kit.StartServer(ctx, l.Host("b"), "0.0.0.0:5201")
 	if err != nil {
 		t.Fatal(err)
 	}

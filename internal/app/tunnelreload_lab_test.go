@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 	"braid/internal/tunnel"
@@ -172,7 +172,7 @@ func TestTunnelReload(t *testing.T) {
 	reaches := func(h string) error {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		gap, err := scenario.Ping(pctx, l.Host("a"), l.Host(h), netip.MustParseAddr(inner[h]), 500*time.Millisecond)
+		gap, err := kit.Ping(pctx, l.Host("a"), l.Host(h), netip.MustParseAddr(inner[h]), 500*time.Millisecond)
 		if err == nil && gap > 300*time.Millisecond {
 			err = fmt.Errorf("longest gap %v", gap)
 		}
@@ -185,7 +185,7 @@ func TestTunnelReload(t *testing.T) {
 
 	// The reload, during a transfer to b and a ping to it.
 	addr := netip.AddrPortFrom(netip.MustParseAddr(inner["b"]), 5201).String()
-	stopServer, err := scenario.StartServer(ctx, l.Host("b"), addr)
+	stopServer, err := kit.StartServer(ctx, l.Host("b"), addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +211,7 @@ func TestTunnelReload(t *testing.T) {
 		reloaded <- reloadOut{out, err, time.Since(t0)}
 	})
 	defer timer.Stop()
-	worst, err := scenario.Ping(ctx, l.Host("a"), l.Host("b"), netip.MustParseAddr(inner["b"]), 4*time.Second)
+	worst, err := kit.Ping(ctx, l.Host("a"), l.Host("b"), netip.MustParseAddr(inner["b"]), 4*time.Second)
 	if err != nil {
 		t.Fatalf("ping b: %v\n%s", err, dump())
 	}

@@ -14,9 +14,10 @@ import (
 	"time"
 
 	"braid/internal/config"
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/wire/lisp"
 )
 
@@ -26,14 +27,14 @@ import (
 // braid xtr show / braid mapserver show report the state.
 func TestXtrCommand(t *testing.T) {
 	labtest.Require(t)
-	l := labtest.Up(t, scenario.LispTopology(time.Millisecond, 0))
+	l := labtest.Up(t, roles.LispTopology(time.Millisecond, 0))
 	t.Setenv("BRAID_TEST_MAIN", "1")
 	self, _ := os.Executable()
 	dir := t.TempDir()
 	ms := filepath.Join(dir, "ms.toml")
 	var msText strings.Builder
-	fmt.Fprintf(&msText, "[mapserver]\nlisten = %q\nmetrics = %q\n", scenario.LispMapServer, config.DefaultMapserverMetrics)
-	for _, s := range scenario.LispSites {
+	fmt.Fprintf(&msText, "[mapserver]\nlisten = %q\nmetrics = %q\n", roles.LispMapServer, config.DefaultMapserverMetrics)
+	for _, s := range roles.LispSites {
 		fmt.Fprintf(&msText, "[[mapserver.site]]\nname = %q\nkey = %q\neid_prefixes = [%q, %q]\n", s.Name, longKey(s.Key), s.EIDs[0], s.EIDs[1])
 	}
 	os.WriteFile(ms, []byte(msText.String()), 0o600)
@@ -67,7 +68,7 @@ func TestXtrCommand(t *testing.T) {
 		waitCapturing(t, l.Host("ms"), pcap, capErr)
 	}
 	start("ms", "mapserver", "--config", ms)
-	for i, s := range scenario.LispSites {
+	for i, s := range roles.LispSites {
 		file := filepath.Join(dir, s.Name+".toml")
 		text := fmt.Sprintf(`[xtr]
 eid_prefixes = [%q, %q]
@@ -77,11 +78,11 @@ probe_interval = "300ms"
 down_after = "1s"
 register_interval = "10s"
 placement = true
-`, s.EIDs[0], s.EIDs[1], scenario.LispMapServer)
+`, s.EIDs[0], s.EIDs[1], roles.LispMapServer)
 		for j, r := range s.RLOCs {
 			text += fmt.Sprintf("[[xtr.rloc]]\naddress = %q\ninterface = %q\npriority = 1\nweight = 50\n", r, s.Ifaces[j])
 		}
-		text += fmt.Sprintf("[[xtr.map_server]]\naddress = %q\nkey = %q\nalgorithm = \"hmac-sha%d\"\n", scenario.LispMapServer, longKey(s.Key), []int{1, 256}[i])
+		text += fmt.Sprintf("[[xtr.map_server]]\naddress = %q\nkey = %q\nalgorithm = \"hmac-sha%d\"\n", roles.LispMapServer, longKey(s.Key), []int{1, 256}[i])
 		os.WriteFile(file, []byte(text), 0o600)
 		for _, k := range []string{"ipv4/conf/all/rp_filter", "ipv4/conf/default/rp_filter"} {
 			if err := l.Host(s.Router).NS.Sysctl(k, "0"); err != nil {
@@ -103,15 +104,15 @@ placement = true
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	s1, s2 := scenario.LispSites[0], scenario.LispSites[1]
-	if gap, err := scenario.Ping(ctx, l.Host("h1"), l.Host("h2"), s2.HostIP[0], 1500*time.Millisecond); err != nil || gap > time.Second {
+	s1, s2 := roles.LispSites[0], roles.LispSites[1]
+	if gap, err := kit.Ping(ctx, l.Host("h1"), l.Host("h2"), s2.HostIP[0], 1500*time.Millisecond); err != nil || gap > time.Second {
 		t.Errorf("h1 -> h2 through the xTRs: longest gap %v, %v\nxtr1: %s\nlogs: %v", gap, err, show("xtr1", "xtr", "show"), logs)
 	}
-	if gap, err := scenario.Ping(ctx, l.Host("h2"), l.Host("h1"), s1.HostIP[1], 1500*time.Millisecond); err != nil || gap > time.Second {
+	if gap, err := kit.Ping(ctx, l.Host("h2"), l.Host("h1"), s1.HostIP[1], 1500*time.Millisecond); err != nil || gap > time.Second {
 		t.Errorf("h2 -> h1 over IPv6: longest gap %v, %v", gap, err)
 	}
 	// The map server forwards lig's request to site 2's ETR, which answers with A=1.
-	out := show("xtr1", "lig", s2.HostIP[0].String(), "--resolver", scenario.LispMapServer.Addr().String())
+	out := show("xtr1", "lig", s2.HostIP[0].String(), "--resolver", roles.LispMapServer.Addr().String())
 	for _, want := range []string{"192.168.2.0/24  TTL 10 min, authoritative", "10.0.3.1", "10.0.4.1", "round trip"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("lig output lacks %q:\n%s", want, out)
@@ -215,7 +216,7 @@ func waitCapturing(t *testing.T, from *lab.Host, pcap string, stderr fmt.Stringe
 		Records: []lisp.RequestRecord{{MaskLen: 24, EID: lisp.AddrFrom(netip.MustParseAddr("192.168.1.0"))}}}
 	b := make([]byte, req.Len())
 	req.Encode(b)
-	to := net.UDPAddrFromAddrPort(netip.AddrPortFrom(scenario.LispSites[0].RLOCs[0], lisp.ControlPort))
+	to := net.UDPAddrFromAddrPort(netip.AddrPortFrom(roles.LispSites[0].RLOCs[0], lisp.ControlPort))
 	var size int64
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		fi, err := os.Stat(pcap)

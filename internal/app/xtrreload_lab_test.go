@@ -14,9 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lisp/xtr"
 )
 
@@ -30,14 +31,14 @@ import (
 // applies the removal of the IPv6 prefix.
 func TestXTRReload(t *testing.T) {
 	labtest.Require(t)
-	l := labtest.Up(t, scenario.LispTopology(time.Millisecond, 0))
+	l := labtest.Up(t, roles.LispTopology(time.Millisecond, 0))
 	t.Setenv("BRAID_TEST_MAIN", "1")
 	self, _ := os.Executable()
 	dir := t.TempDir()
 	ms := filepath.Join(dir, "ms.toml")
 	var msText strings.Builder
-	fmt.Fprintf(&msText, "[mapserver]\nlisten = %q\nmetrics = \"\"\n", scenario.LispMapServer)
-	for _, s := range scenario.LispSites {
+	fmt.Fprintf(&msText, "[mapserver]\nlisten = %q\nmetrics = \"\"\n", roles.LispMapServer)
+	for _, s := range roles.LispSites {
 		fmt.Fprintf(&msText, "[[mapserver.site]]\nname = %q\nkey = %q\neid_prefixes = [%q, %q]\n", s.Name, longKey(s.Key), s.EIDs[0], s.EIDs[1])
 	}
 	os.WriteFile(ms, []byte(msText.String()), 0o600)
@@ -65,31 +66,31 @@ func TestXTRReload(t *testing.T) {
 	site1 := filepath.Join(dir, "site1.toml")
 	// xtr1's file: eids, and rloc2's weight.
 	xtr1 := func(eids string, weight2 int, extra string) {
-		s := scenario.LispSites[0]
+		s := roles.LispSites[0]
 		text := fmt.Sprintf("[xtr]\neid_prefixes = [%s]\nroutes = [\"192.168.0.0/16\", \"fd00::/16\"]\nmap_resolvers = [%q]\nprobe_interval = \"300ms\"\ndown_after = \"1s\"\nregister_interval = \"10s\"\nmetrics = \"\"\ncontrol = %q\n%s",
-			eids, scenario.LispMapServer, control, extra)
+			eids, roles.LispMapServer, control, extra)
 		for j, r := range s.RLOCs {
 			text += fmt.Sprintf("[[xtr.rloc]]\naddress = %q\ninterface = %q\npriority = 1\nweight = %d\n", r, s.Ifaces[j], []int{50, weight2}[j])
 		}
-		text += fmt.Sprintf("[[xtr.map_server]]\naddress = %q\nkey = %q\n", scenario.LispMapServer, longKey(s.Key))
+		text += fmt.Sprintf("[[xtr.map_server]]\naddress = %q\nkey = %q\n", roles.LispMapServer, longKey(s.Key))
 		if err := os.WriteFile(site1, []byte(text), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	v4 := fmt.Sprintf("%q", scenario.LispSites[0].EIDs[0])
-	both := fmt.Sprintf("%q, %q", scenario.LispSites[0].EIDs[0], scenario.LispSites[0].EIDs[1])
+	v4 := fmt.Sprintf("%q", roles.LispSites[0].EIDs[0])
+	both := fmt.Sprintf("%q, %q", roles.LispSites[0].EIDs[0], roles.LispSites[0].EIDs[1])
 	xtr1(v4, 50, "")
-	s2 := scenario.LispSites[1]
+	s2 := roles.LispSites[1]
 	site2 := filepath.Join(dir, "site2.toml")
 	control2 := filepath.Join(dir, "xtr2.sock")
 	text2 := fmt.Sprintf("[xtr]\neid_prefixes = [%q, %q]\nroutes = [\"192.168.0.0/16\", \"fd00::/16\"]\nmap_resolvers = [%q]\nprobe_interval = \"300ms\"\ndown_after = \"1s\"\nregister_interval = \"10s\"\nmetrics = \"\"\ncontrol = %q\n",
-		s2.EIDs[0], s2.EIDs[1], scenario.LispMapServer, control2)
+		s2.EIDs[0], s2.EIDs[1], roles.LispMapServer, control2)
 	for j, r := range s2.RLOCs {
 		text2 += fmt.Sprintf("[[xtr.rloc]]\naddress = %q\ninterface = %q\npriority = 1\nweight = 50\n", r, s2.Ifaces[j])
 	}
-	text2 += fmt.Sprintf("[[xtr.map_server]]\naddress = %q\nkey = %q\n", scenario.LispMapServer, longKey(s2.Key))
+	text2 += fmt.Sprintf("[[xtr.map_server]]\naddress = %q\nkey = %q\n", roles.LispMapServer, longKey(s2.Key))
 	os.WriteFile(site2, []byte(text2), 0o600)
-	for _, s := range scenario.LispSites {
+	for _, s := range roles.LispSites {
 		for _, k := range []string{"ipv4/conf/all/rp_filter", "ipv4/conf/default/rp_filter"} {
 			if err := l.Host(s.Router).NS.Sysctl(k, "0"); err != nil {
 				t.Fatal(err)
@@ -137,7 +138,7 @@ func TestXTRReload(t *testing.T) {
 	// Warm up until h1 reaches h2 (xtr2 registered, site 2's mapping in xtr1's map-cache, site
 	// 1's in xtr2's).
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		gap, err := scenario.Ping(ctx, l.Host("h1"), l.Host("h2"), s2.HostIP[0], time.Second)
+		gap, err := kit.Ping(ctx, l.Host("h1"), l.Host("h2"), s2.HostIP[0], time.Second)
 		if err == nil && gap < 300*time.Millisecond {
 			break
 		}
@@ -169,7 +170,7 @@ func TestXTRReload(t *testing.T) {
 			after.Counters[xtr.CountRequests], before.Counters[xtr.CountRequests])
 	}
 	// h2 reaches h1's IPv6 EID: xtr1 registered fd00:1::/64 right after the reload.
-	if e := echo(ctx, l.Host("h2"), l.Host("h1"), netip.AddrPortFrom(scenario.LispSites[0].HostIP[1], 7), time.Second); e.err != nil || e.lost > e.sent/10 {
+	if e := echo(ctx, l.Host("h2"), l.Host("h1"), netip.AddrPortFrom(roles.LispSites[0].HostIP[1], 7), time.Second); e.err != nil || e.lost > e.sent/10 {
 		t.Errorf("h2 -> h1 over IPv6 after the reload: %s, %v\n%s", e, e.err, logOf("xtr1"))
 	}
 	if !strings.Contains(logOf("xtr1"), `msg="reload: eid prefix added" detail=fd00:1::/64`) {

@@ -134,7 +134,7 @@ func dataPathViolations(files []goFile) []string {
 			pkgs[f.pkg], paths[f.path] = true, true
 		}
 	}
-	control := []string{"braid/internal/config", "braid/internal/app", "braid/internal/lab/scenario"}
+	control := []string{"braid/internal/config", "braid/internal/app", "braid/internal/experiment"}
 	check := func(f goFile, noLogger bool) {
 		for _, im := range f.imports {
 			banned := slices.ContainsFunc(control, func(b string) bool { return under(im, b) })
@@ -242,15 +242,147 @@ func TestAlgorithmsArePure(t *testing.T) {
 	}
 }
 
-// The lab is imported only by tests, benchmarks, the lab itself and internal/app/lab.go.
+// The lab is imported only by tests, benchmarks, the lab itself, the experiments and
+// internal/app/lab.go.
 func TestLabImporters(t *testing.T) {
 	for _, f := range goFiles(t) {
-		if f.test || under(f.pkg, "braid/internal/lab") || under(f.pkg, "braid/bench") || f.path == "internal/app/lab.go" {
+		if f.test || under(f.pkg, "braid/internal/lab") || under(f.pkg, "braid/internal/experiment") || under(f.pkg, "braid/bench") || f.path == "internal/app/lab.go" {
 			continue
 		}
 		for _, im := range f.imports {
 			if under(im, "braid/internal/lab") {
-				t.Errorf("%s imports %s: only tests, benchmarks and internal/app/lab.go may import the lab", f.path, im)
+				t.Errorf("%s imports %s: only tests, benchmarks, the experiments and internal/app/lab.go may import the lab", f.path, im)
+			}
+		}
+	}
+}
+
+// The experiments are run by `braid lab` (internal/app/lab.go), benchmarks and tests only.
+func TestExperimentImporters(t *testing.T) {
+	for _, f := range goFiles(t) {
+		if f.test || under(f.pkg, "braid/internal/experiment") || under(f.pkg, "braid/bench") || f.path == "internal/app/lab.go" {
+			continue
+		}
+		for _, im := range f.imports {
+			if under(im, "braid/internal/experiment") {
+				t.Errorf("%s imports %s: only tests, benchmarks and internal/app/lab.go may import the experiments", f.path, im)
+			}
+		}
+	}
+}
+
+// rolePackages are braid's roles; the lab is the engine they are tested on and knows none of them.
+var rolePackages = []string{"braid/internal/tunnel", "braid/internal/proxy", "braid/internal/lb", "braid/internal/lisp", "braid/internal/mptcp"}
+
+// engineViolations returns each file of internal/lab (its tests included) that reaches a role
+// package, directly or through other packages of the module (their non-test files).
+func engineViolations(files []goFile) []string {
+	deps := map[string][]string{}
+	for _, f := range files {
+		if !f.test {
+			deps[f.pkg] = append(deps[f.pkg], f.imports...)
+		}
+	}
+	// via returns the chain of imports from im to a role package, or nil.
+	memo := map[string][]string{}
+	var via func(im string, seen map[string]bool) []string
+	via = func(im string, seen map[string]bool) []string {
+		if slices.ContainsFunc(rolePackages, func(r string) bool { return under(im, r) }) {
+			return []string{im}
+		}
+		if c, ok := memo[im]; ok {
+			return c
+		}
+		if seen[im] || !under(im, module) {
+			return nil
+		}
+		seen[im] = true
+		for _, d := range deps[im] {
+			if c := via(d, seen); c != nil {
+				memo[im] = append([]string{im}, c...)
+				return memo[im]
+			}
+		}
+		memo[im] = nil
+		return nil
+	}
+	var out []string
+	engine := false
+	for _, f := range files {
+		if !under(f.pkg, "braid/internal/lab") {
+			continue
+		}
+		engine = true
+		for _, im := range f.imports {
+			if c := via(im, map[string]bool{}); c != nil {
+				out = append(out, fmt.Sprintf("%s imports %s: the lab is the engine and imports no role package (experiments live in internal/experiment)", f.path, strings.Join(c, " -> ")))
+			}
+		}
+	}
+	if !engine {
+		out = append(out, "the engine rule names braid/internal/lab, which has no Go files: it would check nothing")
+	}
+	return out
+}
+
+// internal/lab and its subpackages (tests included) import no role package, not even through
+// another package: the reproductions, the demo and the roles' starters live in
+// internal/experiment.
+func TestLabImportsNoRole(t *testing.T) {
+	for _, v := range engineViolations(goFiles(t)) {
+		t.Error(v)
+	}
+}
+
+// The rule reports a role reached through another package and a direct one.
+func TestLabImportsNoRoleBites(t *testing.T) {
+	files := goFiles(t)
+	base := len(engineViolations(files))
+	through := goFile{path: "internal/lab/x_test.go", pkg: "braid/internal/lab", test: true, imports: []string{"braid/internal/experiment/roles"}}
+	direct := goFile{path: "internal/lab/y/y.go", pkg: "braid/internal/lab/y", imports: []string{"braid/internal/lb/maglev"}}
+	v := engineViolations(append(slices.Clone(files), through, direct))
+	joined := strings.Join(v, "\n")
+	if len(v)-base != 2 || !strings.Contains(joined, "internal/lab/x_test.go imports braid/internal/experiment/roles -> braid/internal/") ||
+		!strings.Contains(joined, "internal/lab/y/y.go imports braid/internal/lb/maglev:") {
+		t.Errorf("got %q", joined)
+	}
+}
+
+// papers are the reproductions, one package each; they share code only through kit and roles.
+var papers = []string{"mptgre", "federation", "mplb", "amptcp", "rbpm"}
+
+// Each paper has its own package, the demo and the accuracy check theirs; none imports another
+// experiment but kit and roles, and kit imports no role package.
+func TestExperimentLayout(t *testing.T) {
+	files := goFiles(t)
+	pkgs := map[string]bool{}
+	for _, f := range files {
+		pkgs[f.pkg] = true
+	}
+	shared := []string{"braid/internal/experiment/kit", "braid/internal/experiment/roles"}
+	for _, p := range append(slices.Clone(papers), "demo", "accuracy", "kit", "roles") {
+		if !pkgs["braid/internal/experiment/"+p] {
+			t.Errorf("braid/internal/experiment/%s has no Go files", p)
+		}
+	}
+	for _, f := range files {
+		if !under(f.pkg, "braid/internal/experiment") || f.pkg == "braid/internal/experiment" {
+			continue
+		}
+		for _, im := range f.imports {
+			if !under(im, "braid/internal/experiment") || im == f.pkg || slices.Contains(shared, im) {
+				continue
+			}
+			if f.test && strings.TrimSuffix(f.pkg, "_test") == im {
+				continue
+			}
+			t.Errorf("%s imports %s: experiments share code through kit and roles only", f.path, im)
+		}
+		if f.pkg == "braid/internal/experiment/kit" && !f.test {
+			for _, im := range f.imports {
+				if im == "braid/internal/experiment/roles" || slices.ContainsFunc(rolePackages, func(r string) bool { return under(im, r) }) {
+					t.Errorf("%s imports %s: kit is below the roles' starters and imports no role package", f.path, im)
+				}
 			}
 		}
 	}

@@ -16,7 +16,6 @@ import (
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
 	"braid/internal/lab/netns"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 )
 
@@ -34,7 +33,7 @@ func TestMain(m *testing.M) {
 func holdLab() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	l, err := lab.Up(ctx, scenario.PairTopology(topo.Shape{Delay: time.Millisecond}), lab.Options{})
+	l, err := lab.Up(ctx, labtest.Pair(topo.Shape{Delay: time.Millisecond}), lab.Options{})
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(1)
@@ -174,7 +173,7 @@ func TestFailedTestRemovesLab(t *testing.T) {
 		ft := &fakeFatal{T: t}
 		func() {
 			defer func() { recover() }()
-			l := labtest.Up(ft, scenario.PairTopology(topo.Shape{}))
+			l := labtest.Up(ft, labtest.Pair(topo.Shape{}))
 			names = l.Namespaces()
 			ft.Fatal("deliberate failure")
 		}()

@@ -9,7 +9,6 @@ import (
 
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 )
@@ -24,7 +23,7 @@ func TestKernelLink(t *testing.T) {
 			AB: topo.Shape{Rate: 200e6}, BA: topo.Shape{Rate: 200e6}},
 	}})
 	for _, addr := range []string{"10.6.0.2:5201", "10.6.1.2:5201"} {
-		stop, err := scenario.StartServer(context.Background(), l.Host("b"), addr)
+		stop, err := labtest.Serve(l.Host("b"), addr)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,7 +12,6 @@ import (
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
 	"braid/internal/lab/netns"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 )
@@ -28,45 +27,10 @@ func rtt(t *testing.T, l *lab.Lab, from, addr string) time.Duration {
 	return rr.Median
 }
 
-// The demo topology routes between sites across two routers and an ISP, over IPv4 and IPv6,
-// and a route change moves the traffic to the other path (whose RTT is known).
-func TestRoutedIPv4AndIPv6(t *testing.T) {
-	tp, err := scenario.TwoSites()
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := labtest.Up(t, tp)
-	for _, addr := range []string{"10.2.0.1:5201", "[fd02::1]:5201"} {
-		stop, err := scenario.StartServer(context.Background(), l.Host("h2"), addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer stop()
-	}
-	// Path A: 2·(5 + 10) ms; path B: 2·(20 + 15) ms.
-	for _, addr := range []string{"10.2.0.1:5201", "[fd02::1]:5201"} {
-		if got := rtt(t, l, "h1", addr); got < 30*time.Millisecond || got > 33*time.Millisecond {
-			t.Errorf("%s over path A: RTT %v, want 30 ms", addr, got)
-		}
-	}
-	for router, routes := range scenario.DemoPaths[1].Routes {
-		for _, r := range routes {
-			if err := l.Host(router).ReplaceRoute(r); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	for _, addr := range []string{"10.2.0.1:5201", "[fd02::1]:5201"} {
-		if got := rtt(t, l, "h1", addr); got < 70*time.Millisecond || got > 74*time.Millisecond {
-			t.Errorf("%s over path B: RTT %v, want 70 ms", addr, got)
-		}
-	}
-}
-
 // Link parameters change while a connection is open.
 func TestChangeLinkWhileRunning(t *testing.T) {
 	l := labtest.Up(t, labtest.Pair(topo.Shape{Delay: 5 * time.Millisecond}))
-	stop, err := scenario.StartServer(context.Background(), l.Host("b"), "10.99.0.2:5201")
+	stop, err := labtest.Serve(l.Host("b"), "10.99.0.2:5201")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,9 +20,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"braid/internal/config"
+	"braid/internal/experiment/mplb"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/lb"
 	"braid/internal/lb/xdp"
@@ -69,13 +69,13 @@ func TestLabTokenFlood(t *testing.T) {
 	defer cancel()
 	// The client's links are shaped (100 Mbit/s each) so that the timed download measures the
 	// balancer's path, not how much CPU the attacker leaves the client and the backends.
-	tp := scenario.MPLBTopology(n, 100e6)
+	tp := mplb.MPLBTopology(n, 100e6)
 	tp.Hosts = append(tp.Hosts, topo.Host{Name: "attacker"})
 	tp.Links = append(tp.Links, topo.Link{Kernel: true,
 		A: topo.Endpoint{Host: "attacker", Ifname: "eth0", Addrs: []netip.Prefix{netip.MustParsePrefix("10.9.0.2/24")}},
 		B: topo.Endpoint{Host: "lb", Ifname: "la0", Addrs: []netip.Prefix{netip.MustParsePrefix("10.9.0.1/24")}}})
 	l := labtest.Up(t, tp)
-	if err := scenario.MPLBPrepare(l, n); err != nil {
+	if err := mplb.MPLBPrepare(l, n); err != nil {
 		t.Fatal(err)
 	}
 	for k := 0; k < n; k++ {
@@ -83,7 +83,7 @@ func TestLabTokenFlood(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	srv, err := scenario.StartMPLBServers(l, n)
+	srv, err := mplb.StartMPLBServers(l, n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestLabTokenFlood(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bal.close()
-	if err := scenario.MPLBEndpoint(ctx, l); err != nil {
+	if err := mplb.MPLBEndpoint(ctx, l); err != nil {
 		t.Fatal(err)
 	}
 
@@ -213,7 +213,7 @@ func TestLabTokenFlood(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, ci := range dump {
-			if ci.Local.Port() != scenario.MPLBPort {
+			if ci.Local.Port() != mplb.MPLBPort {
 				continue
 			}
 			total++
@@ -236,7 +236,7 @@ func TestLabTokenFlood(t *testing.T) {
 		where []int
 	}{{before, beforeWhere}, {during, duringWhere}, {after, afterWhere}} {
 		for i, cn := range w.conns {
-			if k, err := scenario.MPLBAsk(cn); err != nil || k != w.where[i] {
+			if k, err := mplb.MPLBAsk(cn); err != nil || k != w.where[i] {
 				t.Errorf("connection on backend %d now answers %d (%v)", w.where[i], k, err)
 			}
 		}
@@ -419,7 +419,7 @@ func startFloodBalancer(ctx context.Context, l *lab.Lab, n int, d config.LB) (*f
 	}
 	var specs []lb.BackendSpec
 	for k := 0; k < n; k++ {
-		s, err := scenario.MPLBBackendSpec(l, k, 1)
+		s, err := mplb.MPLBBackendSpec(l, k, 1)
 		if err != nil {
 			plane.Close()
 			return nil, err
@@ -432,7 +432,7 @@ func startFloodBalancer(ctx context.Context, l *lab.Lab, n int, d config.LB) (*f
 		return nil, err
 	}
 	cfg.SrcMAC = first.Attrs().HardwareAddr
-	lo.Services = []netip.AddrPort{netip.AddrPortFrom(scenario.MPLBVIP, scenario.MPLBPort)}
+	lo.Services = []netip.AddrPort{netip.AddrPortFrom(mplb.MPLBVIP, mplb.MPLBPort)}
 	lo.Plane = cfg
 	ctl, err := lb.New(plane, lo, specs)
 	if err != nil {
@@ -533,7 +533,7 @@ func (a *attacker) flood(rate int, d time.Duration) {
 					src := netip.AddrPortFrom(randomIn(rng, floodSources), uint16(1024+rng.IntN(60000)))
 					var key [8]byte
 					binary.BigEndian.PutUint64(key[:], rng.Uint64())
-					syn := xdp.Packet{Src: src, Dst: netip.AddrPortFrom(scenario.MPLBVIP, scenario.MPLBPort), SrcMAC: a.src, DstMAC: a.dst,
+					syn := xdp.Packet{Src: src, Dst: netip.AddrPortFrom(mplb.MPLBVIP, mplb.MPLBPort), SrcMAC: a.src, DstMAC: a.dst,
 						Flags: 0x02, Opts: mptcpopt.AppendCapable(nil, mptcpopt.Capable{Length: 4, Version: 1, Flags: 0x01})}
 					ack := syn
 					ack.Flags = 0x10

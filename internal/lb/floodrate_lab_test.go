@@ -7,8 +7,8 @@ import (
 	"io"
 	"time"
 
+	"braid/internal/experiment/mplb"
 	"braid/internal/lab"
-	"braid/internal/lab/scenario"
 )
 
 // floodTransferSize is the download that TestLabTokenFlood times before and during the flood:
@@ -16,10 +16,10 @@ import (
 const floodTransferSize = 64 << 20
 
 // timedDownload opens an MPTCP connection to the VIP, downloads size bytes and checks every
-// one of them: the backends' servers send byte(offset) at each offset (scenario.MPLBServers).
+// one of them: the backends' servers send byte(offset) at each offset (mplb.MPLBServers).
 // It returns the rate in bit/s.
 func timedDownload(ctx context.Context, l *lab.Lab, size int) (float64, error) {
-	c, err := scenario.MPLBDial(ctx, l)
+	c, err := mplb.MPLBDial(ctx, l)
 	if err != nil {
 		return 0, err
 	}

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/mplb"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lb"
 	"braid/internal/lb/xdp"
 	"braid/internal/mptcp/info"
@@ -29,7 +29,7 @@ func dialAll(t *testing.T, ctx context.Context, l *lab.Lab, n int) ([]*net.TCPCo
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			c, err := scenario.MPLBDial(ctx, l)
+			c, err := mplb.MPLBDial(ctx, l)
 			if err != nil {
 				if failed.Add(1) == 1 {
 					t.Errorf("dial %d: %v", i, err)
@@ -37,7 +37,7 @@ func dialAll(t *testing.T, ctx context.Context, l *lab.Lab, n int) ([]*net.TCPCo
 				return
 			}
 			conns[i] = c
-			k, err := scenario.MPLBAsk(c)
+			k, err := mplb.MPLBAsk(c)
 			if err != nil {
 				if failed.Add(1) == 1 {
 					t.Errorf("ask %d: %v", i, err)
@@ -92,16 +92,16 @@ func subflowsReachOneBackend(t *testing.T, n, conns int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	// n backends in service, one more added during the test.
-	l := labtest.Up(t, scenario.MPLBTopology(n+1, 0))
-	if err := scenario.MPLBPrepare(l, n+1); err != nil {
+	l := labtest.Up(t, mplb.MPLBTopology(n+1, 0))
+	if err := mplb.MPLBPrepare(l, n+1); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := scenario.StartMPLBServers(l, n+1)
+	srv, err := mplb.StartMPLBServers(l, n+1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Close()
-	bal, err := scenario.StartMPLBBalancer(l, n, xdp.Config{Aware: true, HashSeed: 7})
+	bal, err := mplb.StartMPLBBalancer(l, n, xdp.Config{Aware: true, HashSeed: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,14 +128,14 @@ func subflowsReachOneBackend(t *testing.T, n, conns int) {
 	if err := bal.LB.SetWeight("b0", 0); err != nil {
 		t.Fatal(err)
 	}
-	spec, err := scenario.MPLBBackendSpec(l, n, 1)
+	spec, err := mplb.MPLBBackendSpec(l, n, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := bal.LB.AddBackend(spec); err != nil {
 		t.Fatal(err)
 	}
-	if err := scenario.MPLBEndpoint(ctx, l); err != nil {
+	if err := mplb.MPLBEndpoint(ctx, l); err != nil {
 		t.Fatal(err)
 	}
 	joined := waitJoins(cs, 20*time.Second)
@@ -152,7 +152,7 @@ func subflowsReachOneBackend(t *testing.T, n, conns int) {
 			t.Fatal(err)
 		}
 		for _, c := range dump {
-			if c.Local.Port() != scenario.MPLBPort {
+			if c.Local.Port() != mplb.MPLBPort {
 				continue
 			}
 			if len(c.Subflows) != 2 {
@@ -166,7 +166,7 @@ func subflowsReachOneBackend(t *testing.T, n, conns int) {
 	}
 	// Established connections did not move, on the drained backend either.
 	for i, c := range cs {
-		k, err := scenario.MPLBAsk(c)
+		k, err := mplb.MPLBAsk(c)
 		if err != nil || k != where[i] {
 			t.Fatalf("connection %d: was on backend %d, now answers %d (%v)", i, where[i], k, err)
 		}
@@ -221,16 +221,16 @@ func TestLabUnawareSplitsSubflows(t *testing.T) {
 	const n, conns = 4, 200
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	l := labtest.Up(t, scenario.MPLBTopology(n, 0))
-	if err := scenario.MPLBPrepare(l, n); err != nil {
+	l := labtest.Up(t, mplb.MPLBTopology(n, 0))
+	if err := mplb.MPLBPrepare(l, n); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := scenario.StartMPLBServers(l, n)
+	srv, err := mplb.StartMPLBServers(l, n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Close()
-	bal, err := scenario.StartMPLBBalancer(l, n, xdp.Config{Aware: false, HashSeed: 7})
+	bal, err := mplb.StartMPLBBalancer(l, n, xdp.Config{Aware: false, HashSeed: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +241,7 @@ func TestLabUnawareSplitsSubflows(t *testing.T) {
 			c.Close()
 		}
 	}()
-	if err := scenario.MPLBEndpoint(ctx, l); err != nil {
+	if err := mplb.MPLBEndpoint(ctx, l); err != nil {
 		t.Fatal(err)
 	}
 	joined := waitJoins(cs, 3*time.Second)
@@ -259,24 +259,24 @@ func TestLabIPIP(t *testing.T) {
 	const n, conns = 2, 100
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	l := labtest.Up(t, scenario.MPLBTopology(n, 0))
-	if err := scenario.MPLBPrepare(l, n); err != nil {
+	l := labtest.Up(t, mplb.MPLBTopology(n, 0))
+	if err := mplb.MPLBPrepare(l, n); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := scenario.StartMPLBServers(l, n)
+	srv, err := mplb.StartMPLBServers(l, n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Close()
-	bal, err := scenario.StartMPLBBalancer(l, n, xdp.Config{Aware: true, Mode: xdp.ModeIPIP, HashSeed: 3})
+	bal, err := mplb.StartMPLBBalancer(l, n, xdp.Config{Aware: true, Mode: xdp.ModeIPIP, HashSeed: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer bal.Close()
-	if err := scenario.MPLBDecap(l, n, bal.Plane); err != nil {
+	if err := mplb.MPLBDecap(l, n, bal.Plane); err != nil {
 		t.Fatal(err)
 	}
-	if err := scenario.MPLBEndpoint(ctx, l); err != nil {
+	if err := mplb.MPLBEndpoint(ctx, l); err != nil {
 		t.Fatal(err)
 	}
 	cs, _ := dialAll(t, ctx, l, conns)
@@ -312,21 +312,21 @@ func TestLabStateless(t *testing.T) {
 	const n, conns = 2, 50
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	l := labtest.Up(t, scenario.MPLBTopology(n, 0))
-	if err := scenario.MPLBPrepare(l, n); err != nil {
+	l := labtest.Up(t, mplb.MPLBTopology(n, 0))
+	if err := mplb.MPLBPrepare(l, n); err != nil {
 		t.Fatal(err)
 	}
-	if err := scenario.MPLBStateless(ctx, l, n); err != nil {
+	if err := mplb.MPLBStateless(ctx, l, n); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := scenario.StartMPLBServers(l, n)
+	srv, err := mplb.StartMPLBServers(l, n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Close()
 	// Token learning off: only the stateless table can steer the joins.
-	bal, err := scenario.StartMPLBBalancer(l, n, xdp.Config{Aware: false, HashSeed: 5}, func(k int, s *lb.BackendSpec) {
-		s.StatelessPort = scenario.MPLBStatelessPort(k)
+	bal, err := mplb.StartMPLBBalancer(l, n, xdp.Config{Aware: false, HashSeed: 5}, func(k int, s *lb.BackendSpec) {
+		s.StatelessPort = mplb.MPLBStatelessPort(k)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -347,7 +347,7 @@ func TestLabStateless(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := scenario.MPLBStatelessPort(where[i])
+		want := mplb.MPLBStatelessPort(where[i])
 		found := false
 		for _, a := range sfs {
 			found = found || a.Remote.Port() == want

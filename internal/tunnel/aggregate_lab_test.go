@@ -8,9 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/sock"
 	"braid/internal/traffic"
@@ -27,7 +28,7 @@ import (
 // tunnel that uses one path fails. Best of up to three 5 s runs.
 func TestTunnelAggregation(t *testing.T) {
 	rates := []uint64{300e6, 100e6}
-	l := labtest.Up(t, scenario.ParallelLinks("agg",
+	l := labtest.Up(t, kit.ParallelLinks("agg",
 		topo.Shape{Rate: rates[0], Delay: 5 * time.Millisecond}, topo.Shape{Rate: rates[1], Delay: 5 * time.Millisecond}))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -83,7 +84,7 @@ func TestTunnelAggregation(t *testing.T) {
 // slow path delivers in time (docs/scheduling.md, "Unequal paths").
 func TestTunnelUnequalDelayCC(t *testing.T) {
 	const rate = 50e6
-	l := labtest.Up(t, scenario.ParallelLinks("unequal",
+	l := labtest.Up(t, kit.ParallelLinks("unequal",
 		topo.Shape{Rate: rate, Delay: 10 * time.Millisecond}, topo.Shape{Rate: rate, Delay: 60 * time.Millisecond}))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -191,7 +192,7 @@ func startMeshTunnel(t *testing.T, h *lab.Host, inner netip.Prefix, locals []net
 	for i, a := range locals {
 		var c *sock.Conn
 		if err := h.NS.Do(func() (err error) {
-			if c, err = sock.Listen(netip.AddrPortFrom(a, scenario.TunnelPort), ifs[i]); err == nil {
+			if c, err = sock.Listen(netip.AddrPortFrom(a, roles.TunnelPort), ifs[i]); err == nil {
 				c.EnableGRO()
 			}
 			return err
@@ -279,16 +280,16 @@ func TestTunnelPacingSharedUplink(t *testing.T) {
 		for _, v := range meshUplinks {
 			// As the site file gives it: each path has its uplink's capacity.
 			pa.Paths = append(pa.Paths, tunnel.PathConfig{Uplink: u.name, Capacity: u.rate,
-				Remote: netip.AddrPortFrom(netip.MustParseAddr(v.remote), scenario.TunnelPort)})
+				Remote: netip.AddrPortFrom(netip.MustParseAddr(v.remote), roles.TunnelPort)})
 			pb.Paths = append(pb.Paths, tunnel.PathConfig{Uplink: u.remoteIf,
-				Remote: netip.AddrPortFrom(netip.MustParseAddr(v.addr), scenario.TunnelPort)})
+				Remote: netip.AddrPortFrom(netip.MustParseAddr(v.addr), roles.TunnelPort)})
 		}
 	}
 	oa.Peers, ob.Peers = []tunnel.PeerConfig{pa}, []tunnel.PeerConfig{pb}
 	ta := startMeshTunnel(t, l.Host("a"), netip.PrefixFrom(innerA, 24), localsA, ifsA, oa)
 	tb := startMeshTunnel(t, l.Host("b"), netip.PrefixFrom(innerB, 24), localsB, ifsB, ob)
 	for _, tn := range []*tunnel.Tunnel{ta, tb} {
-		if err := scenario.WaitTunnel(ctx, tn, 10*time.Second); err != nil {
+		if err := roles.WaitTunnel(ctx, tn, 10*time.Second); err != nil {
 			t.Fatalf("mesh tunnel: %v; %+v", err, tn.Status())
 		}
 	}

@@ -9,9 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/tunnel"
 	"braid/internal/wire/mpath"
@@ -52,7 +53,7 @@ func startTogether(t *testing.T, l *lab.Lab, mutate func(side int, o *tunnel.Opt
 		peer, locals := sidePeer(l, eps, i, 4)
 		wg.Go(func() {
 			<-start
-			tn, stop, err := scenario.StartTunnel(context.Background(), ep.host,
+			tn, stop, err := roles.StartTunnel(context.Background(), ep.host,
 				[]netip.Prefix{netip.PrefixFrom(ep.inner4, 24)}, locals,
 				tunnel.Options{PrivateKey: ep.priv, MTU: 1400, Reorder: true, Peers: []tunnel.PeerConfig{peer}},
 				func(o *tunnel.Options) {
@@ -96,7 +97,7 @@ func TestTunnelCleanStartNoDrops(t *testing.T) {
 	copies := uint64(0)
 	for run := range starts {
 		t.Run(fmt.Sprintf("start %d", run+1), func(t *testing.T) {
-			l := labtest.Up(t, scenario.ParallelLinks("tun",
+			l := labtest.Up(t, kit.ParallelLinks("tun",
 				topo.Shape{Delay: 2 * time.Millisecond}, topo.Shape{Delay: 8 * time.Millisecond}))
 			var recs [2]*initRecorder
 			eps := startTogether(t, l, func(side int, o *tunnel.Options) {
@@ -192,7 +193,7 @@ func TestTunnelStatusUnmeasuredAndDown(t *testing.T) {
 // must survive: traffic keeps flowing across several rekeys and nothing is counted as an
 // unknown session, a replay or a forgery.
 func TestTunnelSimultaneousRekey(t *testing.T) {
-	l := labtest.Up(t, scenario.ParallelLinks("tun",
+	l := labtest.Up(t, kit.ParallelLinks("tun",
 		topo.Shape{Delay: 2 * time.Millisecond}, topo.Shape{Delay: 8 * time.Millisecond}))
 	// Restored by a cleanup registered before the tunnels' own, so after they stop.
 	t.Cleanup(tunnel.SetRekeyTimers(time.Second, 300*time.Millisecond))
@@ -200,7 +201,7 @@ func TestTunnelSimultaneousRekey(t *testing.T) {
 	waitUp(t, eps)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	worst, err := scenario.Ping(ctx, eps[0].host, eps[1].host, eps[1].inner4, 4500*time.Millisecond)
+	worst, err := kit.Ping(ctx, eps[0].host, eps[1].host, eps[1].inner4, 4500*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 	"braid/internal/tunnel"
@@ -28,7 +29,7 @@ import (
 // has beside the same flood sent to a port where nothing listens (the flood takes a share of the
 // 50 Mbit/s link and of the CPU whoever receives it).
 func TestTunnelHandshakeFlood(t *testing.T) {
-	l := labtest.Up(t, scenario.ParallelLinks("hsf", topo.Shape{Rate: 50e6, Delay: 2 * time.Millisecond}))
+	l := labtest.Up(t, kit.ParallelLinks("hsf", topo.Shape{Rate: 50e6, Delay: 2 * time.Millisecond}))
 	eps := startTunnels(t, l, 4, func(side int, o *tunnel.Options) {
 		if side == 1 {
 			for i := range o.Peers[0].Paths {
@@ -94,9 +95,9 @@ func TestTunnelHandshakeFlood(t *testing.T) {
 		}
 		return res, n
 	}
-	quiet, _ := transfer(scenario.TunnelPort + 1)
+	quiet, _ := transfer(roles.TunnelPort + 1)
 	before := eps[1].tunnel.Status().Counters
-	flooded, n := transfer(scenario.TunnelPort)
+	flooded, n := transfer(roles.TunnelPort)
 	after := eps[1].tunnel.Status().Counters
 	d := func(k string) uint64 { return after[k] - before[k] }
 	t.Logf("transfer beside the flood sent to a closed port %.1f Mbit/s; with the flood of %d initiations (%.0f/s) sent to the tunnel: %.1f Mbit/s (%.2f); b dropped %d on the MAC, %d over the budget, answered %d with a cookie, %d failed the handshake",
@@ -126,7 +127,7 @@ func TestTunnelHandshakeFlood(t *testing.T) {
 // without mac2 with a cookie reply, the peer, which receives at its address, closes its next
 // initiation with mac2, and only those are worked on.
 func TestTunnelHandshakeCookie(t *testing.T) {
-	l := labtest.Up(t, scenario.ParallelLinks("hsc", topo.Shape{Rate: 1e9, Delay: 2 * time.Millisecond}))
+	l := labtest.Up(t, kit.ParallelLinks("hsc", topo.Shape{Rate: 1e9, Delay: 2 * time.Millisecond}))
 	eps := newEndpoints(t, l)
 	stopB := startSide(t, l, eps, 1, func(o *tunnel.Options) {
 		for i := range o.Peers[0].Paths {
@@ -160,7 +161,7 @@ func TestTunnelHandshakeCookie(t *testing.T) {
 		rand.Read(body)
 		signed = append(signed, append(append([]byte(nil), head...), session.AppendMAC1(body, &key)...))
 	}
-	to := net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr("10.9.0.2"), scenario.TunnelPort))
+	to := net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr("10.9.0.2"), roles.TunnelPort))
 	stop := make(chan struct{})
 	sent := make(chan int)
 	// The flood is smooth (paced every 100 µs, not in bursts a millisecond apart), as a sender

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 	"braid/internal/tunnel"
@@ -18,10 +18,10 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// runTunnel starts a tunnel in host h (scenario.StartTunnel) until the test ends.
+// runTunnel starts a tunnel in host h (roles.StartTunnel) until the test ends.
 func runTunnel(t *testing.T, h *lab.Host, priv session.PrivateKey, inner netip.Prefix, locals []netip.Addr, peers []tunnel.PeerConfig) *tunnel.Tunnel {
 	t.Helper()
-	tn, stop, err := scenario.StartTunnel(context.Background(), h, []netip.Prefix{inner}, locals,
+	tn, stop, err := roles.StartTunnel(context.Background(), h, []netip.Prefix{inner}, locals,
 		tunnel.Options{PrivateKey: priv, Reorder: true, Peers: peers})
 	if err != nil {
 		t.Fatal(err)

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 	"braid/internal/tunnel"
@@ -84,13 +84,13 @@ func TestTunnelHubManySites(t *testing.T) {
 	start := func(h *lab.Host, k session.PrivateKey, inner netip.Addr, locals []netip.Addr, peers []tunnel.PeerConfig, mutate func(*tunnel.Options)) *tunnel.Tunnel {
 		adjust := []func(*tunnel.Options){func(o *tunnel.Options) {
 			for i := range o.Uplinks {
-				o.Uplinks[i].Local = netip.AddrPortFrom(netip.MustParseAddr(o.Uplinks[i].Name), scenario.TunnelPort)
+				o.Uplinks[i].Local = netip.AddrPortFrom(netip.MustParseAddr(o.Uplinks[i].Name), roles.TunnelPort)
 			}
 		}}
 		if mutate != nil {
 			adjust = append(adjust, mutate)
 		}
-		tn, stop, err := scenario.StartTunnel(context.Background(), h, []netip.Prefix{netip.PrefixFrom(inner, 24)}, locals,
+		tn, stop, err := roles.StartTunnel(context.Background(), h, []netip.Prefix{netip.PrefixFrom(inner, 24)}, locals,
 			tunnel.Options{PrivateKey: k, MTU: 1400, Reorder: true, Recovery: true, Peers: peers}, adjust...)
 		if err != nil {
 			t.Fatal(err)
@@ -110,8 +110,8 @@ func TestTunnelHubManySites(t *testing.T) {
 		u1, u2 := ad(fmt.Sprintf("192.168.%d.2", i)), ad(fmt.Sprintf("192.168.%d.2", 100+i))
 		peer := tunnel.PeerConfig{Name: "hub", PublicKey: kh.Public(), Routes: []netip.Prefix{netip.PrefixFrom(hubInner, 32)},
 			Paths: []tunnel.PathConfig{
-				{Uplink: u1.String(), Remote: netip.AddrPortFrom(ad(fmt.Sprintf("10.%d.1.1", i)), scenario.TunnelPort)},
-				{Uplink: u2.String(), Remote: netip.AddrPortFrom(ad(fmt.Sprintf("10.%d.2.1", i)), scenario.TunnelPort)}}}
+				{Uplink: u1.String(), Remote: netip.AddrPortFrom(ad(fmt.Sprintf("10.%d.1.1", i)), roles.TunnelPort)},
+				{Uplink: u2.String(), Remote: netip.AddrPortFrom(ad(fmt.Sprintf("10.%d.2.1", i)), roles.TunnelPort)}}}
 		var mutate func(*tunnel.Options)
 		if i == 1 {
 			mutate = func(o *tunnel.Options) {
@@ -124,7 +124,7 @@ func TestTunnelHubManySites(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for i := 1; i <= hubSites; i++ {
-		if err := scenario.WaitTunnel(ctx, sites[i], 10*time.Second); err != nil {
+		if err := roles.WaitTunnel(ctx, sites[i], 10*time.Second); err != nil {
 			t.Fatalf("site %d: %v", i, err)
 		}
 	}
@@ -169,7 +169,7 @@ func TestTunnelHubManySites(t *testing.T) {
 	if len(recorded) == 0 {
 		t.Fatal("no data packet of site 1 was recorded")
 	}
-	to := net.UDPAddrFromAddrPort(netip.AddrPortFrom(ad("10.1.1.1"), scenario.TunnelPort))
+	to := net.UDPAddrFromAddrPort(netip.AddrPortFrom(ad("10.1.1.1"), roles.TunnelPort))
 	forged := 0
 	for j, d := range recorded[max(0, len(recorded)-200):] {
 		pc.WriteTo(d, to) // replayed

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/roles"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 	"braid/internal/tunnel"
@@ -56,12 +56,12 @@ func TestTunnelHubShards(t *testing.T) {
 		hubPeers = append(hubPeers, tunnel.PeerConfig{Name: fmt.Sprintf("s%d", i), PublicKey: keys[i].Public(),
 			Routes: []netip.Prefix{netip.PrefixFrom(ad(fmt.Sprintf("10.255.0.%d", 10+i)), 32)},
 			Paths: []tunnel.PathConfig{
-				{Uplink: a.String(), Remote: netip.AddrPortFrom(ad(fmt.Sprintf("10.%d.1.2", i)), scenario.TunnelPort)},
-				{Uplink: b.String(), Remote: netip.AddrPortFrom(ad(fmt.Sprintf("10.%d.2.2", i)), scenario.TunnelPort)}}})
+				{Uplink: a.String(), Remote: netip.AddrPortFrom(ad(fmt.Sprintf("10.%d.1.2", i)), roles.TunnelPort)},
+				{Uplink: b.String(), Remote: netip.AddrPortFrom(ad(fmt.Sprintf("10.%d.2.2", i)), roles.TunnelPort)}}})
 	}
 	start := func(host string, o tunnel.Options, inner netip.Addr, locals []netip.Addr) *tunnel.Tunnel {
 		o.MTU, o.Reorder, o.Recovery = 1400, true, true
-		tn, stop, err := scenario.StartTunnel(context.Background(), l.Host(host), []netip.Prefix{netip.PrefixFrom(inner, 24)}, locals, o)
+		tn, stop, err := roles.StartTunnel(context.Background(), l.Host(host), []netip.Prefix{netip.PrefixFrom(inner, 24)}, locals, o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -79,15 +79,15 @@ func TestTunnelHubShards(t *testing.T) {
 		u1, u2 := ad(fmt.Sprintf("10.%d.1.2", i)), ad(fmt.Sprintf("10.%d.2.2", i))
 		peer := tunnel.PeerConfig{Name: "hub", PublicKey: kh.Public(), Routes: []netip.Prefix{netip.PrefixFrom(hubInner, 32)},
 			Paths: []tunnel.PathConfig{
-				{Uplink: u1.String(), Remote: netip.AddrPortFrom(ad(fmt.Sprintf("10.%d.1.1", i)), scenario.TunnelPort)},
-				{Uplink: u2.String(), Remote: netip.AddrPortFrom(ad(fmt.Sprintf("10.%d.2.1", i)), scenario.TunnelPort)}}}
+				{Uplink: u1.String(), Remote: netip.AddrPortFrom(ad(fmt.Sprintf("10.%d.1.1", i)), roles.TunnelPort)},
+				{Uplink: u2.String(), Remote: netip.AddrPortFrom(ad(fmt.Sprintf("10.%d.2.1", i)), roles.TunnelPort)}}}
 		sites[i] = start(fmt.Sprintf("s%d", i), tunnel.Options{PrivateKey: keys[i], Peers: []tunnel.PeerConfig{peer}},
 			ad(fmt.Sprintf("10.255.0.%d", 10+i)), []netip.Addr{u1, u2})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for i := 1; i <= shardSites; i++ {
-		if err := scenario.WaitTunnel(ctx, sites[i], 10*time.Second); err != nil {
+		if err := roles.WaitTunnel(ctx, sites[i], 10*time.Second); err != nil {
 			t.Fatalf("site %d: %v", i, err)
 		}
 	}

@@ -7,22 +7,23 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 	"braid/internal/tunnel"
 	"braid/internal/tunnel/session"
 )
 
-// multiPath is scenario.ParallelLinks with n links shaped s.
+// multiPath is kit.ParallelLinks with n links shaped s.
 func multiPath(n int, s topo.Shape) *topo.Topology {
 	shapes := make([]topo.Shape, n)
 	for i := range shapes {
 		shapes[i] = s
 	}
-	return scenario.ParallelLinks("tun", shapes...)
+	return kit.ParallelLinks("tun", shapes...)
 }
 
 // endpoint is one side of a tunnel under test.
@@ -62,7 +63,7 @@ func startTunnels(t *testing.T, l *lab.Lab, outer int, mutate func(side int, o *
 		if mutate != nil {
 			adjust = append(adjust, func(o *tunnel.Options) { mutate(i, o) })
 		}
-		tn, stop, err := scenario.StartTunnel(context.Background(), ep.host,
+		tn, stop, err := roles.StartTunnel(context.Background(), ep.host,
 			[]netip.Prefix{netip.PrefixFrom(ep.inner4, 24), netip.PrefixFrom(ep.inner6, 64)}, locals,
 			tunnel.Options{PrivateKey: ep.priv, MTU: 1400, Reorder: true, Recovery: true, Peers: []tunnel.PeerConfig{peer}}, adjust...)
 		if err != nil {
@@ -93,7 +94,7 @@ func sidePeer(l *lab.Lab, eps [2]*endpoint, i, outer int) (tunnel.PeerConfig, []
 		}
 		la, ra := pickFamily(local.Addrs, outer), pickFamily(remote.Addrs, outer)
 		locals = append(locals, la)
-		peer.Paths = append(peer.Paths, tunnel.PathConfig{Uplink: la.String(), Remote: netip.AddrPortFrom(ra, scenario.TunnelPort)})
+		peer.Paths = append(peer.Paths, tunnel.PathConfig{Uplink: la.String(), Remote: netip.AddrPortFrom(ra, roles.TunnelPort)})
 	}
 	return peer, locals
 }
@@ -138,7 +139,7 @@ func waitUp(t *testing.T, eps [2]*endpoint) {
 func serve(t *testing.T, h *lab.Host, addr netip.Addr) string {
 	t.Helper()
 	ap := netip.AddrPortFrom(addr, 5201).String()
-	stop, err := scenario.StartServer(context.Background(), h, ap)
+	stop, err := kit.StartServer(context.Background(), h, ap)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +175,7 @@ func TestTunnelIntegrity(t *testing.T) {
 						t.Errorf("udp to %s: %v", inner, u)
 					}
 					// UDP content, checked datagram by datagram through an echo.
-					echoed, corrupt, err := scenario.UDPIntegrity(ctx, eps[0].host, eps[1].host, inner, 2000, 1200)
+					echoed, corrupt, err := kit.UDPIntegrity(ctx, eps[0].host, eps[1].host, inner, 2000, 1200)
 					if err != nil || corrupt != 0 || echoed < 1980 {
 						t.Errorf("udp echo to %s: %d of 2000 back, %d changed, %v", inner, echoed, corrupt, err)
 					}
@@ -284,7 +285,7 @@ func TestTunnelFailover(t *testing.T) {
 		}
 		fileDone <- f
 	}()
-	worst, err := scenario.Ping(ctx, eps[0].host, eps[1].host, eps[1].inner4, 3*time.Second)
+	worst, err := kit.Ping(ctx, eps[0].host, eps[1].host, eps[1].inner4, 3*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,9 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 	"braid/internal/tunnel"
@@ -72,7 +73,7 @@ func natTunnels(t *testing.T, l *lab.Lab, rates []uint64) (hub, site *tunnel.Tun
 	withCapacity := func(o *tunnel.Options) {
 		for i := range o.Uplinks {
 			o.Uplinks[i].Capacity = capacity(i)
-			o.Uplinks[i].Local = netip.AddrPortFrom(netip.MustParseAddr(o.Uplinks[i].Name), scenario.TunnelPort)
+			o.Uplinks[i].Local = netip.AddrPortFrom(netip.MustParseAddr(o.Uplinks[i].Name), roles.TunnelPort)
 		}
 	}
 	learned := tunnel.PeerConfig{Name: "site", PublicKey: ks.Public(), Routes: []netip.Prefix{netip.PrefixFrom(natSiteInner, 32)}}
@@ -80,10 +81,10 @@ func natTunnels(t *testing.T, l *lab.Lab, rates []uint64) (hub, site *tunnel.Tun
 	for i := range natHubAddrs {
 		learned.Paths = append(learned.Paths, tunnel.PathConfig{Uplink: natHubAddrs[i].String(), Capacity: capacity(i)})
 		fixed.Paths = append(fixed.Paths, tunnel.PathConfig{Uplink: natSiteAddrs[i].String(),
-			Remote: netip.AddrPortFrom(natHubAddrs[i], scenario.TunnelPort), Capacity: capacity(i)})
+			Remote: netip.AddrPortFrom(natHubAddrs[i], roles.TunnelPort), Capacity: capacity(i)})
 	}
 	start := func(h *lab.Host, k session.PrivateKey, inner netip.Addr, locals []netip.Addr, peer tunnel.PeerConfig) *tunnel.Tunnel {
-		tn, stop, err := scenario.StartTunnel(context.Background(), h, []netip.Prefix{netip.PrefixFrom(inner, 24)}, locals,
+		tn, stop, err := roles.StartTunnel(context.Background(), h, []netip.Prefix{netip.PrefixFrom(inner, 24)}, locals,
 			tunnel.Options{PrivateKey: k, MTU: 1400, Reorder: true, Recovery: true, Peers: []tunnel.PeerConfig{peer}}, withCapacity)
 		if err != nil {
 			t.Fatal(err)
@@ -99,7 +100,7 @@ func natTunnels(t *testing.T, l *lab.Lab, rates []uint64) (hub, site *tunnel.Tun
 	site = start(l.Host("site"), ks, natSiteInner, natSiteAddrs, fixed)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := scenario.WaitTunnel(ctx, site, 10*time.Second); err != nil {
+	if err := roles.WaitTunnel(ctx, site, 10*time.Second); err != nil {
 		t.Fatalf("site: %v: %+v", err, site.Status())
 	}
 	deadline := time.Now().Add(5 * time.Second)
@@ -233,7 +234,7 @@ func TestTunnelNATRebinding(t *testing.T) {
 		}
 		fileDone <- f
 	}()
-	worst, err := scenario.Ping(ctx, l.Host("site"), l.Host("hub"), natHubInner, 4*time.Second)
+	worst, err := kit.Ping(ctx, l.Host("site"), l.Host("hub"), natHubInner, 4*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

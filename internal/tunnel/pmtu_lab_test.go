@@ -6,8 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 	"braid/internal/tun"
@@ -40,7 +41,7 @@ func TestTunnelPathMTU(t *testing.T) {
 		for i, a := range locals {
 			pc.Paths = append(pc.Paths, tunnel.PathConfig{Uplink: a.String(), Remote: ap(remotes[i])})
 		}
-		tn, stop, err := scenario.StartTunnel(context.Background(), h, []netip.Prefix{pf(inner + "/24")}, locals,
+		tn, stop, err := roles.StartTunnel(context.Background(), h, []netip.Prefix{pf(inner + "/24")}, locals,
 			tunnel.Options{PrivateKey: priv, MTU: 1400, Reorder: true, Peers: []tunnel.PeerConfig{pc}},
 			func(o *tunnel.Options) {
 				for i := range o.Uplinks {
@@ -99,7 +100,7 @@ func TestTunnelPathMTU(t *testing.T) {
 	if err != nil || !f.Intact {
 		t.Fatalf("file through the tunnel: %v %v", err, f)
 	}
-	echoed, corrupt, err := scenario.UDPIntegrity(ctx, l.Host("a"), l.Host("b"), ad("10.255.0.2"), 400, st.MTU-28)
+	echoed, corrupt, err := kit.UDPIntegrity(ctx, l.Host("a"), l.Host("b"), ad("10.255.0.2"), 400, st.MTU-28)
 	if err != nil || corrupt != 0 || echoed < 390 {
 		t.Fatalf("UDP of %d bytes: %d of 400 echoed, %d corrupt, %v", st.MTU-28, echoed, corrupt, err)
 	}

@@ -9,9 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/sock"
 	"braid/internal/traffic"
@@ -88,11 +89,11 @@ func followingSite(t *testing.T, h *lab.Host, k session.PrivateKey, hub tunnel.P
 	t.Helper()
 	follow := func(o *tunnel.Options) {
 		o.Uplinks = []tunnel.Uplink{
-			{Name: "up1", Interface: "up1", Follow: true, Port: scenario.TunnelPort},
-			{Name: "up2", Interface: "up2", Follow: true, Port: scenario.TunnelPort},
+			{Name: "up1", Interface: "up1", Follow: true, Port: roles.TunnelPort},
+			{Name: "up2", Interface: "up2", Follow: true, Port: roles.TunnelPort},
 		}
 	}
-	tn, stop, err := scenario.StartTunnel(context.Background(), h, []netip.Prefix{netip.PrefixFrom(natSiteInner, 24)}, nil,
+	tn, stop, err := roles.StartTunnel(context.Background(), h, []netip.Prefix{netip.PrefixFrom(natSiteInner, 24)}, nil,
 		tunnel.Options{PrivateKey: k, MTU: 1400, Reorder: true, Recovery: true, Peers: []tunnel.PeerConfig{hub}}, follow)
 	if err != nil {
 		t.Fatal(err)
@@ -165,7 +166,7 @@ func TestTunnelUplinkRenumbered(t *testing.T) {
 	fixed := tunnel.PeerConfig{Name: "hub", PublicKey: kh.Public(), Routes: []netip.Prefix{netip.PrefixFrom(natHubInner, 32)}}
 	for i, a := range natHubAddrs {
 		learned.Paths = append(learned.Paths, tunnel.PathConfig{Uplink: a.String()})
-		fixed.Paths = append(fixed.Paths, tunnel.PathConfig{Uplink: fmt.Sprintf("up%d", i+1), Remote: netip.AddrPortFrom(a, scenario.TunnelPort)})
+		fixed.Paths = append(fixed.Paths, tunnel.PathConfig{Uplink: fmt.Sprintf("up%d", i+1), Remote: netip.AddrPortFrom(a, roles.TunnelPort)})
 	}
 	// The modem is not plugged in yet: no interface up2, and no address (DHCP gives it one).
 	if err := l.Host("site").SetInterfaceUp("modem0", false); err != nil {
@@ -225,7 +226,7 @@ func TestTunnelUplinkRenumbered(t *testing.T) {
 		}
 		fileDone <- f
 	}()
-	worst, err := scenario.Ping(ctx, l.Host("site"), l.Host("hub"), natHubInner, 4*time.Second)
+	worst, err := kit.Ping(ctx, l.Host("site"), l.Host("hub"), natHubInner, 4*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,7 +323,7 @@ func TestTunnelUplinkRenumbered(t *testing.T) {
 		flapped <- ev
 	})
 	defer flap.Stop()
-	worst, err = scenario.Ping(ctx, l.Host("site"), l.Host("hub"), natHubInner, 3*time.Second)
+	worst, err = kit.Ping(ctx, l.Host("site"), l.Host("hub"), natHubInner, 3*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

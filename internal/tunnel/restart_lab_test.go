@@ -6,9 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 	"braid/internal/tunnel"
@@ -24,7 +25,7 @@ func startSide(t *testing.T, l *lab.Lab, eps [2]*endpoint, i int, mutate func(o 
 	if mutate != nil {
 		adjust = append(adjust, mutate)
 	}
-	tn, stop, err := scenario.StartTunnel(context.Background(), ep.host, []netip.Prefix{netip.PrefixFrom(ep.inner4, 24)}, locals,
+	tn, stop, err := roles.StartTunnel(context.Background(), ep.host, []netip.Prefix{netip.PrefixFrom(ep.inner4, 24)}, locals,
 		tunnel.Options{PrivateKey: ep.priv, MTU: 1400, Reorder: true, Recovery: true, Peers: []tunnel.PeerConfig{peer}}, adjust...)
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +40,7 @@ func startSide(t *testing.T, l *lab.Lab, eps [2]*endpoint, i int, mutate func(o 
 // responder session stays pending until the initiator is heard on it, and a side without a
 // session keeps initiating. Data must flow again within 3 s of the restart.
 func TestTunnelRestartReplayedInitiation(t *testing.T) {
-	l := labtest.Up(t, scenario.ParallelLinks("rst", topo.Shape{Rate: 50e6, Delay: 5 * time.Millisecond}))
+	l := labtest.Up(t, kit.ParallelLinks("rst", topo.Shape{Rate: 50e6, Delay: 5 * time.Millisecond}))
 	eps := newEndpoints(t, l)
 	var rec *initRecorder
 	stopA := startSide(t, l, eps, 0, func(o *tunnel.Options) {

@@ -5,8 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/rbpm"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/traffic"
 	"braid/internal/tunnel"
 )
@@ -17,11 +18,11 @@ import (
 // TCP flow at well above what the flow gets with the slow path in use. When every fast path
 // dies, the demoted path comes back and carries the flow.
 func TestTunnelRBPMDemotesSlowPath(t *testing.T) {
-	sc := scenario.RBPMScenarios()[0]
-	l := labtest.Up(t, scenario.ParallelLinks("rbpm", sc.Paths...))
+	sc := rbpm.RBPMScenarios()[0]
+	l := labtest.Up(t, kit.ParallelLinks("rbpm", sc.Paths...))
 	eps := startTunnels(t, l, 4, func(side int, o *tunnel.Options) {
 		o.Scheduler = "rbpm"
-		o.ReorderCfg.MaxBytes = scenario.RBPMBuffer
+		o.ReorderCfg.MaxBytes = rbpm.RBPMBuffer
 	})
 	waitUp(t, eps)
 	addr := serve(t, eps[1].host, eps[1].inner4)
@@ -46,8 +47,8 @@ func TestTunnelRBPMDemotesSlowPath(t *testing.T) {
 			t.Errorf("path %d is %s: a demoted path is still probed and up", p.ID, p.State)
 		}
 	}
-	if st.Scheduler != "rbpm" || st.PeerBufferFree < 0 || st.PeerBufferFree > scenario.RBPMBuffer {
-		t.Errorf("peer status: scheduler %q, peer buffer free %d (bound %d)", st.Scheduler, st.PeerBufferFree, scenario.RBPMBuffer)
+	if st.Scheduler != "rbpm" || st.PeerBufferFree < 0 || st.PeerBufferFree > rbpm.RBPMBuffer {
+		t.Errorf("peer status: scheduler %q, peer buffer free %d (bound %d)", st.Scheduler, st.PeerBufferFree, rbpm.RBPMBuffer)
 	}
 	// The slow path alone carries 125 kB/s and the four paths in round robin about 400 kB/s
 	// (braid lab repro rbpm); the fast paths together carry up to 1.8 MB/s.

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 )
@@ -42,7 +42,7 @@ func TestTunnelUnequalPaths(t *testing.T) {
 				{Rate: 50e6, Delay: 5 * time.Millisecond, Loss: loss},
 				{Rate: 25e6, Delay: 50 * time.Millisecond, Loss: loss},
 			}
-			l := labtest.Up(t, scenario.ParallelLinks("uneq", shapes...))
+			l := labtest.Up(t, kit.ParallelLinks("uneq", shapes...))
 			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 			defer cancel()
 			sum, best := 0.0, 0.0

@@ -13,8 +13,8 @@ import (
 
 	"braid/internal/lab"
 	"braid/internal/lab/netns"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
+	"braid/internal/traffic"
 )
 
 // Require skips (or fails, under BRAID_LAB_REQUIRED=1) when lab tests cannot run here.
@@ -83,6 +83,24 @@ func Up(t testing.TB, tp *topo.Topology) *lab.Lab {
 	return l
 }
 
-// Pair is scenario.PairTopology: hosts "a" (10.99.0.1, fd99::1) and "b" (10.99.0.2, fd99::2)
-// joined by one link shaped s in both directions.
-func Pair(s topo.Shape) *topo.Topology { return scenario.PairTopology(s) }
+// Pair is topo.Pair: hosts "a" (10.99.0.1, fd99::1) and "b" (10.99.0.2, fd99::2) joined by one
+// link shaped s in both directions.
+func Pair(s topo.Shape) *topo.Topology { return topo.Pair(s) }
+
+// Serve runs a traffic server (TCP and UDP) inside host h on addr until stop is called.
+func Serve(h *lab.Host, addr string) (stop func(), err error) {
+	ln, err := h.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	pc, err := h.ListenPacket("udp", addr)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	srv := traffic.NewServer(ln, pc)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Serve(ctx) }()
+	return func() { cancel(); srv.Close(); <-done }, nil
+}

@@ -9,8 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lisp/mapserver"
 	"braid/internal/lisp/xtr"
 	"braid/internal/traffic"
@@ -31,8 +32,8 @@ import (
 // where it is dropped.
 func TestLispHostileFlood(t *testing.T) {
 	labtest.Require(t)
-	l := labtest.Up(t, scenario.LispTopology(2*time.Millisecond, 50e6))
-	ll, err := scenario.StartLisp(context.Background(), l, nil)
+	l := labtest.Up(t, roles.LispTopology(2*time.Millisecond, 50e6))
+	ll, err := roles.StartLisp(context.Background(), l, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,11 +42,11 @@ func TestLispHostileFlood(t *testing.T) {
 			t.Errorf("stop: %v", err)
 		}
 	})
-	s1, s2 := scenario.LispSites[0], scenario.LispSites[1]
+	s1, s2 := roles.LispSites[0], roles.LispSites[1]
 	h1, h2 := l.Host("h1"), l.Host("h2")
 	ctx := t.Context()
 	addr := netip.AddrPortFrom(s2.HostIP[0], 5201).String()
-	stop, err := scenario.StartServer(ctx, h2, addr)
+	stop, err := kit.StartServer(ctx, h2, addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,10 +91,10 @@ func TestLispHostileFlood(t *testing.T) {
 			mapRequest(t, lisp.ReqProbe, victim, s2.EIDs[0]),
 			ecm(t, self, netip.AddrPortFrom(xtr2, lisp.ControlPort), mapRequest(t, 0, victim, s2.EIDs[0])),
 		}, junk(8)...)},
-		{"map server", scenario.LispMapServer.Addr(), lisp.ControlPort, append([][]byte{
+		{"map server", roles.LispMapServer.Addr(), lisp.ControlPort, append([][]byte{
 			register(t, s2, s2.RLOCs, s2.Key, 0x5eed), // a captured registration of site 2, replayed
 			register(t, s2, []netip.Addr{self.Addr()}, "a-guess-at-the-site2-key", 0x5eee),
-			ecm(t, netip.AddrPortFrom(victim, lisp.ControlPort), scenario.LispMapServer, mapRequest(t, 0, victim, s2.EIDs[0])),
+			ecm(t, netip.AddrPortFrom(victim, lisp.ControlPort), roles.LispMapServer, mapRequest(t, 0, victim, s2.EIDs[0])),
 		}, junk(8)...)},
 	}
 
@@ -169,7 +170,7 @@ func TestLispHostileFlood(t *testing.T) {
 		floodFor += time.Since(floodStart)
 	}
 	ms1, x1 = ll.MapServer.Counters(), ll.XTRs[1].Status().Counters
-	quiet, flooded := scenario.Median(quietS), scenario.Median(floodS)
+	quiet, flooded := kit.Median(quietS), kit.Median(floodS)
 	t.Logf("h1 -> h2 beside the flood sent to closed ports %.1f Mbit/s; with %d messages (%.0f/s) sent to the xTR and the map server: %.1f Mbit/s (%.2f); file %v",
 		quiet/1e6, n, float64(n)/floodFor.Seconds(), flooded/1e6, flooded/quiet, file)
 	if flooded < 0.9*quiet {
@@ -255,7 +256,7 @@ func ecm(t *testing.T, src, dst netip.AddrPort, msg []byte) []byte {
 }
 
 // register is a Map-Register of every EID prefix of site s with locators, signed with key.
-func register(t *testing.T, s scenario.LispSite, locators []netip.Addr, key string, nonce uint64) []byte {
+func register(t *testing.T, s roles.LispSite, locators []netip.Addr, key string, nonce uint64) []byte {
 	t.Helper()
 	m := lisp.MapRegister{Flags: lisp.RegWantNotify, Nonce: nonce, AlgID: lisp.AlgHMACSHA256, AuthData: make([]byte, 32)}
 	for _, p := range s.EIDs {

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/lisp/mapserver"
 	"braid/internal/lisp/xtr"
@@ -27,7 +27,7 @@ var secondMapServer = netip.MustParseAddrPort("10.0.9.5:4342")
 func TestXTRMapServerFailover(t *testing.T) {
 	labtest.Require(t)
 	sh := topo.Shape{Delay: 2 * time.Millisecond}
-	tp := scenario.LispSitesTopology("lispms", scenario.LispSites[:], func(int, int) (topo.Shape, topo.Shape) { return sh, sh }, sh)
+	tp := roles.LispSitesTopology("lispms", roles.LispSites[:], func(int, int) (topo.Shape, topo.Shape) { return sh, sh }, sh)
 	tp.Hosts = append(tp.Hosts, topo.Host{Name: "ms2", Routes: []topo.Route{{Dst: netip.MustParsePrefix("0.0.0.0/0"), Via: netip.MustParseAddr("10.0.9.6")}}})
 	tp.Links = append(tp.Links, topo.Link{Name: "ms2-core", AB: sh, BA: sh,
 		A: topo.Endpoint{Host: "ms2", Ifname: "core", Addrs: []netip.Prefix{netip.MustParsePrefix("10.0.9.5/30")}},
@@ -36,13 +36,13 @@ func TestXTRMapServerFailover(t *testing.T) {
 	ctx := context.Background()
 
 	const registerInterval = 2 * time.Second
-	msCfg := scenario.LispMapServerConfig()
+	msCfg := roles.LispMapServerConfig()
 	msCfg.RegistrationTimeout = 3 * registerInterval
-	addrs := []netip.AddrPort{scenario.LispMapServer, secondMapServer}
+	addrs := []netip.AddrPort{roles.LispMapServer, secondMapServer}
 	var servers [2]*mapserver.Server
 	var stopMS [2]func() error
 	for i, host := range []string{"ms", "ms2"} {
-		s, stop, err := scenario.StartMapServer(ctx, l.Host(host), addrs[i], msCfg)
+		s, stop, err := roles.StartMapServer(ctx, l.Host(host), addrs[i], msCfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -58,8 +58,8 @@ func TestXTRMapServerFailover(t *testing.T) {
 		}
 	}()
 	var xs [2]*xtr.XTR
-	for i, s := range scenario.LispSites {
-		o := scenario.LispSiteXTROptions(s)
+	for i, s := range roles.LispSites {
+		o := roles.LispSiteXTROptions(s)
 		o.Resolvers = addrs
 		o.MapServers = nil
 		for _, a := range addrs {
@@ -67,7 +67,7 @@ func TestXTRMapServerFailover(t *testing.T) {
 		}
 		o.RegisterInterval = registerInterval
 		o.RequestTimeout = time.Second
-		x, stop, err := scenario.StartSiteXTR(ctx, l, s, o)
+		x, stop, err := roles.StartSiteXTR(ctx, l, s, o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -78,7 +78,7 @@ func TestXTRMapServerFailover(t *testing.T) {
 			}
 		}()
 	}
-	if err := scenario.WaitRegistered(xs[:], 10*time.Second); err != nil {
+	if err := roles.WaitRegistered(xs[:], 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	for i, s := range servers {
@@ -87,7 +87,7 @@ func TestXTRMapServerFailover(t *testing.T) {
 		}
 	}
 	h1, h2 := l.Host("h1"), l.Host("h2")
-	s1, s2 := scenario.LispSites[0], scenario.LispSites[1]
+	s1, s2 := roles.LispSites[0], roles.LispSites[1]
 
 	// One round: empty both map-caches, then open a new flow from h1 to each of h2's EIDs and
 	// measure how long each xTR took to resolve the other end.

@@ -8,7 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"braid/internal/lab/scenario"
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lisp/mapserver"
 	"braid/internal/lisp/xtr"
 	"braid/internal/wire/lisp"
@@ -23,10 +24,10 @@ func TestLispLabAttacker(t *testing.T) {
 	ll := startLisp(t, nil)
 	l := ll.Lab
 	core, h1, h2 := l.Host("core"), l.Host("h1"), l.Host("h2")
-	s1, s2 := scenario.LispSites[0], scenario.LispSites[1]
+	s1, s2 := roles.LispSites[0], roles.LispSites[1]
 	ctx := context.Background()
 	attacker := netip.MustParseAddr("10.0.9.2") // core's address toward the map server
-	if _, err := scenario.Ping(ctx, h1, h2, s2.HostIP[0], 1500*time.Millisecond); err != nil {
+	if _, err := kit.Ping(ctx, h1, h2, s2.HostIP[0], 1500*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	listen := func(port int) net.PacketConn {
@@ -37,7 +38,7 @@ func TestLispLabAttacker(t *testing.T) {
 		t.Cleanup(func() { pc.Close() })
 		return pc
 	}
-	ms := net.UDPAddrFromAddrPort(scenario.LispMapServer)
+	ms := net.UDPAddrFromAddrPort(roles.LispMapServer)
 
 	t.Run("replayed registration", func(t *testing.T) {
 		// What a capture of site 2's registration holds: its EIDs and RLOCs, signed with its key.

@@ -9,19 +9,20 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lisp/mapserver"
 	"braid/internal/lisp/xtr"
 	"braid/internal/wire/lisp"
 )
 
-func startLisp(t *testing.T, adjust func(int, *xtr.Options)) *scenario.LispLab {
+func startLisp(t *testing.T, adjust func(int, *xtr.Options)) *roles.LispLab {
 	t.Helper()
 	labtest.Require(t)
-	l := labtest.Up(t, scenario.LispTopology(2*time.Millisecond, 0))
+	l := labtest.Up(t, roles.LispTopology(2*time.Millisecond, 0))
 	// The context bounds the whole run of the roles, not only their start.
-	ll, err := scenario.StartLisp(context.Background(), l, adjust)
+	ll, err := roles.StartLisp(context.Background(), l, adjust)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,14 +42,14 @@ func TestLispLab(t *testing.T) {
 	l := ll.Lab
 	h1, h2 := l.Host("h1"), l.Host("h2")
 	ctx := context.Background()
-	s1, s2 := scenario.LispSites[0], scenario.LispSites[1]
+	s1, s2 := roles.LispSites[0], roles.LispSites[1]
 
 	t.Run("reach", func(t *testing.T) {
 		for _, c := range []struct {
 			from, to string
 			addr     netip.Addr
 		}{{"h1", "h2", s2.HostIP[0]}, {"h2", "h1", s1.HostIP[0]}, {"h1", "h2", s2.HostIP[1]}} {
-			gap, err := scenario.Ping(ctx, l.Host(c.from), l.Host(c.to), c.addr, 1500*time.Millisecond)
+			gap, err := kit.Ping(ctx, l.Host(c.from), l.Host(c.to), c.addr, 1500*time.Millisecond)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -87,7 +88,7 @@ func TestLispLab(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer pc.Close()
-		if _, err := pc.WriteTo(b, net.UDPAddrFromAddrPort(scenario.LispMapServer)); err != nil {
+		if _, err := pc.WriteTo(b, net.UDPAddrFromAddrPort(roles.LispMapServer)); err != nil {
 			t.Fatal(err)
 		}
 		pc.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
@@ -114,7 +115,7 @@ func TestLispLab(t *testing.T) {
 		gapc := make(chan time.Duration, 1)
 		errc := make(chan error, 1)
 		go func() {
-			g, err := scenario.Ping(ctx, h1, h2, s2.HostIP[0], 5*time.Second)
+			g, err := kit.Ping(ctx, h1, h2, s2.HostIP[0], 5*time.Second)
 			gapc <- g
 			errc <- err
 		}()
@@ -187,9 +188,9 @@ func TestLispLab(t *testing.T) {
 
 // placement opens 4 TCP connections whose (sport + dport) mod 4 are 0..3, echoes 256 KiB over
 // each in turn, and finds on the emulated links which RLOC pair carried each direction.
-func placement(t *testing.T, ll *scenario.LispLab) {
+func placement(t *testing.T, ll *roles.LispLab) {
 	l := ll.Lab
-	s1, s2 := scenario.LispSites[0], scenario.LispSites[1]
+	s1, s2 := roles.LispSites[0], roles.LispSites[1]
 	const dport = 5001
 	ln, err := l.Host("h2").Listen("tcp", netip.AddrPortFrom(s2.HostIP[0], dport).String())
 	if err != nil {
@@ -207,7 +208,7 @@ func placement(t *testing.T, ll *scenario.LispLab) {
 	}()
 	type dirBytes [2][2]uint64 // [site][rloc] bytes leaving the site's xTR (0) or reaching it (1)
 	snap := func() (d dirBytes, in dirBytes) {
-		for si, s := range []scenario.LispSite{s1, s2} {
+		for si, s := range []roles.LispSite{s1, s2} {
 			for j, name := range s.Links {
 				d[si][j] = l.Link(name).Stats(0).Bytes  // xTR -> core
 				in[si][j] = l.Link(name).Stats(1).Bytes // core -> xTR
@@ -263,7 +264,7 @@ func placement(t *testing.T, ll *scenario.LispLab) {
 	}
 }
 
-func rloc(s scenario.LispSite, i int) any {
+func rloc(s roles.LispSite, i int) any {
 	if i < 0 {
 		return "none"
 	}

@@ -11,9 +11,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"braid/internal/experiment/amptcp"
+	"braid/internal/experiment/roles"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/lisp/xtr"
 	"braid/internal/mptcp/pm"
@@ -218,7 +219,7 @@ func checkPlacement(t *testing.T, w *wire, subs []core.SubflowStatus, client net
 
 func startAMPTCPServer(t *testing.T, h *lab.Host) {
 	t.Helper()
-	ln, err := scenario.MPTCPListen(h, "0.0.0.0:5201")
+	ln, err := roles.MPTCPListen(h, "0.0.0.0:5201")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,11 +230,11 @@ func startAMPTCPServer(t *testing.T, h *lab.Host) {
 
 // startAMPTCP brings up sites (a LispSitesTopology t), the map server and the xTRs, placement
 // mode on those listed in placing, and braid pm --policy amptcp on the first site's host.
-func startAMPTCP(t *testing.T, tp func() *lab.Lab, sites []scenario.LispSite, resolver netip.AddrPort, placing ...int) (*scenario.LispLab, *pm.Daemon) {
+func startAMPTCP(t *testing.T, tp func() *lab.Lab, sites []roles.LispSite, resolver netip.AddrPort, placing ...int) (*roles.LispLab, *pm.Daemon) {
 	t.Helper()
 	l := tp()
-	ll, err := scenario.StartLispSites(context.Background(), l, sites, func(i int, o *xtr.Options) {
-		scenario.AMPTCPXTR(i, o)
+	ll, err := roles.StartLispSites(context.Background(), l, sites, func(i int, o *xtr.Options) {
+		amptcp.AMPTCPXTR(i, o)
 		o.Placement = slices.Contains(placing, i)
 	})
 	if err != nil {
@@ -244,15 +245,15 @@ func startAMPTCP(t *testing.T, tp func() *lab.Lab, sites []scenario.LispSite, re
 			t.Errorf("stop lisp: %v", err)
 		}
 	})
-	if err := scenario.PrepareAMPTCP(l, sites); err != nil {
+	if err := amptcp.PrepareAMPTCP(l, sites); err != nil {
 		t.Fatal(err)
 	}
 	h1 := l.Host(sites[0].Host)
-	up, err := scenario.HostUplink(l, h1, sites[0].HostIP[0])
+	up, err := roles.HostUplink(l, h1, sites[0].HostIP[0])
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, stop, err := scenario.StartPM(context.Background(), h1, scenario.PMOptions{Uplinks: []core.Uplink{up}, Policy: &core.AMPTCP{},
+	d, stop, err := roles.StartPM(context.Background(), h1, roles.PMOptions{Uplinks: []core.Uplink{up}, Policy: &core.AMPTCP{},
 		Resolvers: []netip.AddrPort{resolver}, MaxAge: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -271,10 +272,10 @@ func startAMPTCP(t *testing.T, tp func() *lab.Lab, sites []scenario.LispSite, re
 // Only the data centre's xTR, on the sending side, places flows (the paper's asymmetric case).
 func TestLabAMPTCPTwoRLOCs(t *testing.T) {
 	labtest.Require(t)
-	sites := scenario.AMPTCPSites()
+	sites := amptcp.AMPTCPSites()
 	ll, d := startAMPTCP(t, func() *lab.Lab {
-		return labtest.Up(t, scenario.AMPTCPTopology(40e6, 20e6, 2*time.Millisecond))
-	}, sites, scenario.LispMapServer, 1)
+		return labtest.Up(t, amptcp.AMPTCPTopology(40e6, 20e6, 2*time.Millisecond))
+	}, sites, roles.LispMapServer, 1)
 	l := ll.Lab
 	client := sites[0].HostIP[0]
 	w := capture(t, l.Host("core"), client)
@@ -282,7 +283,7 @@ func TestLabAMPTCPTwoRLOCs(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		_, err := traffic.Bulk(ctx, scenario.MPTCPDial(l.Host(sites[0].Host), true), netip.AddrPortFrom(sites[1].HostIP[0], 5201).String(),
+		_, err := traffic.Bulk(ctx, roles.MPTCPDial(l.Host(sites[0].Host), true), netip.AddrPortFrom(sites[1].HostIP[0], 5201).String(),
 			traffic.BulkOptions{Duration: 6 * time.Second, Interval: time.Second, Reverse: true})
 		done <- err
 	}()
@@ -316,13 +317,13 @@ func TestLabAMPTCPTwoRLOCs(t *testing.T) {
 // server's site places by hash.
 func TestLabAMPTCPFourPairsAndMappingChange(t *testing.T) {
 	labtest.Require(t)
-	sites := scenario.LispSites[:]
+	sites := roles.LispSites[:]
 	ll, d := startAMPTCP(t, func() *lab.Lab {
 		shape := func(int, int) (up, down topo.Shape) {
 			return topo.Shape{Rate: 20e6, Delay: 2 * time.Millisecond}, topo.Shape{Rate: 20e6, Delay: 2 * time.Millisecond}
 		}
-		return labtest.Up(t, scenario.LispSitesTopology("amptcp4", sites, shape, topo.Shape{Delay: 2 * time.Millisecond}))
-	}, sites, scenario.LispMapServer, 0)
+		return labtest.Up(t, roles.LispSitesTopology("amptcp4", sites, shape, topo.Shape{Delay: 2 * time.Millisecond}))
+	}, sites, roles.LispMapServer, 0)
 	l := ll.Lab
 	client := sites[0].HostIP[0]
 	w := capture(t, l.Host("core"), client)
@@ -331,7 +332,7 @@ func TestLabAMPTCPFourPairsAndMappingChange(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		// An upload: the client's xTR places the data.
-		_, err := traffic.Bulk(ctx, scenario.MPTCPDial(l.Host(sites[0].Host), true), netip.AddrPortFrom(sites[1].HostIP[0], 5201).String(),
+		_, err := traffic.Bulk(ctx, roles.MPTCPDial(l.Host(sites[0].Host), true), netip.AddrPortFrom(sites[1].HostIP[0], 5201).String(),
 			traffic.BulkOptions{Duration: 9 * time.Second, Interval: time.Second})
 		done <- err
 	}()
@@ -375,14 +376,14 @@ func TestLabAMPTCPFourPairsAndMappingChange(t *testing.T) {
 // give it (here its one subflow), the transfer is intact, and the reason is counted.
 func TestLabAMPTCPSilentResolver(t *testing.T) {
 	labtest.Require(t)
-	sites := scenario.AMPTCPSites()
-	silent := netip.AddrPortFrom(scenario.LispMapServer.Addr(), 4999) // nothing listens there
+	sites := amptcp.AMPTCPSites()
+	silent := netip.AddrPortFrom(roles.LispMapServer.Addr(), 4999) // nothing listens there
 	ll, d := startAMPTCP(t, func() *lab.Lab {
-		return labtest.Up(t, scenario.AMPTCPTopology(40e6, 20e6, 2*time.Millisecond))
+		return labtest.Up(t, amptcp.AMPTCPTopology(40e6, 20e6, 2*time.Millisecond))
 	}, sites, silent, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	dial := scenario.MPTCPDial(ll.Lab.Host(sites[0].Host), true)
+	dial := roles.MPTCPDial(ll.Lab.Host(sites[0].Host), true)
 	addr := netip.AddrPortFrom(sites[1].HostIP[0], 5201).String()
 	// Long enough for the lookups to time out (3 requests of 300 ms) while the data flows.
 	r, err := traffic.File(ctx, dial, addr, traffic.FileOptions{Size: 8 << 20, Reverse: true})

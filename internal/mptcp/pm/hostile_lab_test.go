@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/mptcp/pm/core"
 	"braid/internal/mptcp/pmnl"
@@ -42,7 +42,7 @@ type hostileRun struct {
 func runHostilePeer(t *testing.T, name string, cfg core.Config) hostileRun {
 	t.Helper()
 	shape := topo.Shape{Rate: 20e6, Delay: time.Millisecond}
-	l := labtest.Up(t, scenario.ParallelLinks(name, shape, shape))
+	l := labtest.Up(t, kit.ParallelLinks(name, shape, shape))
 	a, b := l.Host("a"), l.Host("b")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/mptcp/info"
 	"braid/internal/mptcp/pm"
@@ -94,7 +94,7 @@ func startServer(t *testing.T, h *lab.Host) {
 // A subflow whose link is cut is replaced, and comes back within 2 s of the link's return.
 func TestLabFullmeshRecreate(t *testing.T) {
 	shape := topo.Shape{Rate: 100e6, Delay: 2 * time.Millisecond}
-	l := labtest.Up(t, scenario.ParallelLinks("pmre", shape, shape))
+	l := labtest.Up(t, kit.ParallelLinks("pmre", shape, shape))
 	a, b := l.Host("a"), l.Host("b")
 	var events *pmnl.Stream
 	if err := a.NS.Do(func() (err error) { events, err = pmnl.Subscribe(pmnl.Options{}); return err }); err != nil {
@@ -175,7 +175,7 @@ func TestLabFullmeshRecreate(t *testing.T) {
 // the kernel latches per connection, is refused once and forgotten while the other is served.
 func TestLabTakesUpExistingConnections(t *testing.T) {
 	shape := topo.Shape{Rate: 100e6, Delay: time.Millisecond}
-	l := labtest.Up(t, scenario.ParallelLinks("pmup", shape, shape))
+	l := labtest.Up(t, kit.ParallelLinks("pmup", shape, shape))
 	a, b := l.Host("a"), l.Host("b")
 	var ln net.Listener
 	if err := b.NS.Do(func() (err error) {

@@ -5,8 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
+	"braid/internal/experiment/rbpm"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 )
 
@@ -16,7 +17,7 @@ import (
 func TestLabRBPMDemotesTheSlowPath(t *testing.T) {
 	labtest.Require(t)
 	ms := time.Millisecond
-	sc := scenario.RBPMScenario{Name: "lab", Paths: []topo.Shape{
+	sc := rbpm.RBPMScenario{Name: "lab", Paths: []topo.Shape{
 		{Rate: 10e6, Delay: 10 * ms, QueuePackets: 20},
 		{Rate: 1e6, Delay: 100 * ms, QueuePackets: 20},
 	}}
@@ -41,14 +42,14 @@ func TestLabRBPMDemotesTheSlowPath(t *testing.T) {
 	}
 }
 
-// Scenario 1 with a 2 MB receive buffer and shallow queues (scenario.RBPMShallowS1): the
+// Scenario 1 with a 2 MB receive buffer and shallow queues (rbpm.RBPMShallowS1): the
 // peer's window (about 1 MB) holds the fast paths' out-of-order data, but the sender's send
 // buffer, which keeps everything sent after the slow subflow's unacknowledged chunk, does not.
 // The policy judges by the smaller, demotes the slow subflow and keeps it demoted, and the
 // three fast paths then run close to their 15 Mbit/s.
 func TestLabRBPMSendBufferBinds(t *testing.T) {
 	labtest.Require(t)
-	sc := scenario.RBPMShallowS1()
+	sc := rbpm.RBPMShallowS1()
 	base, rb := uploadBoth(t, sc)
 	for i := 0; i < 3; i++ {
 		if rb.DemotedAt[i] >= 0 {
@@ -81,16 +82,16 @@ func TestLabRBPMSendBufferBinds(t *testing.T) {
 }
 
 // uploadBoth runs a 12 s upload over sc without the policy (fullmesh), then with rbpm.
-func uploadBoth(t *testing.T, sc scenario.RBPMScenario) (base, rb scenario.RBPMRow) {
+func uploadBoth(t *testing.T, sc rbpm.RBPMScenario) (base, rb rbpm.RBPMRow) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const dur = 12 * time.Second
-	base, err := scenario.RBPMKernel(ctx, sc, false, dur, scenario.Options{})
+	base, err := rbpm.RBPMKernel(ctx, sc, false, dur, kit.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rb, err = scenario.RBPMKernel(ctx, sc, true, dur, scenario.Options{})
+	rb, err = rbpm.RBPMKernel(ctx, sc, true, dur, kit.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
-	"braid/internal/lab/scenario"
 	"braid/internal/lab/topo"
 	"braid/internal/mptcp/info"
 	"braid/internal/mptcp/pmnl"
@@ -91,7 +91,7 @@ func listenMPTCP(h *lab.Host, addr string) (net.Listener, error) {
 // per-subflow byte counters from the socket and from sock_diag add up to what was sent.
 func TestLabUserspacePM(t *testing.T) {
 	shape := topo.Shape{Rate: 200e6, Delay: time.Millisecond}
-	l := labtest.Up(t, scenario.ParallelLinks("pmnl", shape, shape))
+	l := labtest.Up(t, kit.ParallelLinks("pmnl", shape, shape))
 	a, b := l.Host("a"), l.Host("b")
 	for _, h := range []*lab.Host{a, b} {
 		if err := h.NS.Sysctl("mptcp/pm_type", "1"); err != nil {

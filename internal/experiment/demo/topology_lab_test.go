@@ -1,0 +1,58 @@
+package demo_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"braid/internal/experiment/demo"
+	"braid/internal/lab"
+	"braid/internal/lab/labtest"
+	"braid/internal/traffic"
+)
+
+// The demo topology routes between sites across two routers and an ISP, over IPv4 and IPv6,
+// and a route change moves the traffic to the other path (whose RTT is known).
+func TestRoutedIPv4AndIPv6(t *testing.T) {
+	tp, err := demo.TwoSites()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := labtest.Up(t, tp)
+	for _, addr := range []string{"10.2.0.1:5201", "[fd02::1]:5201"} {
+		stop, err := labtest.Serve(l.Host("h2"), addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stop()
+	}
+	// Path A: 2·(5 + 10) ms; path B: 2·(20 + 15) ms.
+	for _, addr := range []string{"10.2.0.1:5201", "[fd02::1]:5201"} {
+		if got := rtt(t, l, "h1", addr); got < 30*time.Millisecond || got > 33*time.Millisecond {
+			t.Errorf("%s over path A: RTT %v, want 30 ms", addr, got)
+		}
+	}
+	for router, routes := range demo.DemoPaths[1].Routes {
+		for _, r := range routes {
+			if err := l.Host(router).ReplaceRoute(r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, addr := range []string{"10.2.0.1:5201", "[fd02::1]:5201"} {
+		if got := rtt(t, l, "h1", addr); got < 70*time.Millisecond || got > 74*time.Millisecond {
+			t.Errorf("%s over path B: RTT %v, want 70 ms", addr, got)
+		}
+	}
+}
+
+func rtt(t *testing.T, l *lab.Lab, from, addr string) time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	rr, err := traffic.RR(ctx, l.Host(from).Dial, addr, traffic.RROptions{Count: 5})
+	if err != nil {
+		t.Fatalf("rr %s -> %s: %v", from, addr, err)
+	}
+	return rr.Median
+}
