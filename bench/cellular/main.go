@@ -425,12 +425,11 @@ func measureProxy(ctx context.Context, o options, c cellCase, reverse bool) resu
 
 // plot writes the case's figure: each path's delivered rate and the flow's goodput, per second.
 func plot(file string, c cellCase, r result) error {
-	ch := kit.Chart{Title: fmt.Sprintf("case %s: upload through braid tunnel (%s)", strings.ToUpper(c.id), schedulers[0]), XLabel: "time (s)", YLabel: "Mbit/s"}
+	ch := kit.Chart{Title: fmt.Sprintf("Case %s: upload through braid tunnel (%s)", strings.ToUpper(c.id), schedulers[0]), XLabel: "time (s)", YLabel: "rate per second (Mbit/s)"}
 	series := func(name string, v []float64) kit.Series {
 		s := kit.Series{Name: name, Color: kit.Palette[len(ch.Series)%len(kit.Palette)]}
 		for i, x := range v {
-			s.X = append(s.X, float64(i+1))
-			s.Min, s.Med, s.Max = append(s.Min, x/1e6), append(s.Med, x/1e6), append(s.Max, x/1e6)
+			s.X, s.Y = append(s.X, float64(i+1)), append(s.Y, x/1e6)
 		}
 		return s
 	}
@@ -440,9 +439,5 @@ func plot(file string, c cellCase, r result) error {
 		}
 	}
 	ch.Series = append(ch.Series, series("tunnel TCP goodput", r.samples))
-	var buf bytes.Buffer
-	if err := ch.WritePNG(&buf, 900, 500); err != nil {
-		return err
-	}
-	return os.WriteFile(file, buf.Bytes(), 0o644)
+	return ch.Save(file)
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"sort"
 	"sync"
@@ -143,7 +142,8 @@ func runAMPTCP(ctx context.Context, w io.Writer, o kit.Options) error {
 		fmt.Fprintf(tw, "%d\t", size>>10)
 		for i := range cfgs {
 			v := results[i].times[f]
-			fmt.Fprintf(tw, "%.2f [%.2f-%.2f]\t", kit.Median(v), minOf(v), maxOf(v))
+			lo, hi := kit.MinMax(v)
+			fmt.Fprintf(tw, "%.2f [%.2f-%.2f]\t", kit.Median(v), lo, hi)
 		}
 		tcp, mp, am, hand := kit.Median(results[0].times[f]), kit.Median(results[1].times[f]), kit.Median(results[2].times[f]), kit.Median(results[4].times[f])
 		fmt.Fprintf(tw, "%.2f\t%.2f\t%.2f\t\n", am/tcp, mp/tcp, am/hand)
@@ -162,35 +162,23 @@ func runAMPTCP(ctx context.Context, w io.Writer, o kit.Options) error {
 	fmt.Fprintf(w, "\nThe paper (Fig. 6): TCP and MPTCP close, MPTCP a little slower; A-MPTCP nearly halves the times\n"+
 		"(\"a gain close to 90%%\"); 3 forced subflows worse on average than 2, sometimes better. Fig. 7: the LISP\n"+
 		"encapsulation overhead \"most of the time negligible\".\n")
-	var plotErr error
-	for _, fig := range []struct {
-		file, title string
-		which       []int
-	}{
-		{"amptcp-fig6.png", "COMPLETION TIME PER FILE SIZE (PAPER FIG. 6)", []int{0, 1, 2, 3}},
-		{"amptcp-fig7.png", "TWO SUBFLOWS WITH AND WITHOUT LISP (PAPER FIG. 7)", []int{2, 4}},
-	} {
-		ch := kit.Chart{Title: fig.title, XLabel: "FILE SIZE (MB)", YLabel: "COMPLETION TIME (S)"}
-		for k, i := range fig.which {
-			s := kit.Series{Name: cfgs[i].name, Color: kit.Palette[k%len(kit.Palette)]}
-			if i == 4 {
-				s.Name = "2 SUBFLOWS BY HAND, NO LISP"
-			} else if i == 2 && len(fig.which) == 2 {
-				s.Name = "2 SUBFLOWS PLACED THROUGH LISP (A-MPTCP)"
-			}
-			for f, size := range sizes {
-				v := results[i].times[f]
-				s.X = append(s.X, float64(size)/(1<<20))
-				s.Min, s.Med, s.Max = append(s.Min, minOf(v)), append(s.Med, kit.Median(v)), append(s.Max, maxOf(v))
-			}
-			ch.Series = append(ch.Series, s)
+	sum := Summary{Reps: reps}
+	for i, c := range cfgs {
+		sum.Names = append(sum.Names, c.name)
+		var med, lo, hi []float64
+		for f := range sizes {
+			v := results[i].times[f]
+			a, b := kit.MinMax(v)
+			med, lo, hi = append(med, kit.Median(v)), append(lo, a), append(hi, b)
 		}
-		path := filepath.Join(out, fig.file)
-		if err := writeChart(path, ch); err != nil {
-			plotErr = errors.Join(plotErr, err)
-			continue
-		}
-		fmt.Fprintf(w, "wrote %s\n", path)
+		sum.Med, sum.Min, sum.Max = append(sum.Med, med), append(sum.Min, lo), append(sum.Max, hi)
+	}
+	for _, size := range sizes {
+		sum.SizesMB = append(sum.SizesMB, float64(size)/(1<<20))
+	}
+	paths, plotErr := WriteFigures(out, sum)
+	for _, p := range paths {
+		fmt.Fprintf(w, "wrote %s\n", p)
 	}
 	fmt.Fprintf(w, "took %v; links emulated by: %s\n", time.Since(start).Round(time.Second), lab.EmulatorName)
 	claims := amptcpClaims(worstAM, worstMP)
@@ -233,35 +221,51 @@ func amptcpClaims(am, mp []amptcpRatio) *kit.Claims {
 	return c
 }
 
-func writeChart(path string, ch kit.Chart) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := ch.WritePNG(f, 1100, 700); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+// Summary is what the figures show: per configuration (Names, in amptcpConfigs' order) and
+// file size, the median, minimum and maximum completion time in seconds over Reps runs.
+type Summary struct {
+	Names         []string
+	SizesMB       []float64
+	Med, Min, Max [][]float64 // [configuration][file]
+	Reps          int
 }
 
-func minOf(v []float64) float64 {
-	m := v[0]
-	for _, x := range v {
-		m = min(m, x)
+// WriteFigures draws the paper's Fig. 6 (TCP, MPTCP, A-MPTCP, A-MPTCP forced 3) and Fig. 7
+// (two subflows placed through LISP against two by hand without LISP) into dir, as PNG, and
+// returns the files written.
+func WriteFigures(dir string, s Summary) ([]string, error) {
+	if len(s.Names) != 5 || len(s.Med) != 5 || len(s.Min) != 5 || len(s.Max) != 5 {
+		return nil, fmt.Errorf("amptcp figures: %d configurations, want the 5 of the experiment", len(s.Names))
 	}
-	return m
-}
-
-func maxOf(v []float64) float64 {
-	m := v[0]
-	for _, x := range v {
-		m = max(m, x)
+	bars := fmt.Sprintf("medians of %d runs; bars: fastest to slowest run", s.Reps)
+	var paths []string
+	var errs error
+	for _, fig := range []struct {
+		file, title string
+		which       []int
+		names       []string
+	}{
+		{"amptcp-fig6.png", "Completion time per file size (paper Fig. 6)", []int{0, 1, 2, 3}, nil},
+		{"amptcp-fig7.png", "Two subflows with and without LISP (paper Fig. 7)", []int{2, 4},
+			[]string{"2 subflows placed through LISP (A-MPTCP)", "2 subflows by hand, no LISP"}},
+	} {
+		ch := kit.Chart{Title: fig.title, Bars: bars, XLabel: "file size (MB)", YLabel: "completion time (s)"}
+		for k, i := range fig.which {
+			name := s.Names[i]
+			if fig.names != nil {
+				name = fig.names[k]
+			}
+			ch.Series = append(ch.Series, kit.Series{Name: name, Color: kit.Palette[k%len(kit.Palette)],
+				X: s.SizesMB, Y: s.Med[i], Lo: s.Min[i], Hi: s.Max[i]})
+		}
+		path := filepath.Join(dir, fig.file)
+		if err := ch.Save(path); err != nil {
+			errs = errors.Join(errs, err)
+			continue
+		}
+		paths = append(paths, path)
 	}
-	return m
+	return paths, errs
 }
 
 func distinct(v []int) []int {

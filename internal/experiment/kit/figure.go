@@ -1,274 +1,229 @@
 package kit
 
 import (
+	"errors"
 	"fmt"
-	"image"
 	"image/color"
-	"image/png"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/font"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 )
 
-// A small chart writer for the reproductions' figures: medians joined by lines, min–max error
-// bars, axes with ticks and labels in a 5x7 bitmap font. Standard library only.
+// The reproductions' figures, drawn with gonum.org/v1/plot (its fonts, ticks, legend and
+// error bars; PNG, SVG or PDF by the file's extension).
 
-// Series is one curve: at each X the minimum, median and maximum of the measurements.
+// Series is one curve: a value at each X (a median or a mean), and optionally the interval
+// drawn around it as an error bar (Lo to Hi: the range of the runs, or a confidence interval).
 type Series struct {
-	Name          string
-	Color         color.RGBA
-	X             []float64
-	Min, Med, Max []float64
+	Name   string
+	Color  color.RGBA
+	X, Y   []float64
+	Lo, Hi []float64 // nil: no error bars
 }
 
-// Chart is a figure with one or more series.
+// Chart is a figure with one or more series. The labels carry the units ("time (s)"); Bars
+// says what the error bars are ("bars: min to max of 5 runs") and is shown under the title.
 type Chart struct {
 	Title, XLabel, YLabel string
-	Series                []Series
+	Bars                  string
+	LogX                  bool // a logarithmic X axis (sizes spanning decades)
+	// XTick labels the X axis's major ticks ("10 kB" rather than 10000); nil: the numbers.
+	XTick  func(v float64) string
+	Series []Series
 }
 
-var (
-	black = color.RGBA{0, 0, 0, 255}
-	grey  = color.RGBA{220, 220, 220, 255}
-	white = color.RGBA{255, 255, 255, 255}
-	// Palette is the series colours, in order.
-	Palette = []color.RGBA{{200, 30, 30, 255}, {30, 90, 200, 255}, {20, 150, 60, 255}, {200, 120, 0, 255}, {120, 40, 160, 255}}
+// Palette is the series colours, in order (distinguishable in print and by most colour-blind
+// readers).
+var Palette = []color.RGBA{{213, 94, 0, 255}, {0, 114, 178, 255}, {0, 158, 115, 255}, {204, 121, 167, 255}, {86, 180, 233, 255}, {230, 159, 0, 255}, {0, 0, 0, 255}}
+
+// ErrNoData is returned for a chart that has no point to draw.
+var ErrNoData = errors.New("chart has no data")
+
+// check refuses a chart that has nothing to draw or whose series disagree in length.
+func (c Chart) check() error {
+	points := 0
+	for _, s := range c.Series {
+		if len(s.Y) != len(s.X) {
+			return fmt.Errorf("chart %q, series %q: %d X values, %d Y values", c.Title, s.Name, len(s.X), len(s.Y))
+		}
+		if (s.Lo == nil) != (s.Hi == nil) || (s.Lo != nil && (len(s.Lo) != len(s.X) || len(s.Hi) != len(s.X))) {
+			return fmt.Errorf("chart %q, series %q: error bars need Lo and Hi for every X", c.Title, s.Name)
+		}
+		for i := range s.X {
+			if c.LogX && s.X[i] <= 0 {
+				return fmt.Errorf("chart %q, series %q: X %v on a logarithmic axis", c.Title, s.Name, s.X[i])
+			}
+			if s.Lo != nil && (s.Lo[i] > s.Y[i] || s.Hi[i] < s.Y[i]) {
+				return fmt.Errorf("chart %q, series %q: at X %v the interval [%v, %v] does not hold %v", c.Title, s.Name, s.X[i], s.Lo[i], s.Hi[i], s.Y[i])
+			}
+		}
+		points += len(s.X)
+	}
+	if points == 0 {
+		return fmt.Errorf("chart %q: %w", c.Title, ErrNoData)
+	}
+	return nil
+}
+
+// plot builds the gonum plot of c.
+func (c Chart) plot() (*plot.Plot, error) {
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	p := plot.New()
+	p.Title.Text = c.Title
+	if c.Bars != "" {
+		p.Title.Text += "\n" + c.Bars
+	}
+	p.Title.TextStyle.Font.Size = vg.Points(13)
+	p.X.Label.Text, p.Y.Label.Text = c.XLabel, c.YLabel
+	p.X.Label.TextStyle.Font.Size, p.Y.Label.TextStyle.Font.Size = vg.Points(12), vg.Points(12)
+	p.X.Tick.Label.Font.Size, p.Y.Tick.Label.Font.Size = vg.Points(10), vg.Points(10)
+	p.Add(plotter.NewGrid())
+	if c.LogX {
+		p.X.Scale = plot.LogScale{}
+		p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	}
+	if c.XTick != nil {
+		p.X.Tick.Marker = relabel{p.X.Tick.Marker, c.XTick}
+	}
+	p.Y.Min = 0 // rates and times: the zero is part of the picture
+	p.Legend.Top, p.Legend.Left = true, true
+	p.Legend.TextStyle.Font.Size = vg.Points(10)
+	p.Legend.XOffs, p.Legend.YOffs = vg.Points(8), -vg.Points(8)
+	glyphs := []draw.GlyphDrawer{draw.CircleGlyph{}, draw.SquareGlyph{}, draw.TriangleGlyph{}, draw.PyramidGlyph{}, draw.RingGlyph{}, draw.BoxGlyph{}, draw.CrossGlyph{}}
+	for k, s := range c.Series {
+		xys := make(plotter.XYs, len(s.X))
+		for i := range s.X {
+			xys[i] = plotter.XY{X: s.X[i], Y: s.Y[i]}
+		}
+		line, points, err := plotter.NewLinePoints(xys)
+		if err != nil {
+			return nil, fmt.Errorf("chart %q, series %q: %w", c.Title, s.Name, err)
+		}
+		line.Color, line.Width = s.Color, vg.Points(1.5)
+		points.Color, points.Shape, points.Radius = s.Color, glyphs[k%len(glyphs)], vg.Points(2.5)
+		p.Add(line, points)
+		if s.Lo != nil {
+			bars, err := plotter.NewYErrorBars(errorBars{xys, s.Lo, s.Hi})
+			if err != nil {
+				return nil, fmt.Errorf("chart %q, series %q: %w", c.Title, s.Name, err)
+			}
+			bars.Color, bars.Width, bars.CapWidth = s.Color, vg.Points(1), vg.Points(6)
+			p.Add(bars)
+		}
+		p.Legend.Add(s.Name, line, points)
+	}
+	// Room around the data, so that no marker or error bar's cap sits on the frame.
+	if c.LogX {
+		p.X.Min, p.X.Max = p.X.Min/1.25, p.X.Max*1.25
+	} else {
+		pad := (p.X.Max - p.X.Min) * 0.03
+		p.X.Min, p.X.Max = p.X.Min-pad, p.X.Max+pad
+	}
+	p.Y.Max *= 1.08
+	for _, f := range []*font.Font{&p.Title.TextStyle.Font, &p.X.Label.TextStyle.Font, &p.Y.Label.TextStyle.Font,
+		&p.X.Tick.Label.Font, &p.Y.Tick.Label.Font, &p.Legend.TextStyle.Font} {
+		f.Variant = "Sans"
+	}
+	return p, nil
+}
+
+// relabel names the major ticks of a ticker with its own labels.
+type relabel struct {
+	plot.Ticker
+	label func(float64) string
+}
+
+func (r relabel) Ticks(min, max float64) []plot.Tick {
+	ts := r.Ticker.Ticks(min, max)
+	for i := range ts {
+		if ts[i].Label != "" {
+			ts[i].Label = r.label(ts[i].Value)
+		}
+	}
+	return ts
+}
+
+// errorBars gives plotter.YErrorBars each point and its interval as offsets below and above.
+type errorBars struct {
+	plotter.XYs
+	lo, hi []float64
+}
+
+func (e errorBars) YError(i int) (float64, float64) {
+	return e.XYs[i].Y - e.lo[i], e.hi[i] - e.XYs[i].Y
+}
+
+// Write draws the chart, width × height points, in format ("png", "svg", "pdf").
+func (c Chart) Write(w io.Writer, width, height vg.Length, format string) error {
+	p, err := c.plot()
+	if err != nil {
+		return err
+	}
+	var wt io.WriterTo
+	if format == "png" {
+		// Rendered at PNGDPI rather than the library's 96, so that text stays sharp.
+		cv := vgimg.NewWith(vgimg.UseWH(width, height), vgimg.UseDPI(PNGDPI))
+		p.Draw(draw.New(cv))
+		wt = vgimg.PngCanvas{Canvas: cv}
+	} else if wt, err = p.WriterTo(width, height, format); err != nil {
+		return err
+	}
+	_, err = wt.WriteTo(w)
+	return err
+}
+
+// PNGDPI is the resolution of PNG figures: the default size is 1050 × 675 pixels.
+const PNGDPI = 150
+
+// Default figure size: 7 × 4.5 inches.
+const (
+	FigureWidth  = 7 * vg.Inch
+	FigureHeight = 4.5 * vg.Inch
 )
 
-// niceStep returns a round tick step (1, 2 or 5 × 10^k) that cuts span into about n parts.
-func niceStep(span float64, n int) float64 {
-	if span <= 0 {
-		return 1
+// Save writes the chart to path at the default size, its format named by the extension
+// (.png, .svg, .pdf), creating the directory.
+func (c Chart) Save(path string) error {
+	format := strings.TrimPrefix(strings.ToLower(filepath.Ext(path)), ".")
+	switch format {
+	case "png", "svg", "pdf":
+	default:
+		return fmt.Errorf("figure %s: the extension names no format (png, svg, pdf)", path)
 	}
-	raw := span / float64(n)
-	p := math.Pow(10, math.Floor(math.Log10(raw)))
-	for _, m := range []float64{1, 2, 5, 10} {
-		if raw <= m*p {
-			return m * p
-		}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
 	}
-	return 10 * p
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := c.Write(f, FigureWidth, FigureHeight, format); err != nil {
+		f.Close()
+		os.Remove(path)
+		return err
+	}
+	return f.Close()
 }
 
-// WritePNG draws the chart, width × height pixels, as a PNG.
-func (c Chart) WritePNG(w io.Writer, width, height int) error {
-	img := image.NewRGBA(image.Rect(0, 0, width, height))
-	fill(img, img.Bounds(), white)
-	const scale = 2 // font scale
-	left, right, top, bottom := 110, 30, 60, 90
-	plot := image.Rect(left, top, width-right, height-bottom)
-	xmax, ymax := 0.0, 0.0
-	for _, s := range c.Series {
-		for i := range s.X {
-			xmax = math.Max(xmax, s.X[i])
-			ymax = math.Max(ymax, s.Max[i])
-		}
+// MinMax returns the smallest and the largest of v (0, 0 for none).
+func MinMax(v []float64) (lo, hi float64) {
+	if len(v) == 0 {
+		return 0, 0
 	}
-	if xmax == 0 || ymax == 0 {
-		return fmt.Errorf("scenario: chart %q has no data", c.Title)
+	lo, hi = math.Inf(1), math.Inf(-1)
+	for _, x := range v {
+		lo, hi = math.Min(lo, x), math.Max(hi, x)
 	}
-	xstep, ystep := niceStep(xmax, 8), niceStep(ymax*1.05, 6)
-	xtop, ytop := math.Ceil(xmax/xstep)*xstep, math.Ceil(ymax*1.05/ystep)*ystep
-	px := func(x float64) int { return plot.Min.X + int(math.Round(x/xtop*float64(plot.Dx()))) }
-	py := func(y float64) int { return plot.Max.Y - int(math.Round(y/ytop*float64(plot.Dy()))) }
-	// Grid, axes, ticks.
-	for y := 0.0; y <= ytop+ystep/2; y += ystep {
-		yy := py(y)
-		line(img, plot.Min.X, yy, plot.Max.X, yy, grey)
-		line(img, plot.Min.X-6, yy, plot.Min.X, yy, black)
-		lbl := trimFloat(y)
-		text(img, plot.Min.X-10-textWidth(lbl, scale), yy-7*scale/2, lbl, black, scale)
-	}
-	for x := 0.0; x <= xtop+xstep/2; x += xstep {
-		xx := px(x)
-		line(img, xx, plot.Min.Y, xx, plot.Max.Y, grey)
-		line(img, xx, plot.Max.Y, xx, plot.Max.Y+6, black)
-		lbl := trimFloat(x)
-		text(img, xx-textWidth(lbl, scale)/2, plot.Max.Y+12, lbl, black, scale)
-	}
-	line(img, plot.Min.X, plot.Min.Y, plot.Min.X, plot.Max.Y, black)
-	line(img, plot.Min.X, plot.Max.Y, plot.Max.X, plot.Max.Y, black)
-	text(img, (width-textWidth(c.Title, scale))/2, 16, c.Title, black, scale)
-	text(img, plot.Min.X+(plot.Dx()-textWidth(c.XLabel, scale))/2, height-40, c.XLabel, black, scale)
-	textUp(img, 20, plot.Min.Y+(plot.Dy()+textWidth(c.YLabel, scale))/2, c.YLabel, black, scale)
-	// Series: error bars (dodged a little so that they do not hide each other), lines, markers.
-	for k, s := range c.Series {
-		dodge := (k - len(c.Series)/2) * 3
-		for i := range s.X {
-			x := px(s.X[i]) + dodge
-			line(img, x, py(s.Min[i]), x, py(s.Max[i]), s.Color)
-			line(img, x-3, py(s.Min[i]), x+3, py(s.Min[i]), s.Color)
-			line(img, x-3, py(s.Max[i]), x+3, py(s.Max[i]), s.Color)
-			if i > 0 {
-				line(img, px(s.X[i-1])+dodge, py(s.Med[i-1]), x, py(s.Med[i]), s.Color)
-			}
-			fill(img, image.Rect(x-3, py(s.Med[i])-3, x+4, py(s.Med[i])+4), s.Color)
-		}
-	}
-	// Legend, top left inside the plot.
-	lx, ly := plot.Min.X+14, plot.Min.Y+12
-	lw := 0
-	for _, s := range c.Series {
-		lw = max(lw, textWidth(s.Name, scale))
-	}
-	box := image.Rect(lx-8, ly-8, lx+40+lw+8, ly+len(c.Series)*24+2)
-	fill(img, box, white)
-	rect(img, box, black)
-	for k, s := range c.Series {
-		y := ly + k*24 + 7
-		line(img, lx, y, lx+28, y, s.Color)
-		fill(img, image.Rect(lx+11, y-3, lx+18, y+4), s.Color)
-		text(img, lx+38, y-7, s.Name, black, scale)
-	}
-	return png.Encode(w, img)
-}
-
-func trimFloat(v float64) string {
-	s := fmt.Sprintf("%.2f", v)
-	s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
-	return s
-}
-
-func fill(img *image.RGBA, r image.Rectangle, c color.RGBA) {
-	r = r.Intersect(img.Bounds())
-	for y := r.Min.Y; y < r.Max.Y; y++ {
-		for x := r.Min.X; x < r.Max.X; x++ {
-			img.SetRGBA(x, y, c)
-		}
-	}
-}
-
-func rect(img *image.RGBA, r image.Rectangle, c color.RGBA) {
-	line(img, r.Min.X, r.Min.Y, r.Max.X, r.Min.Y, c)
-	line(img, r.Min.X, r.Max.Y, r.Max.X, r.Max.Y, c)
-	line(img, r.Min.X, r.Min.Y, r.Min.X, r.Max.Y, c)
-	line(img, r.Max.X, r.Min.Y, r.Max.X, r.Max.Y, c)
-}
-
-// line draws a 2-pixel-wide line (Bresenham).
-func line(img *image.RGBA, x0, y0, x1, y1 int, c color.RGBA) {
-	dx, dy := abs(x1-x0), -abs(y1-y0)
-	sx, sy := 1, 1
-	if x0 > x1 {
-		sx = -1
-	}
-	if y0 > y1 {
-		sy = -1
-	}
-	e := dx + dy
-	for {
-		for _, d := range [][2]int{{0, 0}, {1, 0}, {0, 1}} {
-			if image.Pt(x0+d[0], y0+d[1]).In(img.Bounds()) {
-				img.SetRGBA(x0+d[0], y0+d[1], c)
-			}
-		}
-		if x0 == x1 && y0 == y1 {
-			return
-		}
-		e2 := 2 * e
-		if e2 >= dy {
-			e += dy
-			x0 += sx
-		}
-		if e2 <= dx {
-			e += dx
-			y0 += sy
-		}
-	}
-}
-
-func abs(v int) int {
-	if v < 0 {
-		return -v
-	}
-	return v
-}
-
-func textWidth(s string, scale int) int { return len(s) * 6 * scale }
-
-// text draws s with its top left corner at (x, y); lower case is drawn as upper case.
-func text(img *image.RGBA, x, y int, s string, c color.RGBA, scale int) {
-	for i, r := range strings.ToUpper(s) {
-		g, ok := glyphs[r]
-		if !ok {
-			g = glyphs['?']
-		}
-		for row, bits := range g {
-			for col := range 5 {
-				if bits[col] == '#' {
-					fill(img, image.Rect(x+(i*6+col)*scale, y+row*scale, x+(i*6+col+1)*scale, y+(row+1)*scale), c)
-				}
-			}
-		}
-	}
-}
-
-// textUp draws s rotated a quarter turn counter-clockwise, starting at (x, y) going up.
-func textUp(img *image.RGBA, x, y int, s string, c color.RGBA, scale int) {
-	for i, r := range strings.ToUpper(s) {
-		g, ok := glyphs[r]
-		if !ok {
-			g = glyphs['?']
-		}
-		for row, bits := range g {
-			for col := range 5 {
-				if bits[col] == '#' {
-					px, py := x+row*scale, y-(i*6+col+1)*scale
-					fill(img, image.Rect(px, py, px+scale, py+scale), c)
-				}
-			}
-		}
-	}
-}
-
-// glyphs is a 5x7 font: each glyph is 7 rows of 5 columns.
-var glyphs = map[rune][7]string{
-	' ': {".....", ".....", ".....", ".....", ".....", ".....", "....."},
-	'0': {".###.", "#...#", "#..##", "#.#.#", "##..#", "#...#", ".###."},
-	'1': {"..#..", ".##..", "..#..", "..#..", "..#..", "..#..", ".###."},
-	'2': {".###.", "#...#", "....#", "...#.", "..#..", ".#...", "#####"},
-	'3': {"#####", "...#.", "..#..", "...#.", "....#", "#...#", ".###."},
-	'4': {"...#.", "..##.", ".#.#.", "#..#.", "#####", "...#.", "...#."},
-	'5': {"#####", "#....", "####.", "....#", "....#", "#...#", ".###."},
-	'6': {"..##.", ".#...", "#....", "####.", "#...#", "#...#", ".###."},
-	'7': {"#####", "....#", "...#.", "..#..", ".#...", ".#...", ".#..."},
-	'8': {".###.", "#...#", "#...#", ".###.", "#...#", "#...#", ".###."},
-	'9': {".###.", "#...#", "#...#", ".####", "....#", "...#.", ".##.."},
-	'A': {".###.", "#...#", "#...#", "#####", "#...#", "#...#", "#...#"},
-	'B': {"####.", "#...#", "#...#", "####.", "#...#", "#...#", "####."},
-	'C': {".###.", "#...#", "#....", "#....", "#....", "#...#", ".###."},
-	'D': {"###..", "#..#.", "#...#", "#...#", "#...#", "#..#.", "###.."},
-	'E': {"#####", "#....", "#....", "####.", "#....", "#....", "#####"},
-	'F': {"#####", "#....", "#....", "####.", "#....", "#....", "#...."},
-	'G': {".###.", "#...#", "#....", "#.###", "#...#", "#...#", ".####"},
-	'H': {"#...#", "#...#", "#...#", "#####", "#...#", "#...#", "#...#"},
-	'I': {".###.", "..#..", "..#..", "..#..", "..#..", "..#..", ".###."},
-	'J': {"..###", "...#.", "...#.", "...#.", "...#.", "#..#.", ".##.."},
-	'K': {"#...#", "#..#.", "#.#..", "##...", "#.#..", "#..#.", "#...#"},
-	'L': {"#....", "#....", "#....", "#....", "#....", "#....", "#####"},
-	'M': {"#...#", "##.##", "#.#.#", "#.#.#", "#...#", "#...#", "#...#"},
-	'N': {"#...#", "#...#", "##..#", "#.#.#", "#..##", "#...#", "#...#"},
-	'O': {".###.", "#...#", "#...#", "#...#", "#...#", "#...#", ".###."},
-	'P': {"####.", "#...#", "#...#", "####.", "#....", "#....", "#...."},
-	'Q': {".###.", "#...#", "#...#", "#...#", "#.#.#", "#..#.", ".##.#"},
-	'R': {"####.", "#...#", "#...#", "####.", "#.#..", "#..#.", "#...#"},
-	'S': {".####", "#....", "#....", ".###.", "....#", "....#", "####."},
-	'T': {"#####", "..#..", "..#..", "..#..", "..#..", "..#..", "..#.."},
-	'U': {"#...#", "#...#", "#...#", "#...#", "#...#", "#...#", ".###."},
-	'V': {"#...#", "#...#", "#...#", "#...#", "#...#", ".#.#.", "..#.."},
-	'W': {"#...#", "#...#", "#...#", "#.#.#", "#.#.#", "#.#.#", ".#.#."},
-	'X': {"#...#", "#...#", ".#.#.", "..#..", ".#.#.", "#...#", "#...#"},
-	'Y': {"#...#", "#...#", ".#.#.", "..#..", "..#..", "..#..", "..#.."},
-	'Z': {"#####", "....#", "...#.", "..#..", ".#...", "#....", "#####"},
-	'.': {".....", ".....", ".....", ".....", ".....", ".##..", ".##.."},
-	',': {".....", ".....", ".....", ".....", ".##..", "..#..", ".#..."},
-	'-': {".....", ".....", ".....", "#####", ".....", ".....", "....."},
-	'+': {".....", "..#..", "..#..", "#####", "..#..", "..#..", "....."},
-	'=': {".....", ".....", "#####", ".....", "#####", ".....", "....."},
-	'(': {"...#.", "..#..", ".#...", ".#...", ".#...", "..#..", "...#."},
-	')': {".#...", "..#..", "...#.", "...#.", "...#.", "..#..", ".#..."},
-	'/': {".....", "....#", "...#.", "..#..", ".#...", "#....", "....."},
-	'%': {"##...", "##..#", "...#.", "..#..", ".#...", "#..##", "...##"},
-	':': {".....", ".##..", ".##..", ".....", ".##..", ".##..", "....."},
-	'?': {".###.", "#...#", "....#", "...#.", "..#..", ".....", "..#.."},
+	return lo, hi
 }

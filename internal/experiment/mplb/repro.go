@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"path/filepath"
 	"text/tabwriter"
 	"time"
@@ -221,39 +220,33 @@ func mplbDownload(ctx context.Context, l *lab.Lab, size int64) (time.Duration, b
 	return d, joined, nil
 }
 
+// mplbPlots draws the download time and the throughput per file size, one series per
+// balancer, means with their 95 % confidence intervals, into o.Out.
 func mplbPlots(o kit.Options, balancers []mplbBalancer, sizes []int64, results [][]mplbPoint) error {
-	if o.Out != "" {
-		if err := os.MkdirAll(o.Out, 0o755); err != nil {
-			return err
-		}
+	runs := 0
+	if len(results) > 0 && len(results[0]) > 0 {
+		runs = len(results[0][0].times)
 	}
 	for _, fig := range []struct {
 		file, title, ylabel string
 		value               func(p mplbPoint) []float64
 	}{
-		{"mplb-time.png", "MPLB: download time", "seconds", func(p mplbPoint) []float64 { return p.times }},
-		{"mplb-throughput.png", "MPLB: throughput", "Mbit/s", func(p mplbPoint) []float64 { return p.rates }},
+		{"mplb-time.png", "MPLB: download time per file size", "download time, dial to last byte (s)", func(p mplbPoint) []float64 { return p.times }},
+		{"mplb-throughput.png", "MPLB: throughput per file size", "throughput (Mbit/s)", func(p mplbPoint) []float64 { return p.rates }},
 	} {
-		ch := kit.Chart{Title: fig.title, XLabel: "log10 file size (bytes)", YLabel: fig.ylabel}
+		ch := kit.Chart{Title: fig.title, XLabel: "file size", YLabel: fig.ylabel, LogX: true,
+			XTick: func(v float64) string { return sizeName(int64(math.Round(v))) },
+			Bars:  fmt.Sprintf("means of %d runs; bars: 95 %% confidence interval (Student t)", runs)}
 		for i, b := range balancers {
-			s := kit.Series{Name: b.name, Color: kit.Palette[i]}
+			s := kit.Series{Name: b.name, Color: kit.Palette[i%len(kit.Palette)]}
 			for si, size := range sizes {
 				m, h := kit.MeanCI(fig.value(results[i][si]))
-				s.X = append(s.X, math.Log10(float64(size)))
-				s.Min, s.Med, s.Max = append(s.Min, m-h), append(s.Med, m), append(s.Max, m+h)
+				s.X, s.Y = append(s.X, float64(size)), append(s.Y, m)
+				s.Lo, s.Hi = append(s.Lo, m-h), append(s.Hi, m+h)
 			}
 			ch.Series = append(ch.Series, s)
 		}
-		path := filepath.Join(o.Out, fig.file)
-		f, err := os.Create(path)
-		if err != nil {
-			return err
-		}
-		if err := ch.WritePNG(f, 1100, 700); err != nil {
-			f.Close()
-			return err
-		}
-		if err := f.Close(); err != nil {
+		if err := ch.Save(filepath.Join(o.Out, fig.file)); err != nil {
 			return err
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -202,25 +201,17 @@ func WriteRBPMReport(w io.Writer, o kit.Options, rows []RBPMRow) error {
 	return errors.Join(errs...)
 }
 
+// writeRBPMChart draws what each path carried per second in run r (single runs: no error bars).
 func writeRBPMChart(name string, r RBPMRow) error {
-	c := kit.Chart{Title: fmt.Sprintf("%s: %s", r.Scenario, r.Config), XLabel: "time (s)", YLabel: "throughput (KB/s)"}
+	c := kit.Chart{Title: fmt.Sprintf("%s: %s", r.Scenario, r.Config), XLabel: "time (s)", YLabel: "throughput per path (kB/s)"}
 	for i, pts := range r.PerPath {
-		s := kit.Series{Name: fmt.Sprintf("subflow %d", i+1), Color: kit.Palette[i%len(kit.Palette)]}
+		s := kit.Series{Name: fmt.Sprintf("path %d", i+1), Color: kit.Palette[i%len(kit.Palette)]}
 		for k, v := range pts {
-			s.X = append(s.X, float64(k+1))
-			s.Min, s.Med, s.Max = append(s.Min, v/1e3), append(s.Med, v/1e3), append(s.Max, v/1e3)
+			s.X, s.Y = append(s.X, float64(k+1)), append(s.Y, v/1e3)
 		}
 		c.Series = append(c.Series, s)
 	}
-	f, err := os.Create(name)
-	if err != nil {
-		return err
-	}
-	if err := c.WritePNG(f, 900, 500); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return c.Save(name)
 }
 
 // RBPMKernel measures kernel MPTCP on scenario sc for dur: a bulk upload from host a to host b

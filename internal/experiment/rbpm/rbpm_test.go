@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"gonum.org/v1/plot/vg"
+
 	"braid/internal/experiment/kit"
 )
 
@@ -39,7 +41,7 @@ func TestRBPMReport(t *testing.T) {
 	}
 	defer f.Close()
 	img, err := png.Decode(f)
-	if err != nil || img.Bounds().Dx() != 900 {
+	if err != nil || img.Bounds().Dx() != int(kit.FigureWidth/vg.Inch*kit.PNGDPI) {
 		t.Fatalf("figure: %v, %v", err, img)
 	}
 }
