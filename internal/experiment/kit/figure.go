@@ -36,6 +36,9 @@ type Chart struct {
 	Title, XLabel, YLabel string
 	Bars                  string
 	LogX                  bool // a logarithmic X axis (sizes spanning decades)
+	// LogY: a logarithmic Y axis (times spanning decades); an error bar that reaches 0 or
+	// below is drawn to the bottom of the axis.
+	LogY bool
 	// XTick labels the X axis's major ticks ("10 kB" rather than 10000); nil: the numbers.
 	XTick  func(v float64) string
 	Series []Series
@@ -61,6 +64,9 @@ func (c Chart) check() error {
 		for i := range s.X {
 			if c.LogX && s.X[i] <= 0 {
 				return fmt.Errorf("chart %q, series %q: X %v on a logarithmic axis", c.Title, s.Name, s.X[i])
+			}
+			if c.LogY && s.Y[i] <= 0 {
+				return fmt.Errorf("chart %q, series %q: Y %v on a logarithmic axis", c.Title, s.Name, s.Y[i])
 			}
 			if s.Lo != nil && (s.Lo[i] > s.Y[i] || s.Hi[i] < s.Y[i]) {
 				return fmt.Errorf("chart %q, series %q: at X %v the interval [%v, %v] does not hold %v", c.Title, s.Name, s.X[i], s.Lo[i], s.Hi[i], s.Y[i])
@@ -96,7 +102,25 @@ func (c Chart) plot() (*plot.Plot, error) {
 	if c.XTick != nil {
 		p.X.Tick.Marker = relabel{p.X.Tick.Marker, c.XTick}
 	}
-	p.Y.Min = 0 // rates and times: the zero is part of the picture
+	// Rates and times: the zero is part of the picture, unless the axis is logarithmic, where
+	// it starts below the smallest value or interval.
+	p.Y.Min = 0
+	bottom := 0.0
+	if c.LogY {
+		p.Y.Scale = plot.LogScale{}
+		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+		bottom = math.Inf(1)
+		for _, s := range c.Series {
+			for i := range s.Y {
+				bottom = math.Min(bottom, s.Y[i])
+				if s.Lo != nil && s.Lo[i] > 0 {
+					bottom = math.Min(bottom, s.Lo[i])
+				}
+			}
+		}
+		bottom = math.Pow(10, math.Floor(math.Log10(bottom/1.2)))
+		p.Y.Min = bottom
+	}
 	p.Legend.Top, p.Legend.Left = true, true
 	p.Legend.TextStyle.Font.Size = vg.Points(10)
 	p.Legend.XOffs, p.Legend.YOffs = vg.Points(8), -vg.Points(8)
@@ -114,7 +138,14 @@ func (c Chart) plot() (*plot.Plot, error) {
 		points.Color, points.Shape, points.Radius = s.Color, glyphs[k%len(glyphs)], vg.Points(2.5)
 		p.Add(line, points)
 		if s.Lo != nil {
-			bars, err := plotter.NewYErrorBars(errorBars{xys, s.Lo, s.Hi})
+			lo := s.Lo
+			if c.LogY {
+				lo = make([]float64, len(s.Lo))
+				for i, v := range s.Lo {
+					lo[i] = math.Max(v, bottom*1.01) // just above: on the axis, not below it by a rounding
+				}
+			}
+			bars, err := plotter.NewYErrorBars(errorBars{xys, lo, s.Hi})
 			if err != nil {
 				return nil, fmt.Errorf("chart %q, series %q: %w", c.Title, s.Name, err)
 			}
@@ -130,7 +161,13 @@ func (c Chart) plot() (*plot.Plot, error) {
 		pad := (p.X.Max - p.X.Min) * 0.03
 		p.X.Min, p.X.Max = p.X.Min-pad, p.X.Max+pad
 	}
-	p.Y.Max *= 1.08
+	if c.LogY {
+		// Whole decades: the log ticks then all fall on the axis.
+		p.Y.Min = math.Pow(10, math.Floor(math.Log10(bottom)))
+		p.Y.Max = math.Pow(10, math.Ceil(math.Log10(p.Y.Max*1.2)))
+	} else {
+		p.Y.Max *= 1.08
+	}
 	for _, f := range []*font.Font{&p.Title.TextStyle.Font, &p.X.Label.TextStyle.Font, &p.Y.Label.TextStyle.Font,
 		&p.X.Tick.Label.Font, &p.Y.Tick.Label.Font, &p.Legend.TextStyle.Font} {
 		f.Variant = "Sans"

@@ -77,6 +77,17 @@ func TestChartPNG(t *testing.T) {
 	if err := bad.Write(&b, vg.Inch, vg.Inch, "png"); err == nil {
 		t.Error("X 0 on a logarithmic axis was drawn")
 	}
+	bad = testChart()
+	bad.LogY, bad.Series[0].Y[0], bad.Series[0].Lo[0] = true, 0, 0
+	if err := bad.Write(&b, vg.Inch, vg.Inch, "png"); err == nil {
+		t.Error("Y 0 on a logarithmic axis was drawn")
+	}
+	// On a logarithmic Y axis an interval reaching 0 is drawn to the axis's bottom.
+	logY := testChart()
+	logY.LogY, logY.Series[1].Lo[0] = true, 0
+	if err := logY.Write(&b, vg.Inch, vg.Inch, "png"); err != nil {
+		t.Errorf("an interval reaching 0 on a logarithmic axis: %v", err)
+	}
 }
 
 // The figure names what a reader needs: the title, the error bars' meaning, both axes with

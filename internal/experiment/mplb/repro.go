@@ -223,32 +223,67 @@ func mplbDownload(ctx context.Context, l *lab.Lab, size int64) (time.Duration, b
 // mplbPlots draws the download time and the throughput per file size, one series per
 // balancer, means with their 95 % confidence intervals, into o.Out.
 func mplbPlots(o kit.Options, balancers []mplbBalancer, sizes []int64, results [][]mplbPoint) error {
-	runs := 0
-	if len(results) > 0 && len(results[0]) > 0 {
-		runs = len(results[0][0].times)
-	}
 	for _, fig := range []struct {
 		file, title, ylabel string
+		logY                bool
 		value               func(p mplbPoint) []float64
 	}{
-		{"mplb-time.png", "MPLB: download time per file size", "download time, dial to last byte (s)", func(p mplbPoint) []float64 { return p.times }},
-		{"mplb-throughput.png", "MPLB: throughput per file size", "throughput (Mbit/s)", func(p mplbPoint) []float64 { return p.rates }},
+		{"mplb-time.png", TimeTitle, TimeLabel, true, func(p mplbPoint) []float64 { return p.times }},
+		{"mplb-throughput.png", ThroughputTitle, ThroughputLabel, false, func(p mplbPoint) []float64 { return p.rates }},
 	} {
-		ch := kit.Chart{Title: fig.title, XLabel: "file size", YLabel: fig.ylabel, LogX: true,
-			XTick: func(v float64) string { return sizeName(int64(math.Round(v))) },
-			Bars:  fmt.Sprintf("means of %d runs; bars: 95 %% confidence interval (Student t)", runs)}
+		s := Summary{Sizes: sizes}
 		for i, b := range balancers {
-			s := kit.Series{Name: b.name, Color: kit.Palette[i%len(kit.Palette)]}
-			for si, size := range sizes {
-				m, h := kit.MeanCI(fig.value(results[i][si]))
-				s.X, s.Y = append(s.X, float64(size)), append(s.Y, m)
-				s.Lo, s.Hi = append(s.Lo, m-h), append(s.Hi, m+h)
+			s.Names = append(s.Names, b.name)
+			var mean, half []float64
+			for si := range sizes {
+				v := fig.value(results[i][si])
+				m, h := kit.MeanCI(v)
+				mean, half = append(mean, m), append(half, h)
+				s.Runs = len(v)
 			}
-			ch.Series = append(ch.Series, s)
+			s.Mean, s.Half = append(s.Mean, mean), append(s.Half, half)
 		}
-		if err := ch.Save(filepath.Join(o.Out, fig.file)); err != nil {
+		if err := WriteFigure(filepath.Join(o.Out, fig.file), fig.title, fig.ylabel, fig.logY, s); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// The figures' titles and value axes.
+const (
+	TimeTitle       = "MPLB: download time per file size, dial to last byte"
+	TimeLabel       = "download time (s)"
+	ThroughputTitle = "MPLB: throughput per file size"
+	ThroughputLabel = "throughput (Mbit/s)"
+)
+
+// Summary is one figure's data: per balancer (Names) and file size, the mean over Runs runs and
+// the half-width of its 95 % confidence interval.
+type Summary struct {
+	Names      []string
+	Sizes      []int64 // bytes
+	Mean, Half [][]float64
+	Runs       int
+}
+
+// WriteFigure draws s against the file size (a log axis) with the intervals as error bars; logY
+// for values spanning decades (the times).
+func WriteFigure(path, title, ylabel string, logY bool, s Summary) error {
+	ch := kit.Chart{Title: title, XLabel: "file size", YLabel: ylabel, LogX: true, LogY: logY,
+		XTick: func(v float64) string { return sizeName(int64(math.Round(v))) },
+		Bars:  fmt.Sprintf("means of %d runs; bars: 95 %% confidence interval (Student t)", s.Runs)}
+	for i, name := range s.Names {
+		if len(s.Mean[i]) != len(s.Sizes) || len(s.Half[i]) != len(s.Sizes) {
+			return fmt.Errorf("mplb figure %s: %s has %d means for %d sizes", path, name, len(s.Mean[i]), len(s.Sizes))
+		}
+		se := kit.Series{Name: name, Color: kit.Palette[i%len(kit.Palette)]}
+		for si, size := range s.Sizes {
+			m, h := s.Mean[i][si], s.Half[i][si]
+			se.X, se.Y = append(se.X, float64(size)), append(se.Y, m)
+			se.Lo, se.Hi = append(se.Lo, m-h), append(se.Hi, m+h)
+		}
+		ch.Series = append(ch.Series, se)
+	}
+	return ch.Save(path)
 }
