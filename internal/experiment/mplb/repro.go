@@ -73,8 +73,8 @@ func runMPLB(ctx context.Context, w io.Writer, o kit.Options) error {
 	fmt.Fprintf(w, "MPLB (Liénardy and Donnet, ANRW '16), reproduced: a client with two %d Mbit/s links (kernel veth\n"+
 		"pairs with TBF), a balancer, two backends holding the same address (MAC rewrite, direct\n"+
 		"server return), MPTCP with the kernel path manager opening a second subflow from the\n"+
-		"client's second address. Download time from dial to last byte, mean and 95 %% confidence\n"+
-		"interval (Student t) over %d runs per size. The paper: a factor of 2 in time and\n"+
+		"client's second address. Download time from dial to last byte and throughput: mean and\n"+
+		"95 %% confidence interval (Student t) over %d runs per size. The paper: a factor of 2 in time and\n"+
 		"throughput between its MPTCP-unaware balancer and MPLB.\n\n", int(mplbRate/1e6), runs)
 	results := make([][]mplbPoint, len(balancers))
 	for i, b := range balancers {
@@ -90,9 +90,9 @@ func runMPLB(ctx context.Context, w io.Writer, o kit.Options) error {
 		u, a := results[0][si], results[1][si]
 		um, uc := kit.MeanCI(u.times)
 		am, ac := kit.MeanCI(a.times)
-		ur, _ := kit.MeanCI(u.rates)
-		ar, _ := kit.MeanCI(a.rates)
-		fmt.Fprintf(tw, "%s\t%.3f ± %.3f\t%.3f ± %.3f\t%.1f\t%.1f\t%.2fx\t%d/%d / %d/%d\t\n", sizeName(size), um, uc, am, ac, ur, ar, ar/ur,
+		ur, urc := kit.MeanCI(u.rates)
+		ar, arc := kit.MeanCI(a.rates)
+		fmt.Fprintf(tw, "%s\t%.3f ± %.3f\t%.3f ± %.3f\t%.1f ± %.1f\t%.1f ± %.1f\t%.2fx\t%d/%d / %d/%d\t\n", sizeName(size), um, uc, am, ac, ur, urc, ar, arc, ar/ur,
 			u.single, len(u.times), a.single, len(a.times))
 	}
 	tw.Flush()
