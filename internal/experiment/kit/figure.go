@@ -37,7 +37,8 @@ type Chart struct {
 	Bars                  string
 	LogX                  bool // a logarithmic X axis (sizes spanning decades)
 	// LogY: a logarithmic Y axis (times spanning decades); an error bar that reaches 0 or
-	// below is drawn to the bottom of the axis.
+	// below is drawn to the bottom of the axis. On a linear axis, where every value is ≥ 0, an
+	// error bar reaching below 0 is drawn to 0.
 	LogY bool
 	// XTick labels the X axis's major ticks ("10 kB" rather than 10000); nil: the numbers.
 	XTick  func(v float64) string
@@ -106,6 +107,14 @@ func (c Chart) plot() (*plot.Plot, error) {
 	// it starts below the smallest value or interval.
 	p.Y.Min = 0
 	bottom := 0.0
+	// Values that are all ≥ 0 (rates, times) keep the axis at 0: an interval reaching below
+	// (a t interval of few runs) is drawn to 0.
+	nonNegative := true
+	for _, s := range c.Series {
+		for _, v := range s.Y {
+			nonNegative = nonNegative && v >= 0
+		}
+	}
 	if c.LogY {
 		p.Y.Scale = plot.LogScale{}
 		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
@@ -139,10 +148,14 @@ func (c Chart) plot() (*plot.Plot, error) {
 		p.Add(line, points)
 		if s.Lo != nil {
 			lo := s.Lo
-			if c.LogY {
+			if c.LogY || nonNegative {
 				lo = make([]float64, len(s.Lo))
 				for i, v := range s.Lo {
-					lo[i] = math.Max(v, bottom*1.01) // just above: on the axis, not below it by a rounding
+					if c.LogY {
+						lo[i] = math.Max(v, bottom*1.01) // just above: on the axis, not below it by a rounding
+					} else {
+						lo[i] = math.Max(v, 0)
+					}
 				}
 			}
 			bars, err := plotter.NewYErrorBars(errorBars{xys, lo, s.Hi})

@@ -82,6 +82,13 @@ func TestChartPNG(t *testing.T) {
 	if err := bad.Write(&b, vg.Inch, vg.Inch, "png"); err == nil {
 		t.Error("Y 0 on a logarithmic axis was drawn")
 	}
+	// An interval of a non-negative quantity reaching below 0 is drawn to 0, not below.
+	neg := testChart()
+	neg.Series[1].Lo[0] = -5
+	p, err := neg.plot()
+	if err != nil || p.Y.Min != 0 {
+		t.Errorf("an interval below 0: axis from %v (%v), want 0", p.Y.Min, err)
+	}
 	// On a logarithmic Y axis an interval reaching 0 is drawn to the axis's bottom.
 	logY := testChart()
 	logY.LogY, logY.Series[1].Lo[0] = true, 0
