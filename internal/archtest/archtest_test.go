@@ -351,10 +351,10 @@ func TestLabImportsNoRoleBites(t *testing.T) {
 // papers are the reproductions, one package each; they share code only through kit and roles.
 var papers = []string{"mptgre", "federation", "mplb", "amptcp", "rbpm"}
 
-// Each paper has its own package, the demo and the accuracy check theirs; none imports another
-// experiment but kit and roles, and kit imports no role package.
-func TestExperimentLayout(t *testing.T) {
-	files := goFiles(t)
+// layoutViolations returns what breaks the experiments' layout: a missing package, an
+// experiment importing another one but kit and roles, kit importing a role.
+func layoutViolations(files []goFile) []string {
+	var out []string
 	pkgs := map[string]bool{}
 	for _, f := range files {
 		pkgs[f.pkg] = true
@@ -362,7 +362,7 @@ func TestExperimentLayout(t *testing.T) {
 	shared := []string{"braid/internal/experiment/kit", "braid/internal/experiment/roles"}
 	for _, p := range append(slices.Clone(papers), "demo", "accuracy", "kit", "roles") {
 		if !pkgs["braid/internal/experiment/"+p] {
-			t.Errorf("braid/internal/experiment/%s has no Go files", p)
+			out = append(out, fmt.Sprintf("braid/internal/experiment/%s has no Go files", p))
 		}
 	}
 	for _, f := range files {
@@ -373,18 +373,45 @@ func TestExperimentLayout(t *testing.T) {
 			if !under(im, "braid/internal/experiment") || im == f.pkg || slices.Contains(shared, im) {
 				continue
 			}
-			if f.test && strings.TrimSuffix(f.pkg, "_test") == im {
-				continue
-			}
-			t.Errorf("%s imports %s: experiments share code through kit and roles only", f.path, im)
+			out = append(out, fmt.Sprintf("%s imports %s: experiments share code through kit and roles only", f.path, im))
 		}
 		if f.pkg == "braid/internal/experiment/kit" && !f.test {
 			for _, im := range f.imports {
 				if im == "braid/internal/experiment/roles" || slices.ContainsFunc(rolePackages, func(r string) bool { return under(im, r) }) {
-					t.Errorf("%s imports %s: kit is below the roles' starters and imports no role package", f.path, im)
+					out = append(out, fmt.Sprintf("%s imports %s: kit is below the roles' starters and imports no role package", f.path, im))
 				}
 			}
 		}
+	}
+	return out
+}
+
+// Each paper has its own package, the demo and the accuracy check theirs; none imports another
+// experiment but kit and roles, and kit imports no role package.
+func TestExperimentLayout(t *testing.T) {
+	for _, v := range layoutViolations(goFiles(t)) {
+		t.Error(v)
+	}
+}
+
+// The layout rule reports a paper importing another, kit importing a role, a paper gone.
+func TestExperimentLayoutBites(t *testing.T) {
+	files := goFiles(t)
+	base := len(layoutViolations(files))
+	var without []goFile
+	for _, f := range files {
+		if f.pkg != "braid/internal/experiment/mptgre" {
+			without = append(without, f)
+		}
+	}
+	bad := append(without,
+		goFile{path: "internal/experiment/rbpm/x.go", pkg: "braid/internal/experiment/rbpm", imports: []string{"braid/internal/experiment/mplb"}},
+		goFile{path: "internal/experiment/kit/y.go", pkg: "braid/internal/experiment/kit", imports: []string{"braid/internal/tunnel"}})
+	v := layoutViolations(bad)
+	joined := strings.Join(v, "\n")
+	if len(v)-base != 3 || !strings.Contains(joined, "experiment/mptgre has no Go files") ||
+		!strings.Contains(joined, "rbpm/x.go imports braid/internal/experiment/mplb") || !strings.Contains(joined, "kit/y.go imports braid/internal/tunnel") {
+		t.Errorf("got %q", joined)
 	}
 }
 
