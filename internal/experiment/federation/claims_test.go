@@ -1,11 +1,14 @@
 package federation
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"braid/internal/experiment/kit"
+	"braid/internal/traffic"
 )
 
 func TestFedClaims(t *testing.T) {
@@ -39,4 +42,33 @@ func failedNames(c *kit.Claims) string {
 		n = append(n, k.Name)
 	}
 	return strings.Join(n, "; ")
+}
+
+// Figure 5 shows the goodput over time with the cut and the restore marked where they happened.
+func TestFedFigure5(t *testing.T) {
+	start := time.Now()
+	res := CutResult{Start: start, CutTime: start.Add(4 * time.Second)}
+	for i := 1; i <= 120; i++ {
+		rate := 30e6
+		if i > 40 && i <= 80 {
+			rate = 10e6
+		}
+		res.Samples = append(res.Samples, traffic.Sample{At: time.Duration(i) * 100 * time.Millisecond, BitsPerSecond: rate})
+	}
+	path := filepath.Join(t.TempDir(), "fig5.svg")
+	if err := fedFigure5(path, res, 4*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	svg, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{">wired uplink cut<", ">wired uplink restored<", ">goodput (Mbit/s)<", ">goodput per 100 ms<"} {
+		if !strings.Contains(string(svg), want) {
+			t.Errorf("figure lacks %s", want)
+		}
+	}
+	if err := fedFigure5(path, CutResult{}, time.Second); err == nil {
+		t.Error("a figure without samples was drawn")
+	}
 }

@@ -2,9 +2,11 @@ package federation
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"text/tabwriter"
 	"time"
 
@@ -113,9 +115,31 @@ func runFederation(ctx context.Context, w io.Writer, o kit.Options) error {
 	fmt.Fprintf(w, "before the cut %s, during %s, after %s; longest gap (100 ms samples below 1/10 of the rate before): %v; a wired subflow carried data again %s after the restore.\n",
 		kit.RateText(uint64(res.Before)), kit.RateText(uint64(res.During)), kit.RateText(uint64(res.After)), res.Gap, back)
 	fmt.Fprintf(w, "(paper: the rate drops to the LTE link's and comes back; no interruption of the transfer.)\n")
+	path := filepath.Join(o.Out, "federation-fig5.png")
+	plotErr := fedFigure5(path, res, restoreAt-cutAt)
+	if plotErr == nil {
+		fmt.Fprintf(w, "wrote %s\n", path)
+	}
 	c := fedClaims(FedRows{TCP: rows[0].tput, Proxied: rows[1].tput, MPTCP4: rows[3].tput, FreshTCP: rows[0].fresh, FreshMPTCP4: rows[3].fresh}, res)
 	c.Print(w)
-	return c.Err()
+	return errors.Join(plotErr, c.Err())
+}
+
+// fedFigure5 draws the download's goodput per sample through the cut (the paper's Fig. 5), the
+// cut and the restore marked.
+func fedFigure5(path string, res CutResult, cutFor time.Duration) error {
+	ch := kit.Chart{Title: "One download over MPTCP-4, the wired uplink cut (paper Fig. 5)",
+		XLabel: "time since the download began (s)", YLabel: "goodput (Mbit/s)"}
+	s := kit.Series{Name: "goodput per 100 ms", Color: kit.Palette[1]}
+	for _, x := range res.Samples {
+		s.X, s.Y = append(s.X, x.At.Seconds()), append(s.Y, x.BitsPerSecond/1e6)
+	}
+	ch.Series = []kit.Series{s}
+	if !res.CutTime.IsZero() && !res.Start.IsZero() {
+		cut := res.CutTime.Sub(res.Start)
+		ch.Marks = []kit.Mark{{Name: "wired uplink cut", X: cut.Seconds()}, {Name: "wired uplink restored", X: (cut + cutFor).Seconds()}}
+	}
+	return ch.Save(path)
 }
 
 // FedRows are the figures the federation claims are made on: throughput (bit/s) of plain TCP,

@@ -43,6 +43,17 @@ type Chart struct {
 	// XTick labels the X axis's major ticks ("10 kB" rather than 10000); nil: the numbers.
 	XTick  func(v float64) string
 	Series []Series
+	Marks  []Mark
+}
+
+// denseSeries is the number of points above which a series is drawn as a line only.
+const denseSeries = 40
+
+// Mark is an event on the X axis (a link cut, its restore): a dashed vertical line, named in
+// the legend.
+type Mark struct {
+	Name string
+	X    float64
 }
 
 // Palette is the series colours, in order (distinguishable in print and by most colour-blind
@@ -145,7 +156,14 @@ func (c Chart) plot() (*plot.Plot, error) {
 		}
 		line.Color, line.Width = s.Color, vg.Points(1.5)
 		points.Color, points.Shape, points.Radius = s.Color, glyphs[k%len(glyphs)], vg.Points(2.5)
-		p.Add(line, points)
+		if len(s.X) > denseSeries {
+			// A time series: markers on every sample would hide the line.
+			p.Add(line)
+			p.Legend.Add(s.Name, line)
+		} else {
+			p.Add(line, points)
+			p.Legend.Add(s.Name, line, points)
+		}
 		if s.Lo != nil {
 			lo := s.Lo
 			if c.LogY || nonNegative {
@@ -165,7 +183,6 @@ func (c Chart) plot() (*plot.Plot, error) {
 			bars.Color, bars.Width, bars.CapWidth = s.Color, vg.Points(1), vg.Points(6)
 			p.Add(bars)
 		}
-		p.Legend.Add(s.Name, line, points)
 	}
 	// Room around the data, so that no marker or error bar's cap sits on the frame.
 	if c.LogX {
@@ -179,11 +196,25 @@ func (c Chart) plot() (*plot.Plot, error) {
 		p.Y.Min = math.Pow(10, math.Floor(math.Log10(bottom)))
 		p.Y.Max = math.Pow(10, math.Ceil(math.Log10(p.Y.Max*1.2)))
 	} else {
-		p.Y.Max *= 1.08
+		// Headroom for the legend, top left, above the data.
+		p.Y.Max *= 1.05 + 0.07*float64(len(c.Series)+len(c.Marks))
 	}
 	for _, f := range []*font.Font{&p.Title.TextStyle.Font, &p.X.Label.TextStyle.Font, &p.Y.Label.TextStyle.Font,
 		&p.X.Tick.Label.Font, &p.Y.Tick.Label.Font, &p.Legend.TextStyle.Font} {
 		f.Variant = "Sans"
+	}
+	markStyles := [][]vg.Length{{vg.Points(5), vg.Points(3)}, {vg.Points(1.5), vg.Points(2.5)}, {vg.Points(8), vg.Points(3), vg.Points(2), vg.Points(3)}}
+	for k, m := range c.Marks {
+		if c.LogX && m.X <= 0 {
+			return nil, fmt.Errorf("chart %q, mark %q: X %v on a logarithmic axis", c.Title, m.Name, m.X)
+		}
+		l, err := plotter.NewLine(plotter.XYs{{X: m.X, Y: p.Y.Min}, {X: m.X, Y: p.Y.Max}})
+		if err != nil {
+			return nil, fmt.Errorf("chart %q, mark %q: %w", c.Title, m.Name, err)
+		}
+		l.Color, l.Width, l.Dashes = color.Gray{Y: 60}, vg.Points(1.2), markStyles[k%len(markStyles)]
+		p.Add(l)
+		p.Legend.Add(m.Name, l)
 	}
 	return p, nil
 }
