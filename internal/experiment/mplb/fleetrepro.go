@@ -105,23 +105,9 @@ func mplbFleetMeasure(ctx context.Context, o kit.Options, sizes []int64, runs in
 		return nil, err
 	}
 	defer cleanup()
-	var pts []mplbPoint
-	for _, size := range sizes {
-		var p mplbPoint
-		for r := 0; r < runs; r++ {
-			d, joined, err := mplbFleetDownload(ctx, l, size)
-			if err != nil {
-				return nil, fmt.Errorf("download of %s: %w", sizeName(size), err)
-			}
-			p.times = append(p.times, d.Seconds())
-			p.rates = append(p.rates, float64(size)*8/d.Seconds()/1e6)
-			if !joined {
-				p.single++
-			}
-		}
-		pts = append(pts, p)
-	}
-	return pts, nil
+	return measureSizes(sizes, runs, func(size int64) (time.Duration, bool, error) {
+		return mplbDownload(ctx, l, size, func(c *net.TCPConn) bool { return fleetEstablished(c) == 2 })
+	})
 }
 
 // mplbFleetTokenJoins measures the design braid does not use for a fleet: token mode with
@@ -241,29 +227,4 @@ func fleetEstablished(c *net.TCPConn) int {
 		}
 	}
 	return n
-}
-
-// mplbFleetDownload times one download on a new connection and reports whether its second
-// subflow was established at the end.
-func mplbFleetDownload(ctx context.Context, l *lab.Lab, size int64) (time.Duration, bool, error) {
-	start := time.Now()
-	c, err := MPLBDial(ctx, l)
-	if err != nil {
-		return 0, false, err
-	}
-	defer c.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		c.SetDeadline(dl)
-	}
-	if _, err := MPLBDownload(c, uint64(size)); err != nil {
-		return 0, false, err
-	}
-	d := time.Since(start)
-	// Small files finish before the join does: give it a moment.
-	joined := fleetEstablished(c) == 2
-	for i := 0; !joined && i < 20; i++ {
-		time.Sleep(10 * time.Millisecond)
-		joined = fleetEstablished(c) == 2
-	}
-	return d, joined, nil
 }

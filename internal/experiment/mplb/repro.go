@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"path/filepath"
 	"text/tabwriter"
 	"time"
@@ -171,10 +172,19 @@ func mplbMeasure(ctx context.Context, o kit.Options, b mplbBalancer, sizes []int
 	if err := MPLBEndpoint(ctx, l); err != nil {
 		return nil, err
 	}
+	return measureSizes(sizes, runs, func(size int64) (time.Duration, bool, error) {
+		return mplbDownload(ctx, l, size, subflowJoined)
+	})
+}
+
+// measureSizes downloads every size runs times with download, which times one download and
+// reports whether its connection kept its second subflow.
+func measureSizes(sizes []int64, runs int, download func(size int64) (time.Duration, bool, error)) ([]mplbPoint, error) {
+	var pts []mplbPoint
 	for _, size := range sizes {
 		var p mplbPoint
 		for r := 0; r < runs; r++ {
-			d, joined, err := mplbDownload(ctx, l, size)
+			d, joined, err := download(size)
 			if err != nil {
 				return nil, fmt.Errorf("download of %s: %w", sizeName(size), err)
 			}
@@ -190,8 +200,8 @@ func mplbMeasure(ctx context.Context, o kit.Options, b mplbBalancer, sizes []int
 }
 
 // mplbDownload times one download on a new connection and reports whether the connection
-// still had its second subflow at the end.
-func mplbDownload(ctx context.Context, l *lab.Lab, size int64) (time.Duration, bool, error) {
+// still had its second subflow at the end, as joined tells.
+func mplbDownload(ctx context.Context, l *lab.Lab, size int64, joined func(*net.TCPConn) bool) (time.Duration, bool, error) {
 	start := time.Now()
 	c, err := MPLBDial(ctx, l)
 	if err != nil {
@@ -205,19 +215,20 @@ func mplbDownload(ctx context.Context, l *lab.Lab, size int64) (time.Duration, b
 		return 0, false, err
 	}
 	d := time.Since(start)
-	joined := false
-	if ci, err := info.Info(c); err == nil {
-		joined = ci.Subflows >= 1
-	}
 	// Small files finish before the join does: give it a moment to tell a reset from a join
 	// still under way.
-	for i := 0; !joined && i < 20; i++ {
+	ok := joined(c)
+	for i := 0; !ok && i < 20; i++ {
 		time.Sleep(10 * time.Millisecond)
-		if ci, err := info.Info(c); err == nil {
-			joined = ci.Subflows >= 1
-		}
+		ok = joined(c)
 	}
-	return d, joined, nil
+	return d, ok, nil
+}
+
+// subflowJoined reports whether c has an additional subflow (MPTCP_INFO).
+func subflowJoined(c *net.TCPConn) bool {
+	ci, err := info.Info(c)
+	return err == nil && ci.Subflows >= 1
 }
 
 // mplbPlots draws the download time and the throughput per file size, one series per
