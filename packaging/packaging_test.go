@@ -85,11 +85,69 @@ func braid(t *testing.T) string {
 }
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(unitExecEnv); spec != "" {
+		unitExecMain(spec) // the test binary re-executed as a unit's service (unitexec_test.go)
+	}
 	code := m.Run()
 	if bin, err := buildBraid(); err == nil {
 		os.RemoveAll(filepath.Dir(bin))
 	}
+	if builtDeb.dir != "" {
+		os.RemoveAll(builtDeb.dir)
+	}
 	os.Exit(code)
+}
+
+// builtDeb is the package 'make deb' built for this run, shared by the tests that need one.
+var builtDeb struct {
+	once  sync.Once
+	dir   string
+	deb   string
+	heads []string // HEAD before and after the build: the commit the package says is one of them
+	err   error
+}
+
+// debPackage builds the Debian package with 'make deb' into a temporary directory, once per
+// run, and returns its path.
+func debPackage(t *testing.T) string {
+	t.Helper()
+	var tools []string
+	for _, name := range []string{"make", "dpkg-deb", "help2man"} {
+		p, ok := labtest.Tool(t, name)
+		if !ok {
+			labtest.Skip(t, name+" is not installed (scripts/deps.sh installs it)")
+		}
+		tools = append(tools, p)
+	}
+	b := &builtDeb
+	b.once.Do(func() {
+		gitHead := func() {
+			if out, err := exec.Command("git", "rev-parse", "HEAD").Output(); err == nil {
+				b.heads = append(b.heads, strings.TrimSpace(string(out)))
+			}
+		}
+		gitHead()
+		if b.dir, b.err = os.MkdirTemp("", "braid-deb-"); b.err != nil {
+			return
+		}
+		cmd := exec.Command(tools[0], "-C", "..", "--no-print-directory", "deb", "BIN="+filepath.Join(b.dir, "bin", "braid"), "DEBOUT="+b.dir)
+		cmd.Env = append(os.Environ(), "MAKEFLAGS=")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("make deb: %v\n%s", err, out)
+			return
+		}
+		debs, _ := filepath.Glob(filepath.Join(b.dir, "braid_*.deb"))
+		if len(debs) != 1 {
+			b.err = fmt.Errorf("make deb wrote %v, want one braid_*.deb in %s", debs, b.dir)
+			return
+		}
+		b.deb = debs[0]
+		gitHead()
+	})
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.deb
 }
 
 // unitKeys returns the values of each key of a unit file, in order.
@@ -262,37 +320,9 @@ func TestDeb(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the package: not with -short")
 	}
-	var tools []string
-	for _, name := range []string{"make", "dpkg-deb", "help2man"} {
-		p, ok := labtest.Tool(t, name)
-		if !ok {
-			labtest.Skip(t, name+" is not installed (scripts/deps.sh installs it)")
-		}
-		tools = append(tools, p)
-	}
-	mk, dpkgDeb := tools[0], tools[1]
-	// The commit the package is built from: HEAD before or after 'make deb' (other commits
-	// may land meanwhile).
-	var heads []string
-	gitHead := func() {
-		if b, err := exec.Command("git", "rev-parse", "HEAD").Output(); err == nil {
-			heads = append(heads, strings.TrimSpace(string(b)))
-		}
-	}
-	gitHead()
-	out := t.TempDir()
-	cmd := exec.Command(mk, "-C", "..", "--no-print-directory", "deb", "BIN="+filepath.Join(out, "bin", "braid"), "DEBOUT="+out)
-	cmd.Env = append(os.Environ(), "MAKEFLAGS=")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("make deb: %v\n%s", err, b)
-	}
-	debs, _ := filepath.Glob(filepath.Join(out, "braid_*.deb"))
-	if len(debs) != 1 {
-		t.Fatalf("make deb wrote %v, want one braid_*.deb in %s", debs, out)
-	}
-	deb := debs[0]
-	gitHead()
-
+	deb := debPackage(t)
+	dpkgDeb, _ := labtest.Tool(t, "dpkg-deb")
+	heads := builtDeb.heads
 	info, err := exec.Command(dpkgDeb, "--info", deb).CombinedOutput()
 	if err != nil {
 		t.Fatalf("dpkg-deb --info: %v\n%s", err, info)
