@@ -41,11 +41,12 @@ Prints the state of the braid roles running here (in this network namespace):
   pm, proxy  their connections and counters
 
 Without --control or --addr it asks each role where it is by default and prints every one
-that answers: the tunnel's and the balancer's control sockets (@braid/tunnel, @braid/lb:
-abstract sockets, which belong to the network namespace, so that each namespace finds its
-own), then each role's default status address (tunnel 127.0.0.1:9473, mapserver :9474, pm
-:9475, lb :9476, xtr :9477, proxy :9478). A tunnel or balancer therefore needs no 'metrics'
-for braid status. --control asks one control socket, --addr one status address.
+that answers: first each role's default control socket (@braid/tunnel, @braid/lb,
+@braid/mapserver, @braid/xtr, @braid/pm, @braid/proxy: abstract sockets, which belong to the
+network namespace, so that each namespace finds its own), then, for a role not found there,
+its default status address (tunnel 127.0.0.1:9473, mapserver :9474, pm :9475, lb :9476, xtr
+:9477, proxy :9478). A role therefore needs no 'metrics' for braid status. --control asks one
+control socket, --addr one status address.
 
 Each status address also serves a live page at / (open http://127.0.0.1:9473/ in a browser):
 the role's state, with charts of the last minutes (docs/operations.md).
@@ -66,6 +67,8 @@ type statusPlace struct {
 func defaultStatusPlaces() []statusPlace {
 	return []statusPlace{
 		{"tunnel", config.DefaultTunnelControl, true}, {"lb", config.DefaultLBControl, true},
+		{"mapserver", config.DefaultMapserverControl, true}, {"xtr", config.DefaultXTRControl, true},
+		{"pm", config.DefaultPMControl, true}, {"proxy", config.DefaultProxyControl, true},
 		{"tunnel", config.DefaultTunnelMetrics, false}, {"mapserver", config.DefaultMapserverMetrics, false},
 		{"pm", config.DefaultPMMetrics, false}, {"lb", config.DefaultLBMetrics, false},
 		{"xtr", config.DefaultXTRMetrics, false}, {"proxy", config.DefaultProxyMetrics, false},

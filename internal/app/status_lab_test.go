@@ -85,3 +85,46 @@ func TestTunnelDefaultsPerNamespace(t *testing.T) {
 		t.Errorf("'braid tunnel path down' in a changed b's tunnel:\n%s", st)
 	}
 }
+
+// A map server with no status address ('metrics = ""'), in a namespace of its own: 'braid
+// status' without flags finds it on its default control socket (@braid/mapserver), as it finds
+// the tunnel's and the balancer's, and prints its state.
+func TestStatusFindsMapServerByControl(t *testing.T) {
+	labtest.Require(t)
+	tp := &topo.Topology{Name: "statms", Hosts: []topo.Host{{Name: "ms"}, {Name: "x"}}}
+	tp.Links = append(tp.Links, topo.Link{
+		A: topo.Endpoint{Host: "ms", Addrs: []netip.Prefix{netip.MustParsePrefix("10.9.0.1/24")}},
+		B: topo.Endpoint{Host: "x", Addrs: []netip.Prefix{netip.MustParsePrefix("10.9.0.2/24")}},
+	})
+	l := labtest.Up(t, tp)
+	t.Setenv("BRAID_TEST_MAIN", "1")
+	self, _ := os.Executable()
+	file := filepath.Join(t.TempDir(), "ms.toml")
+	site := "[mapserver]\nlisten = \"10.9.0.1:4342\"\nmetrics = \"\"\n[[mapserver.site]]\nname = \"site1\"\nkey = \"site1-secret-0123456789\"\neid_prefixes = [\"192.168.1.0/24\"]\n"
+	if err := os.WriteFile(file, []byte(site), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "mapserver", "--config", file)
+	var log strings.Builder
+	cmd.Stderr = &lockedWriter{w: &log}
+	if err := l.Host("ms").Start(cmd); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out []byte
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if out, err = l.Host("ms").Run(ctx, self, "status"); err == nil {
+			break
+		}
+	}
+	if err != nil || !strings.Contains(string(out), "map server: 0 sites registered") {
+		t.Fatalf("braid status beside a map server without metrics: %v\n%s\nits log:\n%s", err, out, log.String())
+	}
+	// Another namespace has no braid role: status says where it looked and fails.
+	out, err = l.Host("x").Run(ctx, self, "status")
+	if err == nil || !strings.Contains(string(out), "@braid/mapserver") {
+		t.Errorf("braid status where nothing runs: %v\n%s", err, out)
+	}
+}
