@@ -1,6 +1,7 @@
-// Command replot redraws bench/amptcp's figures and bench/mplb's time figure from the tables
-// the full runs published (bench/amptcp/results.md, bench/mplb/mplb.txt), with the figure code
-// the reproductions use, so that the published figures follow that code without a new run.
+// Command replot redraws bench/amptcp's figures from the table its full run published
+// (bench/amptcp/results.md), with the figure code the reproduction uses, so that the published
+// figures follow that code without a new run. (bench/mplb's figures come from a full run of
+// 2026-11-25 again, bench/mplb/mplb.txt, and are no longer redrawn.)
 //
 // Usage, from the module root: go run ./bench/replot
 package main
@@ -12,10 +13,8 @@ import (
 	"os"
 	"regexp"
 	"strconv"
-	"strings"
 
 	"braid/internal/experiment/amptcp"
-	"braid/internal/experiment/mplb"
 )
 
 func must(err error) {
@@ -61,24 +60,4 @@ func main() {
 	must(err)
 	fmt.Println(paths)
 
-	// mplb: "   10 kB     0.001 ± 0.000      0.001 ± 0.001  ..."
-	b, err := os.ReadFile("bench/mplb/mplb.txt")
-	must(err)
-	mrow := regexp.MustCompile(`^\s+(\d+) (kB|MB)\s+([\d.]+) ± ([\d.]+)\s+([\d.]+) ± ([\d.]+)`)
-	ms := mplb.Summary{Names: []string{"unaware (address hash)", "braid lb"}, Runs: 30, Mean: make([][]float64, 2), Half: make([][]float64, 2)}
-	for _, line := range strings.Split(string(b), "\n") {
-		m := mrow.FindStringSubmatch(line)
-		if m == nil {
-			continue
-		}
-		size := num(m[1]) * map[string]float64{"kB": 1e3, "MB": 1e6}[m[2]]
-		ms.Sizes = append(ms.Sizes, int64(size))
-		ms.Mean[0], ms.Half[0] = append(ms.Mean[0], num(m[3])), append(ms.Half[0], num(m[4]))
-		ms.Mean[1], ms.Half[1] = append(ms.Mean[1], num(m[5])), append(ms.Half[1], num(m[6]))
-	}
-	if len(ms.Sizes) != 5 {
-		log.Fatalf("replot: bench/mplb/mplb.txt: %d rows, want 5", len(ms.Sizes))
-	}
-	must(mplb.WriteFigure("bench/mplb/mplb-time.png", mplb.TimeTitle, mplb.TimeLabel, true, ms))
-	fmt.Println("bench/mplb/mplb-time.png")
 }
