@@ -219,22 +219,12 @@ func (e echoRun) String() string {
 // ones): a stalled process delays replies, a lost mapping loses them.
 func echo(ctx context.Context, from, to *lab.Host, addr netip.AddrPort, d time.Duration) echoRun {
 	r := echoRun{start: time.Now()}
-	pc, err := to.ListenPacket("udp", addr.String())
+	stop, err := kit.EchoServer(to, addr.String())
 	if err != nil {
 		r.err = err
 		return r
 	}
-	defer pc.Close()
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			n, src, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			pc.WriteTo(buf[:n], src)
-		}
-	}()
+	defer stop()
 	c, err := from.Dial(ctx, "udp", addr.String())
 	if err != nil {
 		r.err = err

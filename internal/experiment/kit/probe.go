@@ -10,15 +10,12 @@ import (
 	"braid/internal/lab"
 )
 
-// Ping sends a UDP echo request every 10 ms from host from to the echo server it runs in host
-// to (on addr, port 7) for d, and returns the longest time without a reply.
-func Ping(ctx context.Context, from, to *lab.Host, addr netip.Addr, d time.Duration) (time.Duration, error) {
-	dst := netip.AddrPortFrom(addr, 7).String()
-	pc, err := to.ListenPacket("udp", dst)
+// EchoServer answers every UDP datagram to addr inside host h with the same bytes, until stop.
+func EchoServer(h *lab.Host, addr string) (stop func(), err error) {
+	pc, err := h.ListenPacket("udp", addr)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	defer pc.Close()
 	go func() {
 		buf := make([]byte, 64)
 		for {
@@ -29,6 +26,18 @@ func Ping(ctx context.Context, from, to *lab.Host, addr netip.Addr, d time.Durat
 			pc.WriteTo(buf[:n], src)
 		}
 	}()
+	return func() { pc.Close() }, nil
+}
+
+// Ping sends a UDP echo request every 10 ms from host from to the echo server it runs in host
+// to (on addr, port 7) for d, and returns the longest time without a reply.
+func Ping(ctx context.Context, from, to *lab.Host, addr netip.Addr, d time.Duration) (time.Duration, error) {
+	dst := netip.AddrPortFrom(addr, 7).String()
+	stop, err := EchoServer(to, dst)
+	if err != nil {
+		return 0, err
+	}
+	defer stop()
 	c, err := from.Dial(ctx, "udp", dst)
 	if err != nil {
 		return 0, err

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/experiment/kit"
 	"braid/internal/experiment/roles"
 	"braid/internal/lab"
 	"braid/internal/lab/labtest"
@@ -182,21 +183,11 @@ type resolution struct {
 // covering eids[i].
 func resolveFlow(ctx context.Context, h1, h2 *lab.Host, dst netip.Addr, xs [2]*xtr.XTR, eids [2]netip.Addr) (r resolution, err error) {
 	to := netip.AddrPortFrom(dst, 7)
-	pc, err := h2.ListenPacket("udp", to.String())
+	stop, err := kit.EchoServer(h2, to.String())
 	if err != nil {
 		return r, err
 	}
-	defer pc.Close()
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			n, src, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			pc.WriteTo(buf[:n], src)
-		}
-	}()
+	defer stop()
 	c, err := h1.Dial(ctx, "udp", to.String())
 	if err != nil {
 		return r, err
