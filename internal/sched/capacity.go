@@ -209,8 +209,17 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 	// path was offered its estimate and did not deliver more.
 	pace := min(c.PacingRate(), c.est)
 	before := c.est
-	// Lossy needs a volume worth judging: a few probes on an idle path say nothing.
-	lossy := sent >= 0.5*c.est && delivered < c.cfg.LossyShare*sent
+	// Lossy and queued need a volume worth judging: a few probes on an idle path say nothing,
+	// nor does a path sent less than half its estimate (below). Until the first sample has
+	// entered, the estimate is the configured guess, not the path's: a path that carries a
+	// quarter of it and is offered less than the guess (the slower of two unequal paths,
+	// given only what arrives in time) would never be measured, and would be paced and
+	// planned at the guess. Then a volume of queuedBits over the window is enough.
+	volume := sent >= 0.5*c.est
+	if c.filled == 0 {
+		volume = sent*float64(window)/1e9 >= queuedBits
+	}
+	lossy := volume && delivered < c.cfg.LossyShare*sent
 	// A queue that grows also says the path is full: it delivered less than it was sent while
 	// data waited for it. That is how a path is found full when the scheduler sends it only
 	// what arrives in time (it is seldom offered its whole pacing rate), or when the pacing
@@ -218,9 +227,13 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 	// RTT alone says nothing: the sites' own CPU lengthens it too, and a path that delivered
 	// all it was sent was limited by the sender (taking such samples as busy walked the
 	// estimate of a 300 Mbit/s path down to 244 in 20 s). Nor does a queue with hardly any
-	// data (probes on an idle path).
+	// data (probes on an idle path), nor one on a path sent less than half its estimate: that
+	// traffic says little of the path's rate, and on a long path a window sent more at its end
+	// than at its start has sent more than it delivered whatever the rate: a round trip
+	// lengthened by a CPU stall would make such samples full, and their maximum would walk the
+	// estimate of a slower path, offered only what arrives in time, down to what it was offered.
 	queued := minRTT > 0 && rtt > minRTT+max(minQueue, minRTT/4) && sent >= queuedGrowth*delivered &&
-		sent*float64(window)/1e9 >= queuedBits
+		sent*float64(window)/1e9 >= queuedBits && volume
 	busy := lossy || queued || sent >= c.cfg.BusyShare*pace
 	if lossy {
 		c.lossy++
@@ -234,7 +247,18 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 	// estimate falls at once to what the path delivered (no lower than a sixteenth of itself,
 	// so that a sample in an outage does not stop the path), and it drains the queue that
 	// built. Noise on a steady path stays far above collapseShare.
-	if (lossy || queued) && delivered < collapseShare*c.est && c.filled > 0 {
+	//
+	// Only a path that was offered about its estimate can show that: one the scheduler gave
+	// less (a slower path, given only what arrives in time, or a path that was idle for part
+	// of the window) delivers less than its estimate by the traffic's choice, and the caller's
+	// alignment of what was sent with what was delivered is only as good as its round-trip
+	// estimate. Collapsed on such a sample (a queue from a CPU stall, or the first burst after
+	// an idle spell), the slow path of two unequal ones fell from 25 Mbit/s to 8 and, offered
+	// little, stayed in startup there (docs/scheduling.md, "Unequal paths"). So the path must
+	// have been sent collapseShare of the estimate, and have delivered less than collapseShare
+	// of what it was sent (up to the estimate).
+	if (lossy || queued) && c.filled > 0 && sent >= collapseShare*c.est &&
+		delivered < collapseShare*min(sent, c.est) {
 		clear(c.samples)
 		c.est = max(delivered, c.est/16)
 		c.samples[0], c.next, c.filled = c.est, 1%len(c.samples), 1

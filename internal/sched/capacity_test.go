@@ -166,6 +166,53 @@ func TestCapacityCollapseBounds(t *testing.T) {
 	}
 }
 
+// A path the scheduler offers less than its estimate (the slower of two unequal paths, given
+// only what arrives in time, or the first burst after an idle spell) delivers less than the
+// estimate by the traffic's choice, and what it was sent is aligned with what it delivered only
+// as well as its round trip is known: a queue then (a CPU stall, the burst) is no fall in its
+// capacity.
+// The estimate stays; the same queue on a path offered its estimate is a fall.
+func TestCapacityOfferedLittleDoesNotCollapse(t *testing.T) {
+	c := newCap(t)
+	for c.Phase() != PhaseCruise {
+		step(c, 25e6, math.Inf(1))
+	}
+	est := c.Estimate()
+	long := int64(100e6) // a round trip of 100 ms
+	for _, s := range []struct{ delivered, sent float64 }{
+		{0.3 * est, 0.4 * est},  // offered 40 %, a third of it not delivered yet
+		{0.66 * est, 0.8 * est}, // offered 80 %, the windows a sixth out of step
+		{0.1 * est, 0.2 * est},  // a burst after an idle spell
+	} {
+		c.OnSample(s.delivered, s.sent, 3*window, long+40*int64(1e6), long)
+		if c.Estimate() != est {
+			t.Fatalf("estimate %.0f after a queued sample that delivered %.2f of %.2f sent (of the estimate), want %.0f kept",
+				c.Estimate(), s.delivered/est, s.sent/est, est)
+		}
+	}
+	c.OnSample(0.3*est, 0.98*est, 3*window, long+40*int64(1e6), long)
+	if !within(c.Estimate(), 0.3*est, 0.01) || c.Phase() != PhaseDrain {
+		t.Fatalf("estimate %.0f (%v) after a queued sample offered the estimate that delivered 0.3 of it, want %.0f and drain",
+			c.Estimate(), c.Phase(), 0.3*est)
+	}
+}
+
+// A slower path of two, offered only what arrives in time, never carries the initial guess
+// (100 Mbit/s) nor half of it: its first sample that shows a queue (or loss) enters, so that it
+// is not paced and planned at the guess for ever.
+func TestCapacityMeasuresAPathOfferedLessThanTheGuess(t *testing.T) {
+	c := newCap(t)
+	long := int64(100e6)
+	c.OnSample(19e6, 20e6, 3*window, long, long) // no queue, nothing lost: says nothing
+	if c.Measured() {
+		t.Fatalf("measured (%.0f) after a sample that delivered all it was sent below the guess", c.Estimate())
+	}
+	c.OnSample(19e6, 21e6, 3*window, long+30*int64(1e6), long) // a queue grows
+	if !c.Measured() || !within(c.Estimate(), 19e6, 0.01) {
+		t.Fatalf("estimate %.0f (measured %v) after a queued sample at 19e6, want 19e6", c.Estimate(), c.Measured())
+	}
+}
+
 // A path that loses what it is sent is busy even below its pacing rate: the estimate falls
 // although the traffic never reached the estimate.
 func TestCapacityLossyPathIsBusy(t *testing.T) {

@@ -141,9 +141,8 @@ type peerPath struct {
 	// measured capacity, when none is configured: fed one sample per delivery-rate window
 	capEst  *sched.Capacity
 	capN    uint64 // the estimator's RateSamples when the last sample was taken
-	capAt   int64  // and the time and bytes sent then, for the send rate of the window
-	capSent uint64
-	capPkts uint64
+	capAt   int64  // and when, the start of the next sample's window
+	capHist sendHistory
 	capBits float64       // delivered over the estimator's windows since the last sample
 	capWin  time.Duration // and their length
 
@@ -354,6 +353,8 @@ func (pp *peerPath) sampleCapacityLocked(now int64, outer int) {
 	if pp.capEst == nil {
 		return
 	}
+	sent, pkts := pp.txBytes.Load(), pp.txPackets.Load()
+	pp.capHist.record(now, sent, pkts)
 	s := pp.est.Snapshot()
 	if s.RateSamples == pp.capN {
 		return
@@ -367,13 +368,20 @@ func (pp *peerPath) sampleCapacityLocked(now int64, outer int) {
 	if ph := pp.capEst.Phase(); pp.capWin < capacityWindow && ph != sched.PhaseStartup && ph != sched.PhaseDrain {
 		return
 	}
-	sent, pkts := pp.txBytes.Load(), pp.txPackets.Load()
-	if dt, b := now-pp.capAt, sent-pp.capSent; dt > 0 && b > 0 {
-		wire := float64(b+(pkts-pp.capPkts)*uint64(outer)) / float64(b)
-		pp.capEst.OnSample(pp.capBits/pp.capWin.Seconds()*wire, float64(b)*wire*8*1e9/float64(dt),
+	// What was sent for the window: the packets the peer counted left about a round trip
+	// before the feedback that reports them (sendHistory).
+	back := int64(s.SRTT)
+	if back <= 0 || back > int64(time.Minute) {
+		back = 0
+	}
+	b0, p0 := pp.capHist.countersAt(pp.capAt-back, now, sent, pkts)
+	b1, p1 := pp.capHist.countersAt(now-back, now, sent, pkts)
+	if dt, b := now-pp.capAt, b1-b0; dt > 0 && b > 0 {
+		wire := (b + (p1-p0)*float64(outer)) / b
+		pp.capEst.OnSample(pp.capBits/pp.capWin.Seconds()*wire, b*wire*8*1e9/float64(dt),
 			int64(pp.capWin), int64(s.SRTT), int64(s.MinRTT))
 	}
-	pp.capAt, pp.capSent, pp.capPkts, pp.capBits, pp.capWin = now, sent, pkts, 0, 0
+	pp.capAt, pp.capBits, pp.capWin = now, 0, 0
 }
 
 // capacityWindow is the shortest span of one capacity sample once the path's rate is found:

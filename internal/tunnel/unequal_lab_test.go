@@ -11,6 +11,7 @@ import (
 	"braid/internal/lab/labtest"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
+	"braid/internal/tunnel"
 )
 
 // One TCP flow (cubic) through the tunnel over two paths of unequal delay, 50 Mbit/s at 5 ms and
@@ -69,7 +70,9 @@ func TestTunnelUnequalPaths(t *testing.T) {
 			var res traffic.BulkResult
 			for flow := 1; flow <= 2; flow++ {
 				var err error
+				trace := traceEstimates(eps[0].tunnel, eps[1].tunnel)
 				res, err = traffic.Bulk(ctx, ccDial(eps[0].host, "cubic"), addr, traffic.BulkOptions{Duration: 20 * time.Second})
+				t.Logf("flow %d, each second: the sender's paths (capacity Mbit/s, phase, RTT ms) and send queue, the receiver's reorder buffer:%s", flow, trace())
 				if err != nil {
 					t.Fatalf("flow %d through the tunnel: %v", flow, err)
 				}
@@ -95,5 +98,43 @@ func TestTunnelUnequalPaths(t *testing.T) {
 				t.Errorf("with %g%% loss: %.1f Mbit/s, %.2f of the better path alone (%.1f), want at least that path", loss, res.Steady/1e6, res.Steady/best, best/1e6)
 			}
 		})
+	}
+}
+
+// traceEstimates samples, once a second until the returned function is called (which stops
+// it and returns the samples as text), the capacity estimate, phase and RTT of each of the
+// sender's paths, its send queue's depth, and the gaps the receiver's reorder buffer gave up
+// on (which the flow inside sees as losses): what a failure of a bound needs to be understood.
+func traceEstimates(sender, receiver interface{ Status() tunnel.Status }) func() string {
+	var b strings.Builder
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for s := 1; ; s++ {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			fmt.Fprintf(&b, "\n\t%2ds", s)
+			for _, ps := range sender.Status().Peers {
+				for _, p := range ps.Paths {
+					fmt.Fprintf(&b, "  path %d %5.1f %-7s %4.0f", p.ID, p.Capacity/1e6, p.CapacityPhase, p.RTT.Seconds()*1e3)
+				}
+				fmt.Fprintf(&b, "  queued %4.0f KB", float64(ps.SendQueueBytes)/1e3)
+			}
+			for _, ps := range receiver.Status().Peers {
+				if r := ps.Reorder; r != nil {
+					fmt.Fprintf(&b, "  receiver: lost %d, late %d", r.Lost, r.Late)
+				}
+			}
+		}
+	}()
+	return func() string {
+		close(stop)
+		<-done
+		return b.String()
 	}
 }
