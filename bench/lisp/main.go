@@ -62,8 +62,12 @@ func main() {
 	scaleClients := flag.Int("scale-clients", 16, "concurrent resolver clients in the scale table")
 	withResolver := flag.Bool("resolver", true, "measure the map-resolver (false: the xTR table only)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the xTR measurements (the xTRs, emulated links and hosts all run in this process) to this file")
+	flag.StringVar(&xtrProfile, "xtrprofile", "", "write a CPU profile of each transfer through the xTRs only (not the baseline nor the tunnel) to this file, .2, .3, ... for later runs")
 	flag.Parse()
 	log.SetFlags(0)
+	if *cpuProfile != "" && xtrProfile != "" {
+		log.Fatal("-cpuprofile and -xtrprofile: one CPU profile at a time")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	var md bytes.Buffer
@@ -299,6 +303,36 @@ func xtrThroughput(ctx context.Context, w io.Writer, dur time.Duration, runs int
 	return nil
 }
 
+// xtrProfile is -xtrprofile; xtrRuns counts the transfers through the xTRs it profiled.
+var (
+	xtrProfile string
+	xtrRuns    int
+)
+
+// profileXTR starts the CPU profile of one transfer through the xTRs (-xtrprofile) and returns
+// what stops it; a no-op without the flag.
+func profileXTR() func() {
+	if xtrProfile == "" {
+		return func() {}
+	}
+	xtrRuns++
+	name := xtrProfile
+	if xtrRuns > 1 {
+		name += "." + strconv.Itoa(xtrRuns)
+	}
+	f, err := os.Create(name)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		log.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
+}
+
 // xtrRun measures one baseline, one tunnel and one xTR transfer on a fresh lab.
 func xtrRun(ctx context.Context, dur time.Duration) (base, braid, tunl float64, err error) {
 	t := roles.LispTopology(0, 0)
@@ -356,7 +390,9 @@ func xtrRun(ctx context.Context, dur time.Duration) (base, braid, tunl float64, 
 	if _, err := kit.Ping(ctx, h1, h2, roles.LispSites[1].HostIP[0], time.Second); err != nil {
 		return 0, 0, 0, err
 	}
+	stopProfile := profileXTR()
 	x, err := traffic.Bulk(ctx, h1.Dial, srvAddr, traffic.BulkOptions{Duration: dur})
+	stopProfile()
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("through the xTRs: %w (xtr1 counters %v, xtr2 counters %v)", err,
 			ll.XTRs[0].Status().Counters, ll.XTRs[1].Status().Counters)

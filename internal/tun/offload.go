@@ -3,9 +3,11 @@ package tun
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"braid/internal/wire/vnet"
 
@@ -57,6 +59,8 @@ type offloadState struct {
 	wbuf       []byte // Write's buffer, to put a header in front of one packet
 	coalescers sync.Pool
 	malformed  atomic.Uint64
+	ir         idleReader
+	closed     atomic.Bool
 }
 
 // ErrOffloadRead: Read was called on a device with offloads; use ReadBatch.
@@ -79,6 +83,89 @@ func (d *Device) ReadBatch(bufs [][]byte, offset int, sizes []int) (int, error) 
 	if err != nil {
 		return 0, err
 	}
+	return d.split(n, bufs, offset, sizes)
+}
+
+// ReadBatchIdle is ReadBatch that, when the device has nothing to read, calls idle (at most
+// once a call, in the calling goroutine) before it waits: a caller that gathers what it reads
+// into larger sends (the xTR's trains) sends what it holds then, and not after every read.
+// One goroutine reads at a time.
+func (d *Device) ReadBatchIdle(bufs [][]byte, offset int, sizes []int, idle func()) (int, error) {
+	buf := d.rbuf
+	if !d.offload {
+		buf = bufs[0][offset:]
+	}
+	n, err := d.readIdle(buf, idle)
+	if err != nil {
+		return 0, err
+	}
+	if !d.offload {
+		sizes[0] = n
+		return 1, nil
+	}
+	return d.split(n, bufs, offset, sizes)
+}
+
+// idleReader is ReadBatchIdle's read: its state and the method value, made once, so that a
+// read allocates nothing.
+type idleReader struct {
+	raw  syscall.RawConn
+	fn   func(fd uintptr) bool
+	buf  []byte
+	n    int
+	err  error
+	idle func()
+}
+
+func (d *Device) readIdle(buf []byte, idle func()) (int, error) {
+	r := &d.ir
+	if r.fn == nil {
+		raw, err := d.file.SyscallConn()
+		if err != nil {
+			return 0, err
+		}
+		r.raw, r.fn = raw, r.read
+	}
+	r.buf, r.idle, r.n, r.err = buf, idle, 0, nil
+	err := r.raw.Read(r.fn)
+	r.buf, r.idle = nil, nil
+	if err == nil {
+		err = r.err
+	}
+	if err != nil {
+		if d.closed.Load() {
+			err = os.ErrClosed
+		}
+		return 0, &os.PathError{Op: "read", Path: d.file.Name(), Err: err}
+	}
+	return r.n, nil
+}
+
+func (r *idleReader) read(fd uintptr) bool {
+	for {
+		n, err := unix.Read(int(fd), r.buf)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			// Readiness that comes while idle runs is not lost: the poller keeps it.
+			if idle := r.idle; idle != nil {
+				r.idle = nil
+				idle()
+			}
+			return false
+		case err != nil:
+			r.err = err
+		case n == 0:
+			r.err = io.EOF
+		}
+		r.n = n
+		return true
+	}
+}
+
+// split splits the n bytes of d.rbuf (header and packet) into bufs.
+func (d *Device) split(n int, bufs [][]byte, offset int, sizes []int) (int, error) {
 	var h vnet.Hdr
 	if _, err := h.Decode(d.rbuf[:n]); err != nil {
 		d.malformed.Add(1)

@@ -73,7 +73,10 @@ func (d *Device) Write(b []byte) (int, error) {
 }
 
 // Close closes the device; a TUN interface that nothing holds disappears.
-func (d *Device) Close() error { return d.file.Close() }
+func (d *Device) Close() error {
+	d.closed.Store(true)
+	return d.file.Close()
+}
 
 // Configure sets the MTU and addresses of the interface and brings it up, through nl (a netlink
 // handle of the interface's namespace).

@@ -163,3 +163,80 @@ func TestXtrBatchedETRChecks(t *testing.T) {
 			c[DropSpoofedSource], c[DropOuterSource], c[CountRxPackets], dev.pkts)
 	}
 }
+
+// superDevice hands out reads of k copies of pkt (the segments of a super-packet), reads
+// times; then it has nothing, and calls idle.
+type superDevice struct {
+	nullDevice
+	pkt      []byte
+	k, reads int
+}
+
+func (d *superDevice) ReadBatchIdle(bufs [][]byte, off int, sizes []int, idle func()) (int, error) {
+	if d.reads == 0 {
+		idle()
+		return 0, nil
+	}
+	d.reads--
+	for i := range d.k {
+		sizes[i] = copy(bufs[i][off:], d.pkt)
+	}
+	return d.k, nil
+}
+
+// TestXtrTrainsAcrossReads (issue 19): a train gathers segments across device reads. Reads of
+// 46 segments of 1464 bytes (a 64 KiB TCP super-packet at the xTR's MTU) are more than one
+// train carries (44 datagrams of 1472 bytes in at most 65 507): sent read by read they took two
+// trains each, the second of 2 datagrams. Read by the ITR's loop (two sets of buffers, the
+// train sent when full, before a read into the set it holds, and when the device has nothing),
+// 10 reads leave in 11 trains, every packet arrives whole at the other xTR, and a
+// round allocates nothing.
+func TestXtrTrainsAcrossReads(t *testing.T) {
+	dev := &countDevice{}
+	xs := dataPair(t, dev)
+	const k, reads, size = 46, 10, 1464
+	pkt := ipUDP(t, "192.168.1.1:1000", "192.168.2.1:80")
+	pkt = append(pkt, make([]byte, size-len(pkt))...)
+	u := lisp.IPUDP{Src: netip.MustParseAddrPort("192.168.1.1:1000"), Dst: netip.MustParseAddrPort("192.168.2.1:80"), TTL: 64, PayloadLen: uint16(size - 28)}
+	u.Encode(pkt)
+	sd := &superDevice{pkt: pkt, k: k}
+	xs[0].o.Device = sd
+	ir := xs[0].newITRReader()
+	r, err := newRxSocket(xs[1].o.Uplinks[0].Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([][]byte, 0, rxBatch*maxBatch)
+	var rounds, msgs int
+	round := func() {
+		rounds++
+		sd.reads = reads
+		for sd.reads > 0 || ir.tr.n > 0 {
+			if err := ir.next(xs[0]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		now := time.Now()
+		for got := dev.pkts; dev.pkts-got < k*reads; {
+			xs[1].o.Uplinks[0].Data.SetReadDeadline(now.Add(2 * time.Second))
+			m, err := r.read()
+			if err != nil {
+				t.Fatalf("after %d of %d packets: %v", dev.pkts-got, k*reads, err)
+			}
+			msgs += m
+			out = xs[1].decapBatch(now, 0, r, m, out)
+		}
+	}
+	allocs := testing.AllocsPerRun(20, round)
+	perRound := float64(msgs) / float64(rounds)
+	t.Logf("%v allocations per round of %d reads of %d segments; %.1f trains per round", allocs, reads, k, perRound)
+	if allocs != 0 {
+		t.Errorf("%v allocations per round, want 0", allocs)
+	}
+	if want := (k*reads*(size+lisp.DataHeaderLen) + maxUDPPayload - 1) / maxUDPPayload; perRound != float64(want) {
+		t.Errorf("%.1f trains per round, want %d", perRound, want)
+	}
+	if c := xs[0].Counters(); dev.pkts != rounds*k*reads || c[CountTxPackets] != uint64(dev.pkts) || dev.bytes != dev.pkts*size {
+		t.Errorf("sent %d, device got %d packets (%d bytes), want %d of %d bytes", c[CountTxPackets], dev.pkts, dev.bytes, rounds*k*reads, size)
+	}
+}

@@ -119,27 +119,74 @@ func (x *XTR) Run(ctx context.Context) error {
 // each behind headroom for the LISP header, and the most datagrams of one train.
 const maxBatch = 64
 
-func (x *XTR) itrLoop() error {
+// itrReader is the ITR loop's state. A train may outlive the read its datagrams came from:
+// a TCP super-packet of 64 KiB is more than one train carries (a datagram of at most 65 507
+// bytes, headers of each segment included), and sent alone its last few segments would take a
+// system call, a trip through the underlay and a read at the ETR of their own. So the loop reads
+// into two sets of buffers in turn and the train gathers across reads: it leaves when it is
+// full, when the device has nothing more to read, or before a read into the set its oldest
+// datagram is in.
+type itrReader struct {
+	bufs  [2][][]byte
+	sizes []int
+	cur   int   // the set the next read goes into
+	held  uint8 // bit s: the train holds datagrams of set s
+	tr    train
+	idle  func() // flushes the train; made once
+}
+
+func (x *XTR) newITRReader() *itrReader {
 	// Segments are at most the device's MTU; room for jumbo frames keeps a later, larger MTU
 	// working without new buffers.
 	size := headroom + max(x.o.MTU, 9000) + 128
-	mem := make([]byte, maxBatch*size)
-	bufs := make([][]byte, maxBatch)
-	for i := range bufs {
-		bufs[i] = mem[i*size : (i+1)*size : (i+1)*size]
+	r := &itrReader{sizes: make([]int, maxBatch)}
+	for s := range r.bufs {
+		mem := make([]byte, maxBatch*size)
+		r.bufs[s] = make([][]byte, maxBatch)
+		for i := range r.bufs[s] {
+			r.bufs[s][i] = mem[i*size : (i+1)*size : (i+1)*size]
+		}
 	}
-	sizes := make([]int, maxBatch)
-	tr := new(train)
+	r.idle = func() { r.flush(x) }
+	return r
+}
+
+// flush sends the train.
+func (r *itrReader) flush(x *XTR) {
+	r.tr.flush(x)
+	r.held = 0
+}
+
+// next reads from the device once and encapsulates what it read.
+func (r *itrReader) next(x *XTR) error {
+	s := r.cur
+	if r.held&(1<<s) != 0 {
+		r.flush(x) // the read would overwrite datagrams the train holds
+	}
+	k, err := x.o.Device.ReadBatchIdle(r.bufs[s], headroom, r.sizes, r.idle)
+	if err != nil {
+		return err
+	}
+	now, sent := time.Now(), r.tr.sent
+	for i := range k {
+		x.encapTo(&r.tr, now, r.bufs[s][i], r.sizes[i])
+	}
+	if r.tr.sent != sent {
+		r.held = 0 // what it held of earlier reads is gone
+	}
+	if r.tr.n > 0 {
+		r.held |= 1 << s
+	}
+	r.cur ^= 1
+	return nil
+}
+
+func (x *XTR) itrLoop() error {
+	r := x.newITRReader()
 	for {
-		k, err := x.o.Device.ReadBatch(bufs, headroom, sizes)
-		if err != nil {
+		if err := r.next(x); err != nil {
 			return err
 		}
-		now := time.Now()
-		for i := range k {
-			x.encapTo(tr, now, bufs[i], sizes[i])
-		}
-		tr.flush(x)
 	}
 }
 
@@ -225,7 +272,8 @@ type train struct {
 	bytes int // of inner packets
 	total int
 	n     int
-	short bool // the last datagram is shorter than seg: the train is complete
+	short bool   // the last datagram is shorter than seg: the train is complete
+	sent  uint32 // trains sent (wrapping): a caller sees whether an add sent the train
 	dgs   [maxBatch][]byte
 }
 
@@ -263,6 +311,7 @@ func (tr *train) flush(x *XTR) {
 		x.counts[CountTxPackets].Add(uint64(tr.n))
 	}
 	clear(tr.dgs[:tr.n])
+	tr.sent++
 	tr.t, tr.pr, tr.n, tr.total, tr.bytes, tr.short = nil, nil, 0, 0, 0, false
 }
 

@@ -30,9 +30,9 @@ func requireTshark(t *testing.T) string {
 
 type nullDevice struct{}
 
-func (nullDevice) ReadBatch([][]byte, int, []int) (int, error) { select {} }
-func (nullDevice) WriteBatch([][]byte) error                   { return nil }
-func (nullDevice) Close() error                                { return nil }
+func (nullDevice) ReadBatchIdle([][]byte, int, []int, func()) (int, error) { select {} }
+func (nullDevice) WriteBatch([][]byte) error                               { return nil }
+func (nullDevice) Close() error                                            { return nil }
 
 // capture is a pcap file of raw IP packets (LINKTYPE_RAW).
 type capture struct {

@@ -34,9 +34,10 @@ import (
 // Device is the TUN device, read and written in batches (tun.Device; opened with offloads, a
 // batch is the segments of one super-packet).
 type Device interface {
-	// ReadBatch reads packets into bufs[i][offset:], up to len(bufs), with their lengths in
-	// sizes, and returns how many (0 with no error: nothing usable was read).
-	ReadBatch(bufs [][]byte, offset int, sizes []int) (int, error)
+	// ReadBatchIdle reads packets into bufs[i][offset:], up to len(bufs), with their lengths
+	// in sizes, and returns how many (0 with no error: nothing usable was read); when the
+	// device has nothing to read it calls idle (at most once a call) before it waits.
+	ReadBatchIdle(bufs [][]byte, offset int, sizes []int, idle func()) (int, error)
 	// WriteBatch writes pkts in order, joining what it can; safe for concurrent use.
 	WriteBatch(pkts [][]byte) error
 	Close() error
