@@ -90,7 +90,7 @@ func TestXtrDataPathAllocs(t *testing.T) {
 		now := time.Now()
 		for _, b := range bufs {
 			copy(b[headroom:], pkt) // the device's read
-			xs[0].encapTo(tr, now, b, len(pkt))
+			xs[0].encapTo(tr, nil, now, b, len(pkt))
 		}
 		tr.flush(xs[0])
 		for got := dev.pkts; dev.pkts-got < n; {
@@ -238,5 +238,60 @@ func TestXtrTrainsAcrossReads(t *testing.T) {
 	}
 	if c := xs[0].Counters(); dev.pkts != rounds*k*reads || c[CountTxPackets] != uint64(dev.pkts) || dev.bytes != dev.pkts*size {
 		t.Errorf("sent %d, device got %d packets (%d bytes), want %d of %d bytes", c[CountTxPackets], dev.pkts, dev.bytes, rounds*k*reads, size)
+	}
+}
+
+// TestXtrRoutesPerFlow (issue 19): the ITR looks up once a flow and read, and the ETR checks
+// once a message and inner addresses, yet every packet gets its own flow's outcome. A read
+// that mixes flows to the mapped site, to the site's own EIDs and to another host of the mapped
+// site sends and drops packet by packet as the lookups say; one train whose inner sources
+// alternate between a host of site 1 and site 2's own EID delivers the first and drops the
+// second at site 2, each counted.
+func TestXtrRoutesPerFlow(t *testing.T) {
+	dev := &countDevice{}
+	xs := dataPair(t, dev)
+	good := ipUDP(t, "192.168.1.1:1000", "192.168.2.1:80")
+	own := ipUDP(t, "192.168.1.1:1000", "192.168.1.5:80")
+	other := ipUDP(t, "192.168.1.1:1000", "192.168.2.2:80")
+	var tr train
+	var rt route
+	now := time.Now()
+	for range 3 {
+		for _, p := range [][]byte{good, good, own, own, good, other, other} {
+			b := make([]byte, headroom+len(p))
+			copy(b[headroom:], p)
+			xs[0].encapTo(&tr, &rt, now, b, len(p))
+		}
+	}
+	tr.flush(xs[0])
+	if c := xs[0].Counters(); c[CountTxPackets] != 15 || c[DropOwnEID] != 6 {
+		t.Errorf("sent %d, dropped as own EID %d, want 15 and 6", c[CountTxPackets], c[DropOwnEID])
+	}
+
+	u := xs[0].o.Uplinks[0]
+	srcs := []string{"192.168.1.9:53", "192.168.2.9:53"}
+	for i := range 10 {
+		p := ipUDP(t, srcs[i%2], "192.168.2.1:80")
+		b := make([]byte, headroom+len(p))
+		copy(b[headroom:], p)
+		tr.add(xs[0], u.tx[0], netip.MustParseAddrPort("127.0.0.2:4341"), 64, xs[0].pairs[pairKey{0, netip.MustParseAddr("127.0.0.2")}], encapsulate(b, len(p)))
+	}
+	tr.flush(xs[0])
+	r, err := newRxSocket(xs[1].o.Uplinks[0].Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([][]byte, 0, rxBatch*maxBatch)
+	deadline := time.Now().Add(2 * time.Second)
+	for c := xs[1].Counters(); c[DropSpoofedSource]+c[CountRxPackets] < 25; c = xs[1].Counters() {
+		xs[1].o.Uplinks[0].Data.SetReadDeadline(deadline)
+		m, err := r.read()
+		if err != nil {
+			t.Fatalf("counters %v: %v", c, err)
+		}
+		out = xs[1].decapBatch(time.Now(), 0, r, m, out)
+	}
+	if c := xs[1].Counters(); c[CountRxPackets] != 20 || c[DropSpoofedSource] != 5 || dev.pkts != 20 {
+		t.Errorf("delivered %d (device %d), dropped as spoofed %d, want 20 and 5", c[CountRxPackets], dev.pkts, c[DropSpoofedSource])
 	}
 }

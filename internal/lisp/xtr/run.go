@@ -132,6 +132,7 @@ type itrReader struct {
 	cur   int   // the set the next read goes into
 	held  uint8 // bit s: the train holds datagrams of set s
 	tr    train
+	route route  // of the last packet of the current read
 	idle  func() // flushes the train; made once
 }
 
@@ -168,8 +169,9 @@ func (r *itrReader) next(x *XTR) error {
 		return err
 	}
 	now, sent := time.Now(), r.tr.sent
+	r.route.ok = false // a read sees the map-cache afresh
 	for i := range k {
-		x.encapTo(&r.tr, now, r.bufs[s][i], r.sizes[i])
+		x.encapTo(&r.tr, &r.route, now, r.bufs[s][i], r.sizes[i])
 	}
 	if r.tr.sent != sent {
 		r.held = 0 // what it held of earlier reads is gone
@@ -194,58 +196,86 @@ func (x *XTR) itrLoop() error {
 // while the mapping is resolved.
 func (x *XTR) encap(buf []byte, n int) {
 	var tr train
-	x.encapTo(&tr, time.Now(), buf, n)
+	x.encapTo(&tr, nil, time.Now(), buf, n)
 	tr.flush(x)
 }
 
-// encapTo is encap adding the packet to the train tr, which the caller flushes.
-func (x *XTR) encapTo(tr *train, now time.Time, buf []byte, n int) {
+// route is where the ITR sends the packets of one flow: what encapTo's lookups (map-cache,
+// locator choice, sending socket) decide. The segments of a super-packet are one flow, so the
+// ITR loop keeps the last route for the rest of a read and looks up once a flow and read, not
+// once a segment.
+type route struct {
+	ok  bool
+	f   flow // the flow (outer TTL included) it is for
+	t   *txSocket
+	dst netip.AddrPort
+	pr  *pair
+}
+
+// encapTo is encap adding the packet to the train tr, which the caller flushes. With rt, the
+// packet takes rt's route when it is of rt's flow, and rt becomes its route otherwise.
+func (x *XTR) encapTo(tr *train, rt *route, now time.Time, buf []byte, n int) {
 	pkt := buf[headroom : headroom+n]
 	f, ok := parseFlow(pkt)
 	if !ok {
 		x.count(DropNotIP)
 		return
 	}
-	if !f.dst.IsGlobalUnicast() {
-		x.count(DropNotUnicast) // link-local and multicast traffic of the device itself
-		return
-	}
-	if _, _, own := x.db.Load().eids.Lookup(f.dst); own {
-		x.count(DropOwnEID)
-		return
-	}
-	x.mu.RLock()
-	_, e, found := x.cache.Lookup(f.dst)
-	if !found || e.pending || !now.Before(e.expires) {
-		x.mu.RUnlock()
-		x.miss(now, &f, pkt)
-		return
-	}
-	if e.negative {
-		x.mu.RUnlock()
-		x.count(DropNegative)
-		return
-	}
-	if !e.used.Load() {
-		e.used.Store(true)
-	}
-	li, pr := x.choose(e, &f)
-	x.mu.RUnlock()
-	if pr == nil {
-		x.count(DropNoPath)
-		return
+	if rt == nil || !rt.ok || rt.f != f {
+		var r route
+		if !x.lookup(now, &f, pkt, &r) {
+			return
+		}
+		if rt == nil {
+			rt = &r
+		} else {
+			*rt = r
+		}
 	}
 	if lisp.DataHeaderLen+n > maxUDPPayload {
 		x.count(DropTooBig)
 		return
 	}
-	out := encapsulate(buf, n)
-	tx := x.o.Uplinks[li].tx
-	var t *txSocket
-	if len(tx) > 0 {
-		t = tx[f.hash()%uint32(len(tx))]
+	tr.add(x, rt.t, rt.dst, max(f.ttl, 1), rt.pr, encapsulate(buf, n))
+}
+
+// lookup finds the route of flow f into r, or counts why there is none (false); a packet pkt
+// to a destination being resolved is held.
+func (x *XTR) lookup(now time.Time, f *flow, pkt []byte, r *route) bool {
+	if !f.dst.IsGlobalUnicast() {
+		x.count(DropNotUnicast) // link-local and multicast traffic of the device itself
+		return false
 	}
-	tr.add(x, t, netip.AddrPortFrom(pr.remote, lisp.DataPort), max(f.ttl, 1), pr, out)
+	if _, _, own := x.db.Load().eids.Lookup(f.dst); own {
+		x.count(DropOwnEID)
+		return false
+	}
+	x.mu.RLock()
+	_, e, found := x.cache.Lookup(f.dst)
+	if !found || e.pending || !now.Before(e.expires) {
+		x.mu.RUnlock()
+		x.miss(now, f, pkt)
+		return false
+	}
+	if e.negative {
+		x.mu.RUnlock()
+		x.count(DropNegative)
+		return false
+	}
+	if !e.used.Load() {
+		e.used.Store(true)
+	}
+	li, pr := x.choose(e, f)
+	x.mu.RUnlock()
+	if pr == nil {
+		x.count(DropNoPath)
+		return false
+	}
+	*r = route{ok: true, f: *f, pr: pr, dst: netip.AddrPortFrom(pr.remote, lisp.DataPort)}
+	if tx := x.o.Uplinks[li].tx; len(tx) > 0 {
+		r.t = tx[f.hash()%uint32(len(tx))]
+	}
+	return true
 }
 
 // maxUDPPayload is the most a datagram carries over IPv4.
@@ -467,6 +497,7 @@ func (x *XTR) decapBatch(now time.Time, i int, r *rxSocket, m int, out [][]byte)
 	out = out[:0]
 	for j := range m {
 		b, seg, from := r.message(j)
+		var v verdict // the datagrams of one message are mostly of one flow
 		for len(b) > 0 {
 			d := b[:min(seg, len(b))]
 			b = b[len(d):]
@@ -476,7 +507,7 @@ func (x *XTR) decapBatch(now time.Time, i int, r *rxSocket, m int, out [][]byte)
 				continue
 			}
 			inner := d[lisp.DataHeaderLen:]
-			if x.decapCheck(now, i, from, inner) {
+			if x.decapCheck(now, i, from, inner, &v) {
 				out = append(out, inner)
 			}
 			if len(out) == cap(out) {
@@ -492,7 +523,7 @@ func (x *XTR) decapBatch(now time.Time, i int, r *rxSocket, m int, out [][]byte)
 // decap delivers the inner packet of an encapsulated packet that came from outer source from
 // on uplink i, if it passes decapCheck.
 func (x *XTR) decap(now time.Time, i int, from netip.Addr, inner []byte) {
-	if x.decapCheck(now, i, from, inner) {
+	if x.decapCheck(now, i, from, inner, nil) {
 		one := onePool.Get().(*[1][]byte)
 		one[0] = inner
 		x.deliverBatch(one[:])
@@ -504,17 +535,33 @@ func (x *XTR) decap(now time.Time, i int, from netip.Addr, inner []byte) {
 // onePool holds the one-packet batches of decap and deliver.
 var onePool = sync.Pool{New: func() any { return new([1][]byte) }}
 
+// verdict is a packet that passed decapCheck: its outer source, inner source and destination,
+// and its pair. Packets of the same three addresses pass as well while it is kept (the rest of
+// one message: the segments of a train).
+type verdict struct {
+	ok             bool
+	from, src, dst netip.Addr
+	pr             *pair
+}
+
 // decapCheck applies the ETR's source checks to the inner packet of an encapsulated packet
 // that came from outer source from on uplink i, and reports whether to deliver it (counted on
 // its pair): the inner source is not one of the site's own EIDs, and (unless AnyOuterSource)
 // from is a locator of the mapping of the inner source. A packet whose inner source has no
 // mapping yet is held while the mapping is resolved and delivered if from turns out to be one
-// of its locators.
-func (x *XTR) decapCheck(now time.Time, i int, from netip.Addr, inner []byte) bool {
+// of its locators. With v, a packet of v's addresses passes as v did, and v becomes the
+// verdict of a packet that passes otherwise.
+func (x *XTR) decapCheck(now time.Time, i int, from netip.Addr, inner []byte, v *verdict) bool {
 	f, ok := parseFlow(inner)
 	if !ok {
 		x.count(DropNotIP)
 		return false
+	}
+	if v != nil && v.ok && v.src == f.src && v.dst == f.dst && v.from == from {
+		if v.pr != nil {
+			v.pr.rxPackets.Add(1)
+		}
+		return true
 	}
 	if _, _, own := x.db.Load().eids.Lookup(f.dst); !own {
 		x.count(DropNotOurEID)
@@ -545,6 +592,9 @@ func (x *XTR) decapCheck(now time.Time, i int, from netip.Addr, inner []byte) bo
 	}
 	if pr != nil {
 		pr.rxPackets.Add(1)
+	}
+	if v != nil {
+		*v = verdict{ok: true, from: from, src: f.src, dst: f.dst, pr: pr}
 	}
 	return true
 }
