@@ -15,30 +15,36 @@ import (
 func Sum(b []byte, initial uint16) uint16 {
 	// 2^16 ≡ 1 (mod 2^16-1), and 2^16-1 divides 2^64-1: a ones' complement sum of 64-bit words,
 	// folded to 16 bits, equals the sum of the 16-bit words. The carry of each addition goes
-	// into the next one, and the last carry back into the sum (end-around carry).
-	sum, carry := uint64(initial), uint64(0)
-	for len(b) >= 32 {
-		sum, carry = bits.Add64(sum, binary.BigEndian.Uint64(b), carry)
-		sum, carry = bits.Add64(sum, binary.BigEndian.Uint64(b[8:]), carry)
-		sum, carry = bits.Add64(sum, binary.BigEndian.Uint64(b[16:]), carry)
-		sum, carry = bits.Add64(sum, binary.BigEndian.Uint64(b[24:]), carry)
-		b = b[32:]
+	// into the next one, and the last carry back into the sum (end-around carry). The sum is
+	// independent of byte order (RFC 1071 section 2(B)): the words are loaded in the host's
+	// little-endian order, without a byte swap each, and the folded sum is swapped once.
+	sum, carry := uint64(bits.ReverseBytes16(initial)), uint64(0)
+	for len(b) >= 64 {
+		sum, carry = bits.Add64(sum, binary.LittleEndian.Uint64(b), carry)
+		sum, carry = bits.Add64(sum, binary.LittleEndian.Uint64(b[8:]), carry)
+		sum, carry = bits.Add64(sum, binary.LittleEndian.Uint64(b[16:]), carry)
+		sum, carry = bits.Add64(sum, binary.LittleEndian.Uint64(b[24:]), carry)
+		sum, carry = bits.Add64(sum, binary.LittleEndian.Uint64(b[32:]), carry)
+		sum, carry = bits.Add64(sum, binary.LittleEndian.Uint64(b[40:]), carry)
+		sum, carry = bits.Add64(sum, binary.LittleEndian.Uint64(b[48:]), carry)
+		sum, carry = bits.Add64(sum, binary.LittleEndian.Uint64(b[56:]), carry)
+		b = b[64:]
 	}
 	for len(b) >= 8 {
-		sum, carry = bits.Add64(sum, binary.BigEndian.Uint64(b), carry)
+		sum, carry = bits.Add64(sum, binary.LittleEndian.Uint64(b), carry)
 		b = b[8:]
 	}
-	// Fewer than 8 bytes left: they are the top of one more 64-bit word, zero-padded.
+	// Fewer than 8 bytes left: they are the start of one more 64-bit word, zero-padded.
 	var tail [8]byte
 	copy(tail[:], b)
-	sum, carry = bits.Add64(sum, binary.BigEndian.Uint64(tail[:]), carry)
+	sum, carry = bits.Add64(sum, binary.LittleEndian.Uint64(tail[:]), carry)
 	sum, carry = bits.Add64(sum, 0, carry)
 	sum += carry // a carry here left sum at 0: no further carry
 	s := (sum >> 32) + (sum & 0xFFFFFFFF)
 	s = (s >> 16) + (s & 0xFFFF)
 	s = (s >> 16) + (s & 0xFFFF)
 	s = (s >> 16) + (s & 0xFFFF)
-	return uint16(s)
+	return bits.ReverseBytes16(uint16(s))
 }
 
 // Checksum is the Internet checksum of b: the ones' complement of Sum(b, 0). The checksum of a
