@@ -15,6 +15,9 @@
 //     routers over the same links.
 //
 // Usage: go run ./bench/lisp -braid bin/braid -runs 5 -out bench/out/lisp.md
+//
+// -xtrprofile FILE profiles each transfer through the xTRs alone (FILE, FILE.2, ...) and each
+// baseline transfer (FILE.native, FILE.native.2, ...), without the rest of the run.
 package main
 
 import (
@@ -62,7 +65,7 @@ func main() {
 	scaleClients := flag.Int("scale-clients", 16, "concurrent resolver clients in the scale table")
 	withResolver := flag.Bool("resolver", true, "measure the map-resolver (false: the xTR table only)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the xTR measurements (the xTRs, emulated links and hosts all run in this process) to this file")
-	flag.StringVar(&xtrProfile, "xtrprofile", "", "write a CPU profile of each transfer through the xTRs only (not the baseline nor the tunnel) to this file, .2, .3, ... for later runs")
+	flag.StringVar(&xtrProfile, "xtrprofile", "", "write a CPU profile of each transfer through the xTRs only to this file (.2, .3, ... for later runs), and of each baseline transfer to this file's .native (.native.2, ...)")
 	flag.Parse()
 	log.SetFlags(0)
 	if *cpuProfile != "" && xtrProfile != "" {
@@ -303,22 +306,23 @@ func xtrThroughput(ctx context.Context, w io.Writer, dur time.Duration, runs int
 	return nil
 }
 
-// xtrProfile is -xtrprofile; xtrRuns counts the transfers through the xTRs it profiled.
+// xtrProfile is -xtrprofile; profiled counts the transfers it profiled, by suffix.
 var (
 	xtrProfile string
-	xtrRuns    int
+	profiled   = map[string]int{}
 )
 
-// profileXTR starts the CPU profile of one transfer through the xTRs (-xtrprofile) and returns
-// what stops it; a no-op without the flag.
-func profileXTR() func() {
+// profileTransfer starts the CPU profile of one transfer (-xtrprofile; suffix "" for one
+// through the xTRs, ".native" for a baseline) and returns what stops it; a no-op without the
+// flag.
+func profileTransfer(suffix string) func() {
 	if xtrProfile == "" {
 		return func() {}
 	}
-	xtrRuns++
-	name := xtrProfile
-	if xtrRuns > 1 {
-		name += "." + strconv.Itoa(xtrRuns)
+	profiled[suffix]++
+	name := xtrProfile + suffix
+	if n := profiled[suffix]; n > 1 {
+		name += "." + strconv.Itoa(n)
 	}
 	f, err := os.Create(name)
 	if err != nil {
@@ -365,7 +369,9 @@ func xtrRun(ctx context.Context, dur time.Duration) (base, braid, tunl float64, 
 			return 0, 0, 0, err
 		}
 	}
+	stopProfile := profileTransfer(".native")
 	b, err := traffic.Bulk(ctx, h1.Dial, srvAddr, traffic.BulkOptions{Duration: dur})
+	stopProfile()
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("baseline: %w", err)
 	}
@@ -390,7 +396,7 @@ func xtrRun(ctx context.Context, dur time.Duration) (base, braid, tunl float64, 
 	if _, err := kit.Ping(ctx, h1, h2, roles.LispSites[1].HostIP[0], time.Second); err != nil {
 		return 0, 0, 0, err
 	}
-	stopProfile := profileXTR()
+	stopProfile = profileTransfer("")
 	x, err := traffic.Bulk(ctx, h1.Dial, srvAddr, traffic.BulkOptions{Duration: dur})
 	stopProfile()
 	if err != nil {
