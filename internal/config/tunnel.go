@@ -43,7 +43,7 @@
 //	                          # least 2 × probe_interval (default 250ms, or 5 × probe_interval
 //	                          # when only probe_interval is given)
 //	reorder = true            # braid mode: put packets back in order at the receiver (default)
-//	reorder_max_packets = 1024 # braid mode: reorder buffer bound per peer, 1..1048576
+//	reorder_max_packets = 4096 # braid mode: reorder buffer bound per peer, 1..1048576
 //	reorder_max_bytes = "4MiB" # braid mode: reorder buffer bound per peer in bytes
 //	reorder_max_hold = "100ms" # braid mode: longest time a packet waits for a gap, 1ms..10s;
 //	                          # the tunnel holds less when the paths' RTTs allow
@@ -353,7 +353,7 @@ func TunnelDefaults() Tunnel {
 
 // BraidDefaults returns the defaults of braid mode's settings: probes every 50 ms, a path is
 // down after 250 ms without replies (some 5 lost probes, well under a second of failover), and
-// a reorder buffer of 1024 packets, 4 MiB and at most 100 ms of hold, which keeps a loss from
+// a reorder buffer of 4096 packets, 4 MiB and at most 100 ms of hold, which keeps a loss from
 // stalling TCP the way MPT's 300 ms does (tunnels.md section 3).
 func BraidDefaults() BraidSettings {
 	return BraidSettings{
@@ -363,7 +363,7 @@ func BraidDefaults() BraidSettings {
 		DownAfter:     250 * time.Millisecond,
 		Reorder: Reorder{
 			Enabled:    true,
-			MaxPackets: 1024,
+			MaxPackets: 4096,
 			MaxBytes:   4 << 20,
 			MaxHold:    100 * time.Millisecond,
 		},

@@ -120,7 +120,7 @@ func TestLoadExamples(t *testing.T) {
 			LossRecovery:   true,
 			ProbeInterval:  50 * ms,
 			DownAfter:      300 * ms,
-			Reorder:        Reorder{Enabled: true, MaxPackets: 1024, MaxBytes: 4 << 20, MaxHold: 100 * ms},
+			Reorder:        Reorder{Enabled: true, MaxPackets: 4096, MaxBytes: 4 << 20, MaxHold: 100 * ms},
 		},
 		Uplinks: []Uplink{
 			{Name: "fibre", Interface: "wan0", Address: ip("192.0.2.1"), Capacity: 100e6},
@@ -196,7 +196,7 @@ func TestTunnelDefaults(t *testing.T) {
 		t.Errorf("TunnelDefaults: %+v", d)
 	}
 	if d.Braid == nil || d.Braid.ProbeInterval != 50*ms || d.Braid.DownAfter != 250*ms ||
-		d.Braid.Reorder != (Reorder{Enabled: true, MaxPackets: 1024, MaxBytes: 4 << 20, MaxHold: 100 * ms}) {
+		d.Braid.Reorder != (Reorder{Enabled: true, MaxPackets: 4096, MaxBytes: 4 << 20, MaxHold: 100 * ms}) {
 		t.Errorf("TunnelDefaults().Braid: %+v", d.Braid)
 	}
 	if !d.Braid.PrivateKey.IsZero() {
