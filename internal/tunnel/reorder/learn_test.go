@@ -56,3 +56,57 @@ func TestLearnHoldFollowsReordering(t *testing.T) {
 		}
 	}
 }
+
+// A late packet whose gap a timeout gave up on raises the hold above the ceiling SetHold set, to
+// what it showed it needed (the wait of the packet the timeout released plus the time since),
+// and the raise fades like any learnt need; a late packet after an overflow released its gap
+// does not (the buffer was short, not the hold).
+func TestLearnLateBeyondCeiling(t *testing.T) {
+	b, err := New[int](Config{Learn: true, MaxPackets: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.SetHold(4 * time.Millisecond)
+	out := b.Push(0, 0, 100, 0, nil)
+	// Packet 2 waits for 1; the timeout gives 1 up after the 4 ms hold (Expire at 5 ms).
+	out = b.Push(1*ms, 2, 100, 2, out[:0])
+	out = b.Expire(5*ms, out[:0])
+	if len(out) != 1 || b.Stats().Timeouts != 1 {
+		t.Fatalf("timeout: out %v, stats %+v", out, b.Stats())
+	}
+	// 1 comes 7 ms after the give-up: it needed 4 + 7 = 11 ms.
+	out = b.Push(12*ms, 1, 100, 1, out[:0])
+	if len(out) != 1 || b.Stats().Late != 1 {
+		t.Fatalf("late packet: out %v, stats %+v", out, b.Stats())
+	}
+	want := time.Duration(11*ms*5/4) + holdMargin
+	if h := b.Hold(); h < want-100*time.Microsecond || h > want+100*time.Microsecond {
+		t.Errorf("hold %v after a packet 7 ms later than a 4 ms hold allowed, want about %v", h, want)
+	}
+	// SetHold (the tunnel calls it every tick) keeps the raise.
+	b.SetHold(4 * time.Millisecond)
+	if h := b.Hold(); h < want-100*time.Microsecond {
+		t.Errorf("hold %v after SetHold, want the raise (%v) kept", h, want)
+	}
+	// Ten half-lives later the hold is back within the ceiling.
+	b.Expire(12*ms+10*int64(learnHalfLife), nil)
+	if h := b.Hold(); h > 4*time.Millisecond {
+		t.Errorf("hold %v ten half-lives on, want at most the ceiling 4ms", h)
+	}
+	// An overflow gives up a gap: a late packet after it counts only the ceiling.
+	now := 12*ms + 10*int64(learnHalfLife)
+	next := uint32(3)
+	for i := range uint32(6) {
+		out = b.Push(now, next+1+i, 100, 0, out[:0])
+	}
+	if b.Stats().Overflows == 0 {
+		t.Fatalf("no overflow: stats %+v", b.Stats())
+	}
+	out = b.Push(now+50*ms, next, 100, 0, out[:0])
+	if len(out) != 1 || b.Stats().Late != 2 {
+		t.Fatalf("late packet after the overflow: out %v, stats %+v", out, b.Stats())
+	}
+	if h := b.Hold(); h != 4*time.Millisecond {
+		t.Errorf("hold %v after a late packet of an overflow, want the ceiling 4ms", h)
+	}
+}

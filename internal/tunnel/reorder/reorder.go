@@ -222,9 +222,15 @@ type Buffer[T any] struct {
 	ceil   int64  // ns: the hold SetHold allows
 	floor  int64  // ns: the least hold Learn may settle on (SetFloor)
 	// Learn: the longest wait a gap needed lately (ns), decaying by half every learnHalfLife,
-	// as of learnAt.
-	need    float64
-	learnAt int64
+	// as of learnAt; late is the longest a late packet showed it needed, decaying alike.
+	need, late float64
+	learnAt    int64
+	// Learn: the last gap given up on by a timeout (Expire): when, and how long the oldest
+	// packet it released had waited then; timedOut is false when none has been, or an
+	// overflow gave up on a gap since (its late packets say the buffer was short, not the
+	// hold).
+	lostAt, lostWait int64
+	timedOut         bool
 
 	fifo       []arrival // ring of 2 × len(ring); see push for why that is enough
 	fifoHead   int
@@ -268,7 +274,13 @@ func New[T any](c Config) (*Buffer[T], error) {
 // With Config.Learn, d is a ceiling, and the hold in force is what the reordering seen lately
 // needs: 5/4 of the longest wait a gap needed before its packet came (a packet that came after
 // its gap was given up on counts as needing the whole ceiling), that need halving every
-// learnHalfLife (1 s) without a new one, plus holdMargin, at least MinHold. A scheduler that
+// learnHalfLife (1 s) without a new one, plus holdMargin, at least MinHold. A late packet
+// whose gap a timeout gave up on shows how long it actually took: the wait of the packet the
+// timeout released plus the time since. When that is beyond the ceiling it raises the
+// ceiling to 5/4 of it plus holdMargin (at most MaxHold), decaying alike: d follows the paths'
+// RTTs, which do not show the receiver's own lag, one path's reader descheduled for a few ms
+// on a busy host while another path's packets arrive (docs/tunnel-profile.md, "Two paths
+// against one"). A scheduler that
 // spreads packets over paths of unequal delay fills gaps after the paths' spread and keeps the
 // hold there; one that sends each packet where it arrives first leaves gaps that are losses,
 // which then cost TCP a millisecond or two instead of the spread. The need starts at the
@@ -294,13 +306,25 @@ const learnHalfLife = float64(time.Second)
 
 // learn takes a gap's wait into the need (Config.Learn) and sets the hold in force.
 func (b *Buffer[T]) learn(now int64, wait int64) {
+	b.learnLate(now, wait, 0)
+}
+
+// learnLate is learn for a late packet that showed it needed late ns (0: not known).
+func (b *Buffer[T]) learnLate(now int64, wait, late int64) {
 	if now > b.learnAt {
-		b.need *= math.Exp2(-float64(now-b.learnAt) / learnHalfLife)
+		f := math.Exp2(-float64(now-b.learnAt) / learnHalfLife)
+		b.need *= f
+		b.late *= f
 		b.learnAt = now
 	}
-	b.need = max(b.need, float64(wait))
+	b.need = max(b.need, float64(wait), float64(late))
+	b.late = max(b.late, float64(late))
+	ceil := b.ceil
+	if b.late > 0 {
+		ceil = max(ceil, min(int64(b.late*5/4)+int64(holdMargin), int64(b.cfg.MaxHold)))
+	}
 	h := int64(b.need*5/4) + int64(holdMargin)
-	b.hold = min(max(h, int64(b.cfg.MinHold), b.floor), b.ceil)
+	b.hold = min(max(h, int64(b.cfg.MinHold), b.floor), ceil)
 }
 
 // Hold returns the current hold time.
@@ -375,6 +399,7 @@ func (b *Buffer[T]) Push(now int64, seq uint32, size int, v T, out []T) []T {
 	case d >= ring && d <= b.window:
 		b.candN = 0
 		b.st.Overflows++
+		b.timedOut = false
 		out = b.skipTo(seq-uint32(ring-1), out)
 		out = b.drain(out, true)
 		// seq is now within the ring, or next if the drain reached it.
@@ -405,7 +430,11 @@ func (b *Buffer[T]) Push(now int64, seq uint32, size int, v T, out []T) []T {
 		b.candDups = 0
 		b.st.Late++
 		if b.cfg.Learn {
-			b.learn(now, b.ceil)
+			var late int64
+			if b.timedOut && now >= b.lostAt {
+				late = b.lostWait + now - b.lostAt
+			}
+			b.learnLate(now, b.ceil, late)
 		}
 		return append(out, v)
 	}
@@ -479,6 +508,7 @@ func (b *Buffer[T]) insert(now int64, seq uint32, size int, v T, out []T) []T {
 	b.fifoLen++
 	for b.count > 0 && (b.count > b.cfg.MaxPackets || b.byt > b.cfg.MaxBytes) {
 		b.st.Overflows++
+		b.timedOut = false
 		out = b.releaseFirstRun(out)
 	}
 	return out
@@ -606,6 +636,7 @@ func (b *Buffer[T]) Expire(now int64, out []T) []T {
 			return out
 		}
 		b.st.Timeouts++
+		b.lostAt, b.lostWait, b.timedOut = now, now-e.at, true
 		out = b.skipTo(e.seq, out)
 		out = b.drain(out, true)
 	}
