@@ -157,6 +157,8 @@ type Capacity struct {
 	found   int     // cruise: probes in a row that found room
 	drains  int     // drain: samples drained beyond the first
 	regrow  bool    // drain: the estimate collapsed; startup follows
+	// lastGain is the gain in force during the last sample's window (0 before the first).
+	lastGain float64
 }
 
 // NewCapacity returns an estimator; zero fields of c take their defaults.
@@ -209,6 +211,9 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 	// path was offered its estimate and did not deliver more.
 	pace := min(c.PacingRate(), c.est)
 	before := c.est
+	// The gain of the sample before this one (probeShown).
+	prevGain := cmp.Or(c.lastGain, c.Gain())
+	c.lastGain = c.Gain()
 	// Lossy and queued need a volume worth judging: a few probes on an idle path say nothing,
 	// nor does a path sent less than half its estimate (below). Until the first sample has
 	// entered, the estimate is the configured guess, not the path's: a path that carries a
@@ -255,10 +260,11 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 	// estimate. Collapsed on such a sample (a queue from a CPU stall, or the first burst after
 	// an idle spell), the slow path of two unequal ones fell from 25 Mbit/s to 8 and, offered
 	// little, stayed in startup there (docs/scheduling.md, "Unequal paths"). So the path must
-	// have been sent collapseShare of the estimate, and have delivered less than collapseShare
-	// of what it was sent (up to the estimate).
-	if (lossy || queued) && c.filled > 0 && sent >= collapseShare*c.est &&
-		delivered < collapseShare*min(sent, c.est) {
+	// have been sent half its estimate at least (the volume lossy and queued need), and have
+	// delivered less than collapseShare of what it was sent (up to the estimate). A path the
+	// scheduler already sends less because its queue grows (the planner sees the queue in
+	// the path's RTT) still collapses when it delivers clearly less than that.
+	if (lossy || queued) && c.filled > 0 && delivered < collapseShare*min(sent, c.est) {
 		clear(c.samples)
 		c.est = max(delivered, c.est/16)
 		c.samples[0], c.next, c.filled = c.est, 1%len(c.samples), 1
@@ -326,10 +332,13 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 			c.cycle, c.found, c.excess = 1, 0, max(c.excess, queueDrain)
 			return
 		}
-		// A probe that found room (the estimate rose by nearly the excess) is followed, after
-		// its drain, by another at once: a path that has grown is found in a few cycles.
+		// A probe that found room (the estimate rose by most of the excess the window could
+		// show: probeShown) is followed, after its drain, by another at once: a path that has
+		// grown is found in a few cycles.
 		if c.cycle == 0 {
-			if c.est < before*(1+c.excess*0.9) {
+			// A window that would show less than 1 % (a long round trip after a drain) says
+			// nothing either way.
+			if shown := probeShown(prevGain, 1+c.excess, window, cmp.Or(rtt, minRTT)); shown < 0.01 || c.est < before*(1+0.75*shown) {
 				c.found = 0
 			} else if c.found++; c.found >= 2 {
 				// Twice in a row: the path has grown a lot; find its rate quickly.
@@ -360,6 +369,20 @@ const (
 	collapseShare = 0.8
 	maxDrains     = 3
 )
+
+// probeShown is how far above the estimate a probe's sample shows its delivery when the path
+// has room: the probe's gain starts when the sample before is taken, and what it sends reaches
+// the peer's delivery windows a round trip later, so the first rtt of a window of length
+// window shows the gain before (prev) and the rest the probe's. A probe found room when its
+// sample rose by 0.75 of that. At 0.9 of the whole excess, the 25 Mbit/s path of two unequal
+// ones (50 ms one way, 300 ms windows) paced at 12 Mbit/s with data waiting for it found 9 %
+// of a 16.7 % probe each cycle, and the repeated probe right after its drain (whose low gain
+// the window still shows) less: it took 18 s to reach 22.5 Mbit/s, never starting up again.
+// On a short path a window shows almost all of the probe: 0.75 of its excess.
+func probeShown(prev, probe float64, window, rtt int64) float64 {
+	lag := min(float64(rtt)/float64(window), 0.75)
+	return max(prev*lag+probe*(1-lag)-1, 0)
+}
 
 // probeExcess is how far above the estimate one sample window probes: what a queue of half a
 // bandwidth-delay product can take over the window (the window is much longer than the round

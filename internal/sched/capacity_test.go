@@ -228,6 +228,35 @@ func TestCapacityLossyPathIsBusy(t *testing.T) {
 	}
 }
 
+// A long path (100 ms round trip, 300 ms windows) measured at half its rate, with data waiting
+// for it: a window shows what its pacing sent only after a round trip, two thirds of a
+// probe's excess. The probes find room, and two in a row start the search again: the rate is
+// found within a few cycles, not one probe's few per cent per cycle.
+func TestCapacityFollowsARiseOnALongPath(t *testing.T) {
+	c := newCap(t)
+	const win, long = 3 * window, int64(100e6)
+	prev := 0.0
+	sample := func(capacity float64) {
+		pace := c.PacingRate()
+		sent := pace/3 + 2*pace/3 // the window's sends, as delivered: a round trip late
+		if prev > 0 {
+			sent = prev/3 + 2*pace/3
+		}
+		prev = pace
+		c.OnSample(min(sent, capacity), sent, win, long, long)
+	}
+	for c.Phase() != PhaseCruise {
+		sample(12e6)
+	}
+	n := 0
+	for ; n < 100 && c.Estimate() < 0.9*25e6; n++ {
+		sample(25e6)
+	}
+	if n > 20 {
+		t.Fatalf("%d samples (300 ms each) to find 0.9 of 25 Mbit/s from %v, want at most 20", n, 12e6)
+	}
+}
+
 func TestCapacityFollowsARise(t *testing.T) {
 	c := newCap(t)
 	for range 30 {
