@@ -9,7 +9,10 @@
 //   - case B: T-Mobile LTE at 40 ms and Verizon LTE at 80 ms one way, both with 0.5 % loss.
 //
 // Each row is one TCP flow for -duration (60 s), upload (site to hub) and download, in a fresh
-// lab, so that every row replays the traces from their start: each path alone (plain TCP, no
+// lab, so that every row replays the traces from their start, with the host's default
+// congestion control (on this machine bbr; -cc sets another on every host of the lab, so both
+// ends of every row and the proxy's MPTCP subflows use it, and needs it in the host's
+// net.ipv4.tcp_allowed_congestion_control: a network namespace may only choose those): each path alone (plain TCP, no
 // tunnel); braid tunnel over all paths with each of its schedulers (capacities measured), and
 // the default scheduler with the capacities configured as each path's mean rate; kernel MPTCP
 // through braid proxy (the kernel's default scheduler, a subflow per uplink); and the sum of the
@@ -136,6 +139,7 @@ type options struct {
 	dur        time.Duration
 	schedulers []string // the tunnel rows, in the order of schedulers
 	proxy      bool     // the kernel MPTCP row
+	cc         string   // every lab host's congestion control
 }
 
 func main() {
@@ -148,6 +152,7 @@ func main() {
 	only := flag.String("case", "", "run only this case (a or b); default: every case")
 	scheds := flag.String("schedulers", strings.Join(schedulers, ","), "the tunnel rows to run: schedulers, comma-separated (the default one also runs with capacities configured)")
 	withProxy := flag.Bool("proxy", true, "run the kernel MPTCP row (through braid proxy)")
+	cc := flag.String("cc", "", "TCP congestion control of every lab host (net.ipv4.tcp_congestion_control; one of net.ipv4.tcp_allowed_congestion_control); default: the host's")
 	flag.Parse()
 	log.SetFlags(0)
 	bin, err := filepath.Abs(*braid)
@@ -160,7 +165,19 @@ func main() {
 	if *figures == "" {
 		*figures = filepath.Dir(*out)
 	}
-	o := options{braid: bin, dur: *duration, proxy: *withProxy}
+	o := options{braid: bin, dur: *duration, proxy: *withProxy, cc: *cc}
+	ccName := o.cc
+	if ccName == "" {
+		b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_congestion_control")
+		if err != nil {
+			drive.Fatalf("the host's congestion control: %v", err)
+		}
+		ccName = strings.TrimSpace(string(b)) + ", the host's default"
+	}
+	ccFlag := ""
+	if o.cc != "" {
+		ccFlag = " -cc " + o.cc
+	}
 	for _, n := range strings.Split(*scheds, ",") {
 		if n = strings.TrimSpace(n); n == "" {
 			continue
@@ -179,15 +196,15 @@ func main() {
 	var md bytes.Buffer
 	w := io.MultiWriter(os.Stdout, &md)
 	drive.Section(w, "Cellular paths (trace-driven links)")
-	fmt.Fprintf(w, "`go run ./bench/cellular -braid bin/braid -runs %d -duration %v`: a site and a hub joined by\n"+
+	fmt.Fprintf(w, "`go run ./bench/cellular -braid bin/braid -runs %d -duration %v%s`: a site and a hub joined by\n"+
 		"emulated links; the LTE ones replay the traces of lab/traces (Winstein et al., NSDI 2013), .up from\n"+
 		"the site to the hub and .down back, each row in a fresh lab so that every row replays them from\n"+
-		"their start. One TCP flow per row for %v, upload (site to hub) and download. Goodput is TCP\n"+
+		"their start. One TCP flow (%s, on every host of the lab) per row for %v, upload (site to hub) and download. Goodput is TCP\n"+
 		"payload at the receiver over the whole flow; RTT is an ICMP echo every %v during the flow (inside\n"+
 		"the tunnel; between the client and server hosts for the proxy, routed over the first path; on the\n"+
 		"path for a path alone); retransmissions are the TCP sender's (tcp_info; for the proxy the client's\n"+
 		"connection to its proxy, not the MPTCP subflows). Medians of %d runs. Links emulated by: %s.\n\n",
-		*runs, o.dur, o.dur, pingInterval, *runs, lab.EmulatorName)
+		*runs, o.dur, ccFlag, ccName, o.dur, pingInterval, *runs, lab.EmulatorName)
 	ran := false
 	for _, c := range cases() {
 		if *only != "" && !strings.EqualFold(*only, c.id) {
@@ -341,12 +358,27 @@ func printTable(w io.Writer, dir string, rows, alone []*row, sum *row) {
 	fmt.Fprintln(w)
 }
 
-func up(ctx context.Context, c cellCase) *lab.Lab {
+func up(ctx context.Context, o options, c cellCase) *lab.Lab {
 	l, err := lab.Up(ctx, c.topology(), lab.Options{})
 	if err != nil {
 		drive.Fatal(err)
 	}
+	setCC(l, o.cc)
 	return l
+}
+
+// setCC sets every host of l to congestion control cc (none when cc is ""): the flow's ends,
+// the tunnel's and the proxies' hosts (the kernel's MPTCP subflows take it too).
+func setCC(l *lab.Lab, cc string) {
+	if cc == "" {
+		return
+	}
+	for _, h := range l.Hosts() {
+		if err := h.NS.Sysctl("ipv4/tcp_congestion_control", cc); err != nil {
+			l.Close()
+			drive.Fatalf("-cc %s on host %s: %v (a network namespace may only choose one of net.ipv4.tcp_allowed_congestion_control)", cc, h.Name, err)
+		}
+	}
 }
 
 // flow runs one flow from host a with a ping to pingDst from pingHost, sampling the links in
@@ -373,7 +405,7 @@ func flow(l *lab.Lab, links []*lab.Link, run func() traffic.BulkResult, pingHost
 }
 
 func measureAlone(ctx context.Context, o options, c cellCase, i int, reverse bool) result {
-	l := up(ctx, c)
+	l := up(ctx, o, c)
 	defer l.Close()
 	defer drive.Server(l, o.braid, "0.0.0.0:5201").Stop()
 	dst := fmt.Sprintf("10.9.%d.2", i)
@@ -382,7 +414,7 @@ func measureAlone(ctx context.Context, o options, c cellCase, i int, reverse boo
 }
 
 func measureTunnel(ctx context.Context, o options, c cellCase, sched string, capacities []uint64, reverse bool) result {
-	l := up(ctx, c)
+	l := up(ctx, o, c)
 	defer l.Close()
 	pair, err := roles.StartTunnelPair(ctx, l, o.braid, roles.SiteSpec{Paths: len(c.paths), Outer: 4, Capacities: capacities, Scheduler: sched}, 4)
 	if err != nil {
@@ -404,6 +436,7 @@ func measureProxy(ctx context.Context, o options, c cellCase, reverse bool) resu
 		drive.Fatal(err)
 	}
 	defer f.Close()
+	setCC(f.L, o.cc)
 	var wan []*lab.Link
 	for i, p := range c.paths {
 		lk := f.L.Link(fmt.Sprintf("wan%d", i))
