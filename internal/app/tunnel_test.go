@@ -3,6 +3,7 @@ package app
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -101,7 +103,13 @@ func TestTunnelCommand(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	// Site a's status shows the paths up as soon as the handshake is done, which can be before
+	// site b has put its inner address on its device: listen once it is there.
 	stop, err := kit.StartServer(ctx, l.Host("b"), "10.255.0.2:5201")
+	for errors.Is(err, syscall.EADDRNOTAVAIL) && time.Now().Before(deadline.Add(10*time.Second)) {
+		time.Sleep(50 * time.Millisecond)
+		stop, err = kit.StartServer(ctx, l.Host("b"), "10.255.0.2:5201")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
