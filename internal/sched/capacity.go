@@ -24,7 +24,12 @@ type CapacityConfig struct {
 	CycleLength                       int
 	// CruiseGain is the gain of the rest of the cycle: a little below 1, so that a queue
 	// left by a probe or by a slightly high estimate (the maximum of noisy samples) drains
-	// instead of standing until the next burst overflows it.
+	// instead of standing until the next burst overflows it. Every point below 1 is a point
+	// of the path left unused for most of the cycle: at 0.98 a constant path carried 0.985 of
+	// what the same path paced at its configured capacity did (bench/tunnel, 300 + 100
+	// Mbit/s: 0.934 against 0.950 of the sum), the mean gain of a cycle. A queue that grows
+	// is drained on its own (the sample after a queued one), so the margin need only cover
+	// the noise of a sample, which on a steady path is a few packets in thousands.
 	CruiseGain float64
 	// BusyShare: a sample counts as busy (the path carried all it was offered up to its pacing
 	// rate, so the sample measures the path and not the traffic) when the sender sent at least
@@ -41,7 +46,7 @@ type CapacityConfig struct {
 
 // Defaults returns c with zero fields set: 100 Mbit/s at first (a path is not held back much
 // before it is measured), the maximum of 10 samples, gains 2 (startup), at most 1.25 (probe),
-// 0.75 (drain) and 0.98 (cruise), cycles of 8, busy at 97 % of the pacing rate or when less
+// 0.75 (drain) and 0.995 (cruise), cycles of 8, busy at 97 % of the pacing rate or when less
 // than 90 % of what was sent arrives.
 func (c CapacityConfig) Defaults() CapacityConfig {
 	if c.Initial == 0 {
@@ -63,7 +68,7 @@ func (c CapacityConfig) Defaults() CapacityConfig {
 		c.CycleLength = 8
 	}
 	if c.CruiseGain == 0 {
-		c.CruiseGain = 0.98
+		c.CruiseGain = 0.995
 	}
 	if c.BusyShare == 0 {
 		c.BusyShare = 0.97

@@ -349,20 +349,21 @@ func TestCapacityDrainsAStandingQueue(t *testing.T) {
 	for range 3 {
 		c.OnSample(100e6, 100e6, window, rtt, rtt) // cruise
 	}
-	if g := c.Gain(); g != 0.98 {
-		t.Fatalf("gain %v in cruise, want 0.98", g)
+	cruise := CapacityConfig{}.Defaults().CruiseGain
+	if g := c.Gain(); g != cruise {
+		t.Fatalf("gain %v in cruise, want %v", g, cruise)
 	}
-	c.OnSample(98e6, 98e6, window, rtt+5*int64(1e6), rtt)
-	if g := c.Gain(); g != 0.98 {
-		t.Fatalf("gain %v after a long RTT with all sent delivered, want 0.98 (no drain)", g)
+	c.OnSample(99.5e6, 99.5e6, window, rtt+5*int64(1e6), rtt)
+	if g := c.Gain(); g != cruise {
+		t.Fatalf("gain %v after a long RTT with all sent delivered, want %v (no drain)", g, cruise)
 	}
 	c.OnSample(100e6, 105e6, window, rtt+5*int64(1e6), rtt)
 	if g := c.Gain(); g > 1-queueDrain {
 		t.Fatalf("gain %v after a queued sample, want at most %v", g, 1-queueDrain)
 	}
 	c.OnSample(100e6, 95e6, window, rtt, rtt)
-	if g := c.Gain(); g != 0.98 {
-		t.Fatalf("gain %v after the drain, want 0.98", g)
+	if g := c.Gain(); g != cruise {
+		t.Fatalf("gain %v after the drain, want %v", g, cruise)
 	}
 }
 
