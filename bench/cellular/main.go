@@ -10,9 +10,10 @@
 //
 // Each row is one TCP flow for -duration (60 s), upload (site to hub) and download, in a fresh
 // lab, so that every row replays the traces from their start, with the host's default
-// congestion control (on this machine bbr; -cc sets another on every host of the lab, so both
-// ends of every row and the proxy's MPTCP subflows use it, and needs it in the host's
-// net.ipv4.tcp_allowed_congestion_control: a network namespace may only choose those): each path alone (plain TCP, no
+// congestion control at the flow's sender (on this machine bbr; -cc sets another on the sending
+// socket, TCP_CONGESTION: the client's for an upload, the server's listener for a download, so
+// any of net.ipv4.tcp_available_congestion_control; the proxy's MPTCP subflows use cubic
+// whatever this says, as braid proxy sets them): each path alone (plain TCP, no
 // tunnel); braid tunnel over all paths with each of its schedulers (capacities measured), and
 // the default scheduler with the capacities configured as each path's mean rate; kernel MPTCP
 // through braid proxy (the kernel's default scheduler, a subflow per uplink); and the sum of the
@@ -139,7 +140,7 @@ type options struct {
 	dur        time.Duration
 	schedulers []string // the tunnel rows, in the order of schedulers
 	proxy      bool     // the kernel MPTCP row
-	cc         string   // every lab host's congestion control
+	cc         string   // the flow's sender's congestion control; "" the host's default
 }
 
 func main() {
@@ -152,7 +153,7 @@ func main() {
 	only := flag.String("case", "", "run only this case (a or b); default: every case")
 	scheds := flag.String("schedulers", strings.Join(schedulers, ","), "the tunnel rows to run: schedulers, comma-separated (the default one also runs with capacities configured)")
 	withProxy := flag.Bool("proxy", true, "run the kernel MPTCP row (through braid proxy)")
-	cc := flag.String("cc", "", "TCP congestion control of every lab host (net.ipv4.tcp_congestion_control; one of net.ipv4.tcp_allowed_congestion_control); default: the host's")
+	cc := flag.String("cc", "", "TCP congestion control of each flow's sender (TCP_CONGESTION: one of net.ipv4.tcp_available_congestion_control); default: the host's")
 	flag.Parse()
 	log.SetFlags(0)
 	bin, err := filepath.Abs(*braid)
@@ -199,7 +200,7 @@ func main() {
 	fmt.Fprintf(w, "`go run ./bench/cellular -braid bin/braid -runs %d -duration %v%s`: a site and a hub joined by\n"+
 		"emulated links; the LTE ones replay the traces of lab/traces (Winstein et al., NSDI 2013), .up from\n"+
 		"the site to the hub and .down back, each row in a fresh lab so that every row replays them from\n"+
-		"their start. One TCP flow (%s, on every host of the lab) per row for %v, upload (site to hub) and download. Goodput is TCP\n"+
+		"their start. One TCP flow (its sender's congestion control %s; braid proxy's MPTCP subflows cubic) per row for %v, upload (site to hub) and download. Goodput is TCP\n"+
 		"payload at the receiver over the whole flow; RTT is an ICMP echo every %v during the flow (inside\n"+
 		"the tunnel; between the client and server hosts for the proxy, routed over the first path; on the\n"+
 		"path for a path alone); retransmissions are the TCP sender's (tcp_info; for the proxy the client's\n"+
@@ -363,22 +364,16 @@ func up(ctx context.Context, o options, c cellCase) *lab.Lab {
 	if err != nil {
 		drive.Fatal(err)
 	}
-	setCC(l, o.cc)
 	return l
 }
 
-// setCC sets every host of l to congestion control cc (none when cc is ""): the flow's ends,
-// the tunnel's and the proxies' hosts (the kernel's MPTCP subflows take it too).
-func setCC(l *lab.Lab, cc string) {
-	if cc == "" {
-		return
+// server runs the flow's server on host b at addr, with o's congestion control on what it
+// accepts (the sender of a download).
+func server(l *lab.Lab, o options, addr string) *drive.Proc {
+	if o.cc == "" {
+		return drive.Server(l, o.braid, addr)
 	}
-	for _, h := range l.Hosts() {
-		if err := h.NS.Sysctl("ipv4/tcp_congestion_control", cc); err != nil {
-			l.Close()
-			drive.Fatalf("-cc %s on host %s: %v (a network namespace may only choose one of net.ipv4.tcp_allowed_congestion_control)", cc, h.Name, err)
-		}
-	}
+	return drive.Server(l, o.braid, addr, "--cc", o.cc)
 }
 
 // flow runs one flow from host a with a ping to pingDst from pingHost, sampling the links in
@@ -407,9 +402,9 @@ func flow(l *lab.Lab, links []*lab.Link, run func() traffic.BulkResult, pingHost
 func measureAlone(ctx context.Context, o options, c cellCase, i int, reverse bool) result {
 	l := up(ctx, o, c)
 	defer l.Close()
-	defer drive.Server(l, o.braid, "0.0.0.0:5201").Stop()
+	defer server(l, o, "0.0.0.0:5201").Stop()
 	dst := fmt.Sprintf("10.9.%d.2", i)
-	f := drive.Flow{Addr: dst + ":5201", Duration: o.dur, Reverse: reverse}
+	f := drive.Flow{Addr: dst + ":5201", Duration: o.dur, Reverse: reverse, CC: o.cc}
 	return flow(l, l.Links(), func() traffic.BulkResult { return f.Run(ctx, l, o.braid) }, "a", dst, reverse)
 }
 
@@ -421,8 +416,8 @@ func measureTunnel(ctx context.Context, o options, c cellCase, sched string, cap
 		drive.Fatalf("tunnel %s: %v", sched, err)
 	}
 	defer pair.Close()
-	defer drive.Server(l, o.braid, "10.255.0.2:5201").Stop()
-	f := drive.Flow{Addr: "10.255.0.2:5201", Duration: o.dur, Reverse: reverse}
+	defer server(l, o, "10.255.0.2:5201").Stop()
+	f := drive.Flow{Addr: "10.255.0.2:5201", Duration: o.dur, Reverse: reverse, CC: o.cc}
 	return flow(l, l.Links(), func() traffic.BulkResult { return f.Run(ctx, l, o.braid) }, "a", "10.255.0.2", reverse)
 }
 
@@ -436,7 +431,6 @@ func measureProxy(ctx context.Context, o options, c cellCase, reverse bool) resu
 		drive.Fatal(err)
 	}
 	defer f.Close()
-	setCC(f.L, o.cc)
 	var wan []*lab.Link
 	for i, p := range c.paths {
 		lk := f.L.Link(fmt.Sprintf("wan%d", i))

@@ -96,12 +96,17 @@ func printJSON(e env, cmd string, v any) int {
 	return exitOK
 }
 
-const trafficServeDoc = `Usage: braid traffic serve [--listen ADDR] [--udp ADDR]
+const trafficServeDoc = `Usage: braid traffic serve [--listen ADDR] [--udp ADDR] [--cc NAME]
 
 Runs the server of every braid traffic test: one TCP listener serves bulk, rr and file tests and
 the control connections of UDP tests; one UDP socket receives the datagrams of UDP tests (the
 server tells each UDP client its port). It runs until Ctrl-C (SIGINT) or SIGTERM, then closes
 every connection, which ends the tests that are running, and prints its counters.
+
+--cc sets the congestion control of the connections the server accepts (TCP_CONGESTION on the
+listener, which they inherit: cubic, bbr, reno, whatever net.ipv4.tcp_available_congestion_control
+lists); it governs what the server sends, as in 'braid traffic bulk --reverse'. Without it the
+host's default applies. A name the kernel does not offer is an error at start.
 
 A connection that does not begin with a valid braid traffic header is counted as rejected and
 closed; the server keeps serving.
@@ -109,6 +114,7 @@ closed; the server keeps serving.
 Example:
   braid traffic serve
   braid traffic serve --listen 10.1.0.10:6000 --udp off
+  braid traffic serve --cc cubic
   braid lab exec h2 -- braid traffic serve --listen [::]:5201
 `
 
@@ -116,6 +122,7 @@ func trafficServe(e env, args []string) int {
 	fs := newFlags(e, "braid traffic serve", trafficServeDoc)
 	listen := fs.String("listen", "[::]:"+trafficPort, "TCP address to listen on")
 	udpAddr := fs.String("udp", "", "UDP address to receive datagrams on; default the --listen address, \"off\" for none")
+	cc := fs.String("cc", "", "congestion control of the accepted connections (the host's default if empty)")
 	pos, rest, done, code := parseInterspersed(e, fs, args)
 	if done {
 		return code
@@ -126,7 +133,7 @@ func trafficServe(e env, args []string) int {
 	if *udpAddr == "" {
 		*udpAddr = *listen
 	}
-	ln, err := net.Listen("tcp", *listen)
+	ln, err := traffic.ListenCC(context.Background(), *listen, *cc)
 	if err != nil {
 		return trafficFail(e, "serve", err)
 	}
@@ -168,7 +175,7 @@ where the kernel reports them (Linux TCP_INFO).
 --cc sets the congestion control of the client's connections (TCP_CONGESTION: cubic, bbr, reno,
 whatever net.ipv4.tcp_available_congestion_control lists); without it the host's default
 applies. It governs the sender only, so it cannot be combined with --reverse, where the server
-sends with its own host's default.
+sends: give the server --cc (braid traffic serve), or it sends with its host's default.
 
 Flags may stand before or after ADDR.
 
@@ -198,7 +205,7 @@ func trafficBulk(e env, args []string) int {
 		return trafficUsage(e, "bulk", "--streams must be between 1 and %d", traffic.MaxStreams)
 	}
 	if *cc != "" && *reverse {
-		return trafficUsage(e, "bulk", "--cc sets the client's sender; with --reverse the server sends (set its host's net.ipv4.tcp_congestion_control)")
+		return trafficUsage(e, "bulk", "--cc sets the client's sender; with --reverse the server sends (braid traffic serve --cc)")
 	}
 	dial := traffic.NetDial
 	if *cc != "" {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -33,4 +34,26 @@ func CCDial(dial DialFunc, cc string) DialFunc {
 		}
 		return c, nil
 	}
+}
+
+// ListenCC listens on the TCP address addr with congestion control cc set on the listening
+// socket (TCP_CONGESTION), which every connection it accepts inherits: the kernel keeps a
+// congestion control chosen on a listener for its children instead of the host's default. So
+// a server whose side sends (a download) uses cc. A name the kernel does not offer fails with
+// the kernel's error, naming it. An empty cc listens with the host's default.
+func ListenCC(ctx context.Context, addr, cc string) (net.Listener, error) {
+	var lc net.ListenConfig
+	if cc != "" {
+		lc.Control = func(_, _ string, raw syscall.RawConn) error {
+			var err error
+			if cerr := raw.Control(func(fd uintptr) { err = unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, cc) }); cerr != nil {
+				return cerr
+			}
+			if err != nil {
+				return fmt.Errorf("congestion control %q: %w", cc, err)
+			}
+			return nil
+		}
+	}
+	return lc.Listen(ctx, "tcp", addr)
 }

@@ -41,3 +41,45 @@ func TestCCDial(t *testing.T) {
 		t.Errorf("unknown congestion control: %v, want an error naming it", err)
 	}
 }
+
+// ListenCC sets the congestion control on the listener, the connections it accepts have it
+// (the sender of a download is the server's side), and a name the kernel does not offer fails
+// the listen, naming it.
+func TestListenCC(t *testing.T) {
+	ln, err := ListenCC(context.Background(), "127.0.0.1:0", "reno")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- c
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, ok := <-accepted
+	if !ok {
+		t.Fatal("accept failed")
+	}
+	defer s.Close()
+	raw, _ := s.(*net.TCPConn).SyscallConn()
+	var got string
+	raw.Control(func(fd uintptr) { got, err = unix.GetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION) })
+	if err != nil || strings.TrimRight(got, "\x00") != "reno" {
+		t.Errorf("accepted connection's congestion control %q, %v; want reno", got, err)
+	}
+	if ln2, err := ListenCC(context.Background(), "127.0.0.1:0", "no-such-cc"); err == nil || !strings.Contains(err.Error(), "no-such-cc") {
+		if ln2 != nil {
+			ln2.Close()
+		}
+		t.Errorf("unknown congestion control: %v, want an error naming it", err)
+	}
+}

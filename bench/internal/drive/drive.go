@@ -28,9 +28,10 @@ func (p *Proc) Pid() int { return p.Cmd.Process.Pid }
 // Stop ends the process and waits for it.
 func (p *Proc) Stop() { p.Cmd.Process.Signal(syscall.SIGTERM); p.Cmd.Wait() }
 
-// Server runs `braid traffic serve` on host b, listening for TCP and UDP on addr.
-func Server(l *lab.Lab, braid, addr string) *Proc {
-	srv := exec.Command(braid, "traffic", "serve", "--listen", addr, "--udp", addr)
+// Server runs `braid traffic serve` on host b, listening for TCP and UDP on addr, with the
+// further arguments args (such as "--cc", "cubic").
+func Server(l *lab.Lab, braid, addr string, args ...string) *Proc {
+	srv := exec.Command(braid, append([]string{"traffic", "serve", "--listen", addr, "--udp", addr}, args...)...)
 	if err := l.Host("b").Start(srv); err != nil {
 		Fatal(err)
 	}

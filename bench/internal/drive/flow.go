@@ -23,6 +23,9 @@ type Flow struct {
 	Addr     string // the server's address:port
 	Duration time.Duration
 	Reverse  bool
+	// CC is the congestion control of an upload's sender (the client, `braid traffic bulk
+	// --cc`); a download's sender is the server (Server's "--cc"). Empty: the host's default.
+	CC string
 }
 
 // Run runs the flow and decodes its result.
@@ -34,6 +37,8 @@ func (f Flow) Run(ctx context.Context, l *lab.Lab, braid string) traffic.BulkRes
 	args := []string{"traffic", "bulk", f.Addr, "--duration", f.Duration.String(), "--interval", "1s", "--json"}
 	if f.Reverse {
 		args = append(args, "--reverse")
+	} else if f.CC != "" {
+		args = append(args, "--cc", f.CC)
 	}
 	cmd := exec.CommandContext(ctx, braid, args...)
 	var out, errb bytes.Buffer
