@@ -31,10 +31,7 @@ func TestCCDial(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	raw, _ := c.(*net.TCPConn).SyscallConn()
-	var got string
-	raw.Control(func(fd uintptr) { got, err = unix.GetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION) })
-	if err != nil || strings.TrimRight(got, "\x00") != "reno" {
+	if got, err := ccOf(c); err != nil || got != "reno" {
 		t.Errorf("congestion control %q, %v; want reno", got, err)
 	}
 	if _, err := CCDial(NetDial, "no-such-cc")(context.Background(), "tcp", ln.Addr().String()); err == nil || !strings.Contains(err.Error(), "no-such-cc") {
@@ -70,10 +67,7 @@ func TestListenCC(t *testing.T) {
 		t.Fatal("accept failed")
 	}
 	defer s.Close()
-	raw, _ := s.(*net.TCPConn).SyscallConn()
-	var got string
-	raw.Control(func(fd uintptr) { got, err = unix.GetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION) })
-	if err != nil || strings.TrimRight(got, "\x00") != "reno" {
+	if got, err := ccOf(s); err != nil || got != "reno" {
 		t.Errorf("accepted connection's congestion control %q, %v; want reno", got, err)
 	}
 	if ln2, err := ListenCC(context.Background(), "127.0.0.1:0", "no-such-cc"); err == nil || !strings.Contains(err.Error(), "no-such-cc") {
@@ -82,4 +76,17 @@ func TestListenCC(t *testing.T) {
 		}
 		t.Errorf("unknown congestion control: %v, want an error naming it", err)
 	}
+}
+
+// ccOf is the congestion control of a TCP connection (TCP_CONGESTION).
+func ccOf(c net.Conn) (string, error) {
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return "", err
+	}
+	var got string
+	if cerr := raw.Control(func(fd uintptr) { got, err = unix.GetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION) }); cerr != nil {
+		return "", cerr
+	}
+	return strings.TrimRight(got, "\x00"), err
 }
