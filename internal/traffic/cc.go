@@ -25,12 +25,11 @@ func CCDial(dial DialFunc, cc string) DialFunc {
 		}
 		raw, err := tc.SyscallConn()
 		if err == nil {
-			cerr := raw.Control(func(fd uintptr) { err = unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, cc) })
-			err = errors.Join(err, cerr)
+			err = setCC(raw, cc)
 		}
 		if err != nil {
 			c.Close()
-			return nil, fmt.Errorf("congestion control %q: %w", cc, err)
+			return nil, err
 		}
 		return c, nil
 	}
@@ -44,16 +43,19 @@ func CCDial(dial DialFunc, cc string) DialFunc {
 func ListenCC(ctx context.Context, addr, cc string) (net.Listener, error) {
 	var lc net.ListenConfig
 	if cc != "" {
-		lc.Control = func(_, _ string, raw syscall.RawConn) error {
-			var err error
-			if cerr := raw.Control(func(fd uintptr) { err = unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, cc) }); cerr != nil {
-				return cerr
-			}
-			if err != nil {
-				return fmt.Errorf("congestion control %q: %w", cc, err)
-			}
-			return nil
-		}
+		lc.Control = func(_, _ string, raw syscall.RawConn) error { return setCC(raw, cc) }
 	}
 	return lc.Listen(ctx, "tcp", addr)
+}
+
+// setCC sets congestion control cc on the socket raw (TCP_CONGESTION); the error names cc.
+func setCC(raw syscall.RawConn, cc string) error {
+	var err error
+	if cerr := raw.Control(func(fd uintptr) { err = unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, cc) }); cerr != nil {
+		err = errors.Join(err, cerr)
+	}
+	if err != nil {
+		return fmt.Errorf("congestion control %q: %w", cc, err)
+	}
+	return nil
 }
