@@ -107,11 +107,17 @@ func main() {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	fmt.Fprintln(tw, "| paths, links, mode\t| plain links\t| braid\t| ratio\t| CPU s/Gbit, plain\t| CPU s/Gbit, braid\t| CPU ratio\t| of which tunnel a\t| tunnel b\t| retransmitted\t| receive drops\t|")
 	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
-	for _, c := range configs {
-		var rs []result
-		for range *runs {
-			rs = append(rs, measure(ctx, *braid, c, dur, *profile))
+	// The runs go round the configurations, so that the figures of one and of two paths are
+	// taken minutes apart at most, under the same conditions of the machine, and compare run by
+	// run (the table after this one).
+	results := make(map[config][]result)
+	for range *runs {
+		for _, c := range configs {
+			results[c] = append(results[c], measure(ctx, *braid, c, dur, *profile))
 		}
+	}
+	for _, c := range configs {
+		rs := results[c]
 		pick := func(f func(result) float64) float64 {
 			v := make([]float64, len(rs))
 			for i, r := range rs {
@@ -134,9 +140,51 @@ func main() {
 	}
 	fmt.Fprintf(w, "\nEach ratio is the median of each run's ratio (braid over the plain links measured in the same run);\n"+
 		"receive drops are the largest of the runs.\n\n")
+	twoPaths(w, configs, results)
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err == nil {
 		os.WriteFile(*out, md.Bytes(), 0o644)
 	}
+}
+
+// twoPaths writes, for each kind of link and mode measured with one and with two paths, what
+// braid carried over two paths against one: the medians, and the median of each round's ratio
+// (round k's two-path run over its one-path run, taken one after the other).
+func twoPaths(w io.Writer, configs []config, results map[config][]result) {
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	header := false
+	for _, c := range configs {
+		if c.paths != 1 {
+			continue
+		}
+		two := config{2, c.rate, c.encrypt}
+		r1, r2 := results[c], results[two]
+		if len(r2) == 0 || len(r2) != len(r1) {
+			continue
+		}
+		if !header {
+			fmt.Fprintln(tw, "| links, mode\t| braid, one path\t| braid, two paths\t| two paths / one\t| rounds two ≥ one\t|")
+			fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|")
+			header = true
+		}
+		one, both, ratio := make([]float64, len(r1)), make([]float64, len(r1)), make([]float64, len(r1))
+		ge := 0
+		for k := range r1 {
+			one[k], both[k], ratio[k] = r1[k].tunnel, r2[k].tunnel, r2[k].tunnel/r1[k].tunnel
+			if r2[k].tunnel >= r1[k].tunnel {
+				ge++
+			}
+		}
+		name := strings.TrimPrefix(c.String(), "1 × ")
+		fmt.Fprintf(tw, "| %s\t| %.2f Gbit/s\t| %.2f Gbit/s\t| %.3f\t| %d of %d\t|\n", name, kit.Median(one)/1e9, kit.Median(both)/1e9,
+			kit.Median(ratio), ge, len(r1))
+	}
+	if !header {
+		return
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\nTwo paths against one: each link as in the rows above (two links of that kind against one),\n"+
+		"braid's goodput; the ratio is the median of each round's (two paths over one, measured one\n"+
+		"after the other in the same round of runs).\n\n")
 }
 
 // measure runs the baseline and the tunnel for c in a fresh lab.

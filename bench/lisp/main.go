@@ -30,12 +30,15 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -54,7 +57,8 @@ import (
 )
 
 func main() {
-	flag.String("braid", "bin/braid", "path of the braid binary (unused: the roles run in process)")
+	flag.StringVar(&braidBin, "braid", "bin/braid", "path of the braid binary: the xTRs of the xTR table run as `braid xtr` processes")
+	flag.BoolVar(&inProcess, "in-process", false, "run the xTRs in this process instead (goroutines sharing its runtime with the emulated links and the hosts' traffic; -cpuprofile and -xtrprofile then see them)")
 	runs := flag.Int("runs", 5, "runs per figure; the tables show medians")
 	quick := flag.Bool("quick", false, "short measurements: a smoke run")
 	out := flag.String("out", "bench/out/lisp.md", "where to write this section (Markdown)")
@@ -70,6 +74,9 @@ func main() {
 	log.SetFlags(0)
 	if *cpuProfile != "" && xtrProfile != "" {
 		log.Fatal("-cpuprofile and -xtrprofile: one CPU profile at a time")
+	}
+	if (*cpuProfile != "" || xtrProfile != "") && !inProcess {
+		log.Fatal("-cpuprofile and -xtrprofile profile this process: add -in-process, or the xTRs are not in the profile")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
@@ -113,7 +120,11 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 	drive.Section(w, "LISP xTR encapsulation")
-	fmt.Fprintf(w, "TCP bulk h1 -> h2 for %v between two LISP sites of `roles.LispTopology` (links unshaped,\n%s): through two braid xTRs (TUN with offloads, encapsulation on UDP 4341 in GSO trains,\nhash placement), beside the same hosts forwarded natively over the same links and through a braid\ntunnel (one path, wrr) between the same two routers over their first RLOCs, in the same lab. Medians of %d runs.\n\n", dur, lab.EmulatorName, *runs)
+	where := "each a `braid xtr` process in its router, as deployed"
+	if inProcess {
+		where = "each in the bench's process (`-in-process`), sharing its runtime with the emulated links"
+	}
+	fmt.Fprintf(w, "TCP bulk h1 -> h2 for %v between two LISP sites of `roles.LispTopology` (links unshaped,\n%s): through two braid xTRs (%s; TUN with offloads, encapsulation on UDP 4341 in GSO\ntrains, hash placement), beside the same hosts forwarded natively over the same links and through a braid\ntunnel (one path, wrr, run as the xTRs are) between the same two routers over their first RLOCs, in the same lab. Medians of %d runs.\n\n", dur, lab.EmulatorName, where, *runs)
 	if err := xtrThroughput(ctx, w, dur, *runs); err != nil {
 		fmt.Fprintf(w, "not measured: %v\n", err)
 	}
@@ -387,28 +398,222 @@ func xtrRun(ctx context.Context, dur time.Duration) (base, braid, tunl float64, 
 		return 0, 0, 0, fmt.Errorf("through the tunnel: %w", err)
 	}
 	// Then through the xTRs: the EID space is routed into their TUNs.
-	ll, err := roles.StartLisp(ctx, l, nil)
-	if err != nil {
-		return 0, 0, 0, err
+	var counters func() string
+	if inProcess {
+		ll, err := roles.StartLisp(ctx, l, nil)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		defer ll.Close()
+		counters = func() string {
+			return fmt.Sprintf("xtr1 counters %v, xtr2 counters %v", ll.XTRs[0].Status().Counters, ll.XTRs[1].Status().Counters)
+		}
+	} else {
+		stop, show, err := startXTRProcesses(ctx, l)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		defer stop()
+		counters = show
 	}
-	defer ll.Close()
 	// Resolve first, so that the measurement is of the data path.
 	if _, err := kit.Ping(ctx, h1, h2, roles.LispSites[1].HostIP[0], time.Second); err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, fmt.Errorf("ping through the xTRs: %w (%s)", err, counters())
 	}
 	stopProfile = profileTransfer("")
 	x, err := traffic.Bulk(ctx, h1.Dial, srvAddr, traffic.BulkOptions{Duration: dur})
 	stopProfile()
 	if err != nil {
-		return 0, 0, 0, fmt.Errorf("through the xTRs: %w (xtr1 counters %v, xtr2 counters %v)", err,
-			ll.XTRs[0].Status().Counters, ll.XTRs[1].Status().Counters)
+		return 0, 0, 0, fmt.Errorf("through the xTRs: %w (%s)", err, counters())
 	}
 	return b.Goodput, x.Goodput, tn, nil
 }
 
+// braidBin is -braid; inProcess is -in-process.
+var (
+	braidBin  string
+	inProcess bool
+)
+
+// xtrKey is site s's authentication key with the map server: the lab's, lengthened to what a
+// site file requires.
+func xtrKey(s roles.LispSite) string { return s.Key + "-0123456789" }
+
+// startXTRProcesses runs the map server (in this process: it is not on the data path) and each
+// site's xTR as a `braid xtr --config FILE` process in its router, with the options of
+// roles.LispSiteXTROptions, and waits until both have registered. stop ends them; show returns
+// their `braid xtr show`, for errors.
+func startXTRProcesses(ctx context.Context, l *lab.Lab) (stop func(), show func() string, err error) {
+	cfg := roles.LispMapServerConfig()
+	for i, s := range roles.LispSites {
+		cfg.Sites[i].Keys = map[uint8][]byte{0: []byte(xtrKey(s))}
+	}
+	_, stopMS, err := roles.StartMapServer(ctx, l.Host("ms"), roles.LispMapServer, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	dir, err := os.MkdirTemp("", "braid-bench-lisp-")
+	if err != nil {
+		stopMS()
+		return nil, nil, err
+	}
+	var procs []*exec.Cmd
+	var logs []*lockedWriter
+	stop = func() {
+		for _, c := range procs {
+			c.Process.Signal(syscall.SIGTERM)
+			c.Wait()
+		}
+		stopMS()
+		os.RemoveAll(dir)
+	}
+	show = func() string {
+		var b strings.Builder
+		for i, s := range roles.LispSites {
+			out, _ := l.Host(s.Router).Run(ctx, braidBin, "xtr", "show")
+			fmt.Fprintf(&b, "%s: %s", s.Router, out)
+			if i < len(logs) {
+				fmt.Fprintf(&b, "%s log: %s\n", s.Router, logs[i])
+			}
+		}
+		return b.String()
+	}
+	o := roles.LispSiteXTROptions(roles.LispSites[0])
+	for _, s := range roles.LispSites {
+		var text strings.Builder
+		fmt.Fprintf(&text, "[xtr]\neid_prefixes = [%q, %q]\nroutes = [", s.EIDs[0], s.EIDs[1])
+		for i, p := range roles.LispEIDSpace {
+			if i > 0 {
+				text.WriteString(", ")
+			}
+			fmt.Fprintf(&text, "%q", p)
+		}
+		fmt.Fprintf(&text, "]\nmap_resolvers = [%q]\nprobe_interval = %q\ndown_after = %q\nregister_interval = %q\n",
+			roles.LispMapServer, o.ProbeInterval, o.DownAfter, o.RegisterInterval)
+		for j, r := range s.RLOCs {
+			fmt.Fprintf(&text, "[[xtr.rloc]]\naddress = %q\ninterface = %q\npriority = 1\nweight = 50\n", r, s.Ifaces[j])
+		}
+		fmt.Fprintf(&text, "[[xtr.map_server]]\naddress = %q\nkey = %q\n", roles.LispMapServer, xtrKey(s))
+		file := filepath.Join(dir, s.Name+".toml")
+		if err := os.WriteFile(file, []byte(text.String()), 0o600); err != nil {
+			stop()
+			return nil, nil, err
+		}
+		h := l.Host(s.Router)
+		for _, k := range []string{"ipv4/conf/all/rp_filter", "ipv4/conf/default/rp_filter"} {
+			if err := h.NS.Sysctl(k, "0"); err != nil {
+				stop()
+				return nil, nil, err
+			}
+		}
+		cmd := exec.Command(braidBin, "xtr", "--config", file)
+		buf := &lockedWriter{}
+		cmd.Stdout, cmd.Stderr = buf, buf
+		if err := h.Start(cmd); err != nil {
+			stop()
+			return nil, nil, fmt.Errorf("%s: %w", s.Router, err)
+		}
+		procs, logs = append(procs, cmd), append(logs, buf)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, s := range roles.LispSites {
+		for {
+			out, _ := l.Host(s.Router).Run(ctx, braidBin, "xtr", "show")
+			if strings.Contains(string(out), "registered, last Map-Notify") {
+				break
+			}
+			if time.Now().After(deadline) {
+				err := fmt.Errorf("xTRs not registered after 10 s: %s", show())
+				stop()
+				return nil, nil, err
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return stop, show, nil
+}
+
+// lockedWriter is a process's output (stdout and stderr), written and read under a lock.
+type lockedWriter struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(b)
+}
+
+func (l *lockedWriter) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 // tunnelRun measures h1 -> h2 through a braid tunnel between the two routers over their first
-// RLOCs (one path), each site's EIDs routed into it; the tunnel is gone when it returns.
+// RLOCs (one path), each site's EIDs routed into it; the tunnel is gone when it returns. The
+// tunnels run as `braid tunnel` processes, like the xTRs, unless -in-process.
 func tunnelRun(ctx context.Context, l *lab.Lab, dur time.Duration, srvAddr string, native []topo.Route) (float64, error) {
+	if inProcess {
+		return tunnelRunInProcess(ctx, l, dur, srvAddr, native)
+	}
+	routers := []string{"xtr1", "xtr2"}
+	var keys [2]session.PrivateKey
+	for i := range keys {
+		k, err := session.GenerateKey()
+		if err != nil {
+			return 0, err
+		}
+		keys[i] = k
+	}
+	dir, err := os.MkdirTemp("", "braid-bench-lisp-tunnel-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	var procs []*exec.Cmd
+	var logs []*lockedWriter
+	defer func() {
+		for _, c := range procs {
+			c.Process.Signal(syscall.SIGTERM)
+			c.Wait()
+		}
+	}()
+	for i, r := range routers {
+		local, remote := roles.LispSites[i].RLOCs[0], roles.LispSites[1-i].RLOCs[0]
+		// One path: the scheduler has nothing to choose, so wrr, which sends at once; the
+		// default paced scheduler, with no capacity configured, carried a fraction of this on
+		// these unshaped emulated links (docs/lisp.md, "Data path performance").
+		text := fmt.Sprintf("[tunnel]\nprivate_key = %q\naddress = [\"10.255.0.%d/24\"]\ncontrol = %q\nmtu = 1400\nscheduler = \"wrr\"\n"+
+			"[[tunnel.uplink]]\nname = \"up0\"\ninterface = %q\naddress = %q\n"+
+			"[[tunnel.peer]]\nname = %q\npublic_key = %q\nroutes = [%q]\n[[tunnel.peer.path]]\nuplink = \"up0\"\nremote = %q\n",
+			keys[i].String(), i+1, filepath.Join(dir, r+".sock"), roles.LispSites[i].Ifaces[0], local,
+			routers[1-i], keys[1-i].Public().String(), native[i].Dst, netip.AddrPortFrom(remote, roles.TunnelPort))
+		file := filepath.Join(dir, r+".toml")
+		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+			return 0, err
+		}
+		cmd := exec.Command(braidBin, "tunnel", "--config", file)
+		buf := &lockedWriter{}
+		cmd.Stdout, cmd.Stderr = buf, buf
+		if err := l.Host(r).Start(cmd); err != nil {
+			return 0, fmt.Errorf("%s: %w", r, err)
+		}
+		procs, logs = append(procs, cmd), append(logs, buf)
+	}
+	if _, err := kit.Ping(ctx, l.Host("h1"), l.Host("h2"), roles.LispSites[1].HostIP[0], time.Second); err != nil {
+		return 0, fmt.Errorf("ping through the tunnel: %w (logs: %v, %v)", err, logs[0], logs[1])
+	}
+	r, err := traffic.Bulk(ctx, l.Host("h1").Dial, srvAddr, traffic.BulkOptions{Duration: dur})
+	if err != nil {
+		return 0, err
+	}
+	return r.Goodput, nil
+}
+
+// tunnelRunInProcess is tunnelRun with the tunnels in this process (-in-process).
+func tunnelRunInProcess(ctx context.Context, l *lab.Lab, dur time.Duration, srvAddr string, native []topo.Route) (float64, error) {
 	routers := []string{"xtr1", "xtr2"}
 	var keys [2]session.PrivateKey
 	for i := range keys {
