@@ -12,12 +12,14 @@
 //   - xTR: TCP bulk goodput between two hosts through two braid xTRs (encapsulation on UDP
 //     4341, both ways), as a ratio to the same transfer forwarded natively over the same
 //     emulated links (the baseline, same run), and through a braid tunnel between the same
-//     routers over the same links.
+//     routers over the same links. The xTRs and the tunnels are `braid` processes (-braid)
+//     in their routers, as deployed; -in-process runs them in this process instead.
 //
 // Usage: go run ./bench/lisp -braid bin/braid -runs 5 -out bench/out/lisp.md
 //
 // -xtrprofile FILE profiles each transfer through the xTRs alone (FILE, FILE.2, ...) and each
-// baseline transfer (FILE.native, FILE.native.2, ...), without the rest of the run.
+// baseline transfer (FILE.native, FILE.native.2, ...), without the rest of the run; with
+// -in-process only, since it profiles this process.
 package main
 
 import (
@@ -68,7 +70,7 @@ func main() {
 	withXTR := flag.Bool("xtr", true, "measure the xTR table too (a lab: needs root)")
 	scaleClients := flag.Int("scale-clients", 16, "concurrent resolver clients in the scale table")
 	withResolver := flag.Bool("resolver", true, "measure the map-resolver (false: the xTR table only)")
-	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the xTR measurements (the xTRs, emulated links and hosts all run in this process) to this file")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the xTR measurements (with -in-process: the xTRs, emulated links and hosts all run in this process) to this file")
 	flag.StringVar(&xtrProfile, "xtrprofile", "", "write a CPU profile of each transfer through the xTRs only to this file (.2, .3, ... for later runs), and of each baseline transfer to this file's .native (.native.2, ...)")
 	flag.Parse()
 	log.SetFlags(0)
