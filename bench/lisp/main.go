@@ -561,13 +561,9 @@ func tunnelRun(ctx context.Context, l *lab.Lab, dur time.Duration, srvAddr strin
 		return tunnelRunInProcess(ctx, l, dur, srvAddr, native)
 	}
 	routers := []string{"xtr1", "xtr2"}
-	var keys [2]session.PrivateKey
-	for i := range keys {
-		k, err := session.GenerateKey()
-		if err != nil {
-			return 0, err
-		}
-		keys[i] = k
+	keys, err := tunnelKeys()
+	if err != nil {
+		return 0, err
 	}
 	dir, err := os.MkdirTemp("", "braid-bench-lisp-tunnel-")
 	if err != nil {
@@ -614,16 +610,22 @@ func tunnelRun(ctx context.Context, l *lab.Lab, dur time.Duration, srvAddr strin
 	return r.Goodput, nil
 }
 
+// tunnelKeys generates the two routers' tunnel keys.
+func tunnelKeys() (keys [2]session.PrivateKey, err error) {
+	for i := range keys {
+		if keys[i], err = session.GenerateKey(); err != nil {
+			return keys, err
+		}
+	}
+	return keys, nil
+}
+
 // tunnelRunInProcess is tunnelRun with the tunnels in this process (-in-process).
 func tunnelRunInProcess(ctx context.Context, l *lab.Lab, dur time.Duration, srvAddr string, native []topo.Route) (float64, error) {
 	routers := []string{"xtr1", "xtr2"}
-	var keys [2]session.PrivateKey
-	for i := range keys {
-		k, err := session.GenerateKey()
-		if err != nil {
-			return 0, err
-		}
-		keys[i] = k
+	keys, err := tunnelKeys()
+	if err != nil {
+		return 0, err
 	}
 	var stops []func() error
 	defer func() {
