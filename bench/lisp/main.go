@@ -428,6 +428,9 @@ func xtrRun(ctx context.Context, dur time.Duration) (base, braid, tunl float64, 
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("through the xTRs: %w (%s)", err, counters())
 	}
+	if err := routedInto(ctx, l, "lisp0", 0); err != nil {
+		return 0, 0, 0, fmt.Errorf("after the transfer through the xTRs: %w (%s)", err, counters())
+	}
 	return b.Goodput, x.Goodput, tn, nil
 }
 
@@ -454,31 +457,22 @@ func startXTRProcesses(ctx context.Context, l *lab.Lab) (stop func(), show func(
 	if err != nil {
 		return nil, nil, err
 	}
-	dir, err := os.MkdirTemp("", "braid-bench-lisp-")
+	ps, err := newProcs()
 	if err != nil {
 		stopMS()
 		return nil, nil, err
 	}
-	var procs []*exec.Cmd
-	var logs []*lockedWriter
 	stop = func() {
-		for _, c := range procs {
-			c.Process.Signal(syscall.SIGTERM)
-			c.Wait()
-		}
+		ps.stop()
 		stopMS()
-		os.RemoveAll(dir)
 	}
 	show = func() string {
 		var b strings.Builder
-		for i, s := range roles.LispSites {
+		for _, s := range roles.LispSites {
 			out, _ := l.Host(s.Router).Run(ctx, braidBin, "xtr", "show")
 			fmt.Fprintf(&b, "%s: %s", s.Router, out)
-			if i < len(logs) {
-				fmt.Fprintf(&b, "%s log: %s\n", s.Router, logs[i])
-			}
 		}
-		return b.String()
+		return b.String() + ps.String()
 	}
 	o := roles.LispSiteXTROptions(roles.LispSites[0])
 	for _, s := range roles.LispSites {
@@ -496,11 +490,6 @@ func startXTRProcesses(ctx context.Context, l *lab.Lab) (stop func(), show func(
 			fmt.Fprintf(&text, "[[xtr.rloc]]\naddress = %q\ninterface = %q\npriority = 1\nweight = 50\n", r, s.Ifaces[j])
 		}
 		fmt.Fprintf(&text, "[[xtr.map_server]]\naddress = %q\nkey = %q\n", roles.LispMapServer, xtrKey(s))
-		file := filepath.Join(dir, s.Name+".toml")
-		if err := os.WriteFile(file, []byte(text.String()), 0o600); err != nil {
-			stop()
-			return nil, nil, err
-		}
 		h := l.Host(s.Router)
 		for _, k := range []string{"ipv4/conf/all/rp_filter", "ipv4/conf/default/rp_filter"} {
 			if err := h.NS.Sysctl(k, "0"); err != nil {
@@ -508,14 +497,10 @@ func startXTRProcesses(ctx context.Context, l *lab.Lab) (stop func(), show func(
 				return nil, nil, err
 			}
 		}
-		cmd := exec.Command(braidBin, "xtr", "--config", file)
-		buf := &lockedWriter{}
-		cmd.Stdout, cmd.Stderr = buf, buf
-		if err := h.Start(cmd); err != nil {
+		if err := ps.start(h, "xtr", s.Router, text.String()); err != nil {
 			stop()
-			return nil, nil, fmt.Errorf("%s: %w", s.Router, err)
+			return nil, nil, err
 		}
-		procs, logs = append(procs, cmd), append(logs, buf)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for _, s := range roles.LispSites {
@@ -535,22 +520,81 @@ func startXTRProcesses(ctx context.Context, l *lab.Lab) (stop func(), show func(
 	return stop, show, nil
 }
 
-// lockedWriter is a process's output (stdout and stderr), written and read under a lock.
-type lockedWriter struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+// routedInto waits at most wait until both routers route the other site's host into device
+// dev. The core routes each site's EIDs to its first RLOC, so without the xTR's or tunnel's
+// routes a transfer would still go through, natively; and a process that exits takes its
+// device and routes with it, so the check after a transfer shows it ran throughout.
+func routedInto(ctx context.Context, l *lab.Lab, dev string, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for i, s := range roles.LispSites {
+		dst := roles.LispSites[1-i].HostIP[0].String()
+		for {
+			out, _ := l.Host(s.Router).Run(ctx, "ip", "route", "get", dst)
+			if strings.Contains(string(out), " dev "+dev+" ") {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s does not route %s into %s: %s", s.Router, dst, dev, strings.TrimSpace(string(out)))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return nil
 }
 
-func (l *lockedWriter) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(b)
+// procs are braid processes started in lab hosts, each from a site file in dir and logging
+// (stdout and stderr) to a file beside it.
+type procs struct {
+	dir  string
+	cmds []*exec.Cmd
+	logs []string // the log files, by process
 }
 
-func (l *lockedWriter) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+func newProcs() (*procs, error) {
+	dir, err := os.MkdirTemp("", "braid-bench-lisp-")
+	if err != nil {
+		return nil, err
+	}
+	return &procs{dir: dir}, nil
+}
+
+// start writes site file text as NAME.toml and starts `braid ROLE --config NAME.toml` in h.
+func (p *procs) start(h *lab.Host, role, name, text string) error {
+	file := filepath.Join(p.dir, name+".toml")
+	if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+		return err
+	}
+	lf, err := os.Create(filepath.Join(p.dir, name+".log"))
+	if err != nil {
+		return err
+	}
+	defer lf.Close() // the process has its own descriptor
+	cmd := exec.Command(braidBin, role, "--config", file)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	if err := h.Start(cmd); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	p.cmds, p.logs = append(p.cmds, cmd), append(p.logs, lf.Name())
+	return nil
+}
+
+// String is what the processes logged so far.
+func (p *procs) String() string {
+	var b strings.Builder
+	for _, f := range p.logs {
+		out, _ := os.ReadFile(f)
+		fmt.Fprintf(&b, "%s: %s\n", filepath.Base(f), out)
+	}
+	return b.String()
+}
+
+// stop ends the processes and removes their files.
+func (p *procs) stop() {
+	for _, c := range p.cmds {
+		c.Process.Signal(syscall.SIGTERM)
+		c.Wait()
+	}
+	os.RemoveAll(p.dir)
 }
 
 // tunnelRun measures h1 -> h2 through a braid tunnel between the two routers over their first
@@ -565,19 +609,11 @@ func tunnelRun(ctx context.Context, l *lab.Lab, dur time.Duration, srvAddr strin
 	if err != nil {
 		return 0, err
 	}
-	dir, err := os.MkdirTemp("", "braid-bench-lisp-tunnel-")
+	ps, err := newProcs()
 	if err != nil {
 		return 0, err
 	}
-	defer os.RemoveAll(dir)
-	var procs []*exec.Cmd
-	var logs []*lockedWriter
-	defer func() {
-		for _, c := range procs {
-			c.Process.Signal(syscall.SIGTERM)
-			c.Wait()
-		}
-	}()
+	defer ps.stop()
 	for i, r := range routers {
 		local, remote := roles.LispSites[i].RLOCs[0], roles.LispSites[1-i].RLOCs[0]
 		// One path: the scheduler has nothing to choose, so wrr, which sends at once; the
@@ -586,26 +622,24 @@ func tunnelRun(ctx context.Context, l *lab.Lab, dur time.Duration, srvAddr strin
 		text := fmt.Sprintf("[tunnel]\nprivate_key = %q\naddress = [\"10.255.0.%d/24\"]\ncontrol = %q\nmtu = 1400\nscheduler = \"wrr\"\n"+
 			"[[tunnel.uplink]]\nname = \"up0\"\ninterface = %q\naddress = %q\n"+
 			"[[tunnel.peer]]\nname = %q\npublic_key = %q\nroutes = [%q]\n[[tunnel.peer.path]]\nuplink = \"up0\"\nremote = %q\n",
-			keys[i].String(), i+1, filepath.Join(dir, r+".sock"), roles.LispSites[i].Ifaces[0], local,
+			keys[i].String(), i+1, filepath.Join(ps.dir, r+".sock"), roles.LispSites[i].Ifaces[0], local,
 			routers[1-i], keys[1-i].Public().String(), native[i].Dst, netip.AddrPortFrom(remote, roles.TunnelPort))
-		file := filepath.Join(dir, r+".toml")
-		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+		if err := ps.start(l.Host(r), "tunnel", r, text); err != nil {
 			return 0, err
 		}
-		cmd := exec.Command(braidBin, "tunnel", "--config", file)
-		buf := &lockedWriter{}
-		cmd.Stdout, cmd.Stderr = buf, buf
-		if err := l.Host(r).Start(cmd); err != nil {
-			return 0, fmt.Errorf("%s: %w", r, err)
-		}
-		procs, logs = append(procs, cmd), append(logs, buf)
+	}
+	if err := routedInto(ctx, l, "braid0", 10*time.Second); err != nil {
+		return 0, fmt.Errorf("%w (%s)", err, ps)
 	}
 	if _, err := kit.Ping(ctx, l.Host("h1"), l.Host("h2"), roles.LispSites[1].HostIP[0], time.Second); err != nil {
-		return 0, fmt.Errorf("ping through the tunnel: %w (logs: %v, %v)", err, logs[0], logs[1])
+		return 0, fmt.Errorf("ping through the tunnel: %w (%s)", err, ps)
 	}
 	r, err := traffic.Bulk(ctx, l.Host("h1").Dial, srvAddr, traffic.BulkOptions{Duration: dur})
 	if err != nil {
 		return 0, err
+	}
+	if err := routedInto(ctx, l, "braid0", 0); err != nil {
+		return 0, fmt.Errorf("after the transfer: %w (%s)", err, ps)
 	}
 	return r.Goodput, nil
 }
