@@ -396,6 +396,21 @@ func (s *Paced) Plan(now int64, paths []Path, sizes []int, out []int) (wake int6
 		if run >= 0 {
 			chosen = run
 		}
+		// No path of about the earliest arrival can send now: a path whose capacity is still
+		// the guess takes the packet if it can send it now. A path is measured only by what
+		// it carries, and by arrival time alone a slower one is given data only once the
+		// faster ones' queue is deeper than the difference of the delays, which a flow whose
+		// window was cut in its start-up may not reach for many seconds; until it is
+		// measured, the path's start-up window bounds what it takes (docs/scheduling.md,
+		// "A path is measured from the first flow").
+		if chosen < 0 && bestStart > now {
+			for i := range paths {
+				if paths[i].Up && paths[i].Unmeasured && s.st[i].vstart <= now {
+					chosen = i
+					break
+				}
+			}
+		}
 		if chosen >= 0 {
 			best, bestStart = chosen, now
 		}

@@ -207,3 +207,44 @@ func TestPlanEqualPathsSendRuns(t *testing.T) {
 		t.Errorf("equal slow paths carried %v with runs up to %d packets: want both, runs of at most 3", got, longest)
 	}
 }
+
+// A slow path whose capacity is still the estimator's guess is given the packets the fast path
+// must wait for, as far as its window lets it, so that it is measured although the queue is too
+// short for it by arrival time; once measured, it is given them no more.
+func TestPlanUnmeasuredPathTakesWhatTheFastPathWaitsFor(t *testing.T) {
+	for _, unmeasured := range []bool{false, true} {
+		s, _ := NewPaced(PacedConfig{})
+		now := int64(time.Second)
+		paths := planPaths()
+		paths[1].Capacity, paths[1].Unmeasured, paths[1].CWnd = 100e6, unmeasured, 64<<10
+		out, _ := plan(t, s, now, paths, 100)
+		fast, slow, firstSlow := 0, 0, -1
+		for k, i := range out {
+			switch i {
+			case 0:
+				fast++
+			case 1:
+				if firstSlow < 0 {
+					firstSlow = k
+				}
+				slow++
+			}
+		}
+		if want := (64 << 10) / 1500; fast != want {
+			t.Errorf("unmeasured %v: fast path sent %d packets now, want its bucket's %d", unmeasured, fast, want)
+		}
+		if !unmeasured {
+			if slow != 0 {
+				t.Errorf("measured slow path given %d packets of a 100-packet queue, want none", slow)
+			}
+			continue
+		}
+		// The slow path takes from right after the fast path's bucket, within its window.
+		if firstSlow != fast {
+			t.Errorf("unmeasured slow path's first packet is number %d, want %d (right after the fast path's)", firstSlow, fast)
+		}
+		if want := (64 << 10) / 1500; slow != want {
+			t.Errorf("unmeasured slow path given %d packets, want its window's %d", slow, want)
+		}
+	}
+}

@@ -57,6 +57,11 @@ type Path struct {
 	CWnd int
 	// MSS is the path's segment size in bytes; 0 means DefaultMSS.
 	MSS int
+	// Unmeasured: Capacity is a capacity estimator's start-up guess, the path not yet having
+	// carried the traffic to measure it by. Paced's Plan gives such a path a packet that every
+	// measured path would make wait, within the path's CWnd, so that it is measured while the
+	// inner flow's window is still too small to reach it by arrival time alone.
+	Unmeasured bool
 	// Backup paths take data only when no other Up path can (MPTCP's backup flag).
 	// WRR and Paced ignore it.
 	Backup bool

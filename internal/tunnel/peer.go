@@ -462,6 +462,7 @@ func (p *peer) snapshotLocked(now int64) bool {
 			// phases): unpaced, it stays at its start-up guess. The window-based schedulers
 			// reason with the delivery rate instead, or a configured capacity.
 			p.snap[i].Capacity, p.snap[i].PaceRate = pp.capEst.Estimate(), pp.capEst.PacingRate()
+			p.snap[i].Unmeasured = !pp.capEst.Measured()
 			if !p.flight {
 				// The queue planner's window: pacing above a rate not yet known (or that has
 				// just dropped) fills the path's queue by at most one window.
