@@ -27,9 +27,11 @@ import (
 // traffic the path carries. The first flow's figure is logged, not bounded. Its startup paces
 // the fast path above its rate for the estimator's first windows; the queue that builds on the
 // link ends the inner TCP's slow start (HyStart sees the delay) and usually overflows it, and
-// from a window of about 100 packets cubic takes some 10 s to grow deep enough into the send
-// queue for the slow path to be worth using (measured: first flow 0.60-0.64 of the sum in most
-// runs, 0.93 in some; the next 0.92-0.93).
+// by arrival time alone the slow path is worth using only once cubic's window is deep enough
+// into the send queue, some 10 s later. The planner gives the slow path, while it is still
+// unmeasured, what the fast one must wait for, so that it is measured in the first seconds
+// (docs/scheduling.md, "A path is measured from the first flow"; measured: first flow 0.70 and
+// 0.92 of the sum, was 0.60-0.64 in most runs; the next 0.94 and 0.94).
 //
 // With 1 % loss, a flow over one path is limited by the loss: cubic's rate goes with
 // MSS/(RTT·√p). Through the tunnel the loss is recovered below TCP (recovery.go): the receiver
