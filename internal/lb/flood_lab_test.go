@@ -51,8 +51,9 @@ var floodSources = netip.MustParsePrefix("64.0.0.0/2")
 // connection connects before, during (after the point where the former table was full) and
 // after the flood. Every legitimate join must reach its connection's backend (none reset,
 // none dropped), and the flows and tokens of the connections established before the flood
-// must survive it. A 64 MiB download through the VIP, checked byte for byte, keeps at least 90 %
-// of the rate it had before the flood (the client's links are 100 Mbit/s each). On the code
+// must survive it. 64 MiB downloads through the VIP, checked byte for byte, keep at least 90 %
+// of the rate they had before the flood (medians: three before, those that fit in the flood
+// during it; the client's links are 100 Mbit/s each). On the code
 // before the fix, the connections made during and after the
 // flood got no second subflow: their tokens found the table full and their joins were dropped.
 func TestLabTokenFlood(t *testing.T) {
@@ -105,10 +106,17 @@ func TestLabTokenFlood(t *testing.T) {
 		t.Fatalf("before the flood: %d of %d joins", j, perWave)
 	}
 	baseline := bal.counters(t)
-	quietRate, err := timedDownload(ctx, l, floodTransferSize)
-	if err != nil {
-		t.Fatalf("download before the flood: %v", err)
+	// The rate before the flood is the median of three downloads: one download on two cores
+	// varies by 10-20 %, as much as the bound allows the flood.
+	var quiet []float64
+	for i := 0; i < 3; i++ {
+		r, err := timedDownload(ctx, l, floodTransferSize)
+		if err != nil {
+			t.Fatalf("download before the flood: %v", err)
+		}
+		quiet = append(quiet, r)
 	}
+	quietRate := median(quiet)
 
 	// The flood.
 	att, err := newAttacker(l)
@@ -123,16 +131,37 @@ func TestLabTokenFlood(t *testing.T) {
 		att.flood(targetRate, floodFor)
 	}()
 	// Watch the token table fill.
-	// A download during the flood, checked byte for byte, from 2 s in (before the second wave).
+	// Downloads during the flood, each checked byte for byte, one after the other from 2 s in
+	// until the flood ends; those that ended within the flood count.
 	type rateErr struct {
-		rate float64
-		err  error
+		rates   []float64
+		started int // downloads begun, the one cut by the flood's end included
+		err     error
 	}
 	floodedc := make(chan rateErr, 1)
 	go func() {
+		var res rateErr
+		defer func() { floodedc <- res }()
 		time.Sleep(2 * time.Second)
-		r, err := timedDownload(ctx, l, floodTransferSize)
-		floodedc <- rateErr{r, err}
+		for {
+			select {
+			case <-floodDone:
+				return
+			default:
+			}
+			res.started++
+			r, err := timedDownload(ctx, l, floodTransferSize)
+			if err != nil {
+				res.err = err
+				return
+			}
+			select {
+			case <-floodDone:
+				return
+			default:
+				res.rates = append(res.rates, r)
+			}
+		}
 	}()
 	var fullAt time.Duration
 	var during []*net.TCPConn
@@ -175,14 +204,21 @@ func TestLabTokenFlood(t *testing.T) {
 	if !duringDone {
 		t.Fatal("the flood ended before the second wave")
 	}
-	// The legitimate transfer beside the flood keeps at least 90 % of its rate, every byte intact.
+	// The legitimate transfers beside the flood keep at least 90 % of their rate (medians),
+	// every byte intact.
 	flooded := <-floodedc
-	if flooded.err != nil {
+	switch {
+	case flooded.err != nil:
 		t.Errorf("download during the flood: %v", flooded.err)
-	} else {
-		t.Logf("download of %d MiB: %.1f Mbit/s before the flood, %.1f during it (%.2f)", floodTransferSize>>20, quietRate/1e6, flooded.rate/1e6, flooded.rate/quietRate)
-		if flooded.rate < 0.9*quietRate {
-			t.Errorf("the download fell to %.2f of its rate under the flood (bound 0.9)", flooded.rate/quietRate)
+	case len(flooded.rates) < 2:
+		t.Errorf("%d downloads of %d MiB ended within the flood (%v Mbit/s); the comparison needs 2",
+			len(flooded.rates), floodTransferSize>>20, mbits(flooded.rates))
+	default:
+		during := median(flooded.rates)
+		t.Logf("downloads of %d MiB: %v Mbit/s before the flood (median %.1f), %v during it (median %.1f): %.2f",
+			floodTransferSize>>20, mbits(quiet), quietRate/1e6, mbits(flooded.rates), during/1e6, during/quietRate)
+		if during < 0.9*quietRate {
+			t.Errorf("the download fell to %.2f of its rate under the flood (bound 0.9)", during/quietRate)
 		}
 	}
 
@@ -222,8 +258,9 @@ func TestLabTokenFlood(t *testing.T) {
 			}
 		}
 	}
-	// Three waves and the two timed downloads.
-	if legit := 3*perWave + 2; total != legit {
+	// Three waves and the timed downloads.
+	legit := 3*perWave + len(quiet) + flooded.started
+	if total != legit {
 		t.Errorf("the backends hold %d connections, want %d", total, legit)
 	}
 	// No reset: the client's MPTCP counters saw none, and every connection still answers from
@@ -243,7 +280,7 @@ func TestLabTokenFlood(t *testing.T) {
 	}
 	// The established subflows' entries and the tokens of the connections from before the
 	// flood survived it.
-	bal.checkSurvivors(t, l, before, beforeWhere, 3*perWave+2)
+	bal.checkSurvivors(t, l, before, beforeWhere, legit)
 	t.Logf("joins on the backends: before %d/%d, during %d/%d, after %d/%d; joins steered %d, dropped (unknown token) %d",
 		joins["before"], perWave, joins["during"], perWave, joins["after"], perWave,
 		final["join_steered"], final["drop_join_unknown_token"])

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"slices"
+	"strconv"
 	"time"
 
 	"braid/internal/experiment/mplb"
@@ -56,4 +58,23 @@ func timedDownload(ctx context.Context, l *lab.Lab, size int) (float64, error) {
 		return 0, err
 	}
 	return float64(size) * 8 / d.Seconds(), nil
+}
+
+// median is the middle of rates (the mean of the two middle ones when their number is even).
+func median(rates []float64) float64 {
+	s := slices.Clone(rates)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// mbits lists rates in Mbit/s, one decimal, for the log.
+func mbits(rates []float64) []string {
+	out := make([]string, len(rates))
+	for i, r := range rates {
+		out[i] = strconv.FormatFloat(r/1e6, 'f', 1, 64)
+	}
+	return out
 }
