@@ -61,6 +61,8 @@ func timedDownload(ctx context.Context, l *lab.Lab, size int) (float64, error) {
 }
 
 // median is the middle of rates (the mean of the two middle ones when their number is even).
+// Not kit.Median: that one takes the upper of the two, which would favour the flooded side,
+// whose number of downloads is often even.
 func median(rates []float64) float64 {
 	s := slices.Clone(rates)
 	slices.Sort(s)
