@@ -22,7 +22,10 @@
 // alone. One PNG per case plots, for the upload through the tunnel with the default scheduler,
 // what each path delivered each second and the flow's goodput.
 //
-// About 46 minutes a run with 60 s flows (42 flows); -quick makes them 5 s.
+// About 46 minutes a run with 60 s flows (42 flows); -quick makes them 5 s. The log gives, for
+// each flow through the tunnel, what each path carried on average. To compare two builds of the
+// tunnel, -alone=false -configured=false -proxy=false -schedulers paced runs only the default
+// scheduler's row (two flows a case), without the ratios, which need the paths alone.
 //
 // Usage: go run ./bench/cellular -braid bin/braid -runs 5 -out bench/out/cellular.md
 package main
@@ -141,6 +144,8 @@ type options struct {
 	schedulers []string // the tunnel rows, in the order of schedulers
 	proxy      bool     // the kernel MPTCP row
 	cc         string   // the flow's sender's congestion control; "" the host's default
+	alone      bool     // the paths-alone rows and their sum
+	configured bool     // the default scheduler with capacities configured
 }
 
 func main() {
@@ -153,6 +158,8 @@ func main() {
 	only := flag.String("case", "", "run only this case (a or b); default: every case")
 	scheds := flag.String("schedulers", strings.Join(schedulers, ","), "the tunnel rows to run: schedulers, comma-separated (the default one also runs with capacities configured)")
 	withProxy := flag.Bool("proxy", true, "run the kernel MPTCP row (through braid proxy)")
+	withAlone := flag.Bool("alone", true, "run the paths-alone rows (and the sum); -alone=false leaves the ratios out: for comparing tunnel builds")
+	withConfigured := flag.Bool("configured", true, "run the default scheduler's row with the capacities configured")
 	cc := flag.String("cc", "", "TCP congestion control of each flow's sender (TCP_CONGESTION: one of net.ipv4.tcp_available_congestion_control); default: the host's")
 	flag.Parse()
 	log.SetFlags(0)
@@ -166,7 +173,7 @@ func main() {
 	if *figures == "" {
 		*figures = filepath.Dir(*out)
 	}
-	o := options{braid: bin, dur: *duration, proxy: *withProxy, cc: *cc}
+	o := options{braid: bin, dur: *duration, proxy: *withProxy, cc: *cc, alone: *withAlone, configured: *withConfigured}
 	ccName := o.cc
 	if ccName == "" {
 		b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_congestion_control")
@@ -249,7 +256,10 @@ func runCase(ctx context.Context, w io.Writer, o options, c cellCase, runs int, 
 		add := func(name string) *row { r := &row{name: name}; rows = append(rows, r); return r }
 		alone := make([]*row, len(c.paths))
 		for i, p := range c.paths {
-			alone[i] = add(p.name + " alone, no tunnel")
+			alone[i] = &row{name: p.name + " alone, no tunnel"}
+			if o.alone {
+				rows = append(rows, alone[i])
+			}
 		}
 		tunnels := make([]*row, len(o.schedulers))
 		for i, s := range o.schedulers {
@@ -260,7 +270,7 @@ func runCase(ctx context.Context, w io.Writer, o options, c cellCase, runs int, 
 			tunnels[i] = add(name + ", capacities measured")
 		}
 		var configured, proxy *row
-		if slices.Contains(o.schedulers, schedulers[0]) {
+		if o.configured && slices.Contains(o.schedulers, schedulers[0]) {
 			configured = add("braid tunnel, " + schedulers[0] + ", capacities = the paths' means")
 		}
 		if o.proxy {
@@ -268,7 +278,9 @@ func runCase(ctx context.Context, w io.Writer, o options, c cellCase, runs int, 
 		}
 		for r := range runs {
 			for i := range c.paths {
-				alone[i].runs = append(alone[i].runs, measureAlone(ctx, o, c, i, reverse))
+				if o.alone {
+					alone[i].runs = append(alone[i].runs, measureAlone(ctx, o, c, i, reverse))
+				}
 			}
 			for i, s := range o.schedulers {
 				res := measureTunnel(ctx, o, c, s, nil, reverse)
@@ -287,6 +299,9 @@ func runCase(ctx context.Context, w io.Writer, o options, c cellCase, runs int, 
 		}
 		sum := &row{name: "sum of the paths alone", sum: true}
 		for r := range runs {
+			if !o.alone {
+				break
+			}
 			var s result
 			for _, a := range alone {
 				s.goodput += a.runs[r].goodput
@@ -331,10 +346,13 @@ func means(c cellCase, reverse bool) []uint64 {
 func printTable(w io.Writer, dir string, rows, alone []*row, sum *row) {
 	gp := func(x result) float64 { return x.goodput }
 	best := 0.0
-	for _, a := range alone {
-		best = max(best, a.med(gp))
+	total := 0.0
+	if len(sum.runs) > 0 {
+		for _, a := range alone {
+			best = max(best, a.med(gp))
+		}
+		total = sum.med(gp)
 	}
-	total := sum.med(gp)
 	fmt.Fprintf(w, "%s:\n\n", strings.ToUpper(dir[:1])+dir[1:])
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	fmt.Fprintln(tw, "| scenario\t| goodput\t| ratio to the sum\t| ratio to the best path\t| RTT p50\t| RTT p95\t| echoes answered\t| retransmissions\t|")
@@ -345,7 +363,10 @@ func printTable(w io.Writer, dir string, rows, alone []*row, sum *row) {
 		}
 		return fmt.Sprintf("%.3f", v/of)
 	}
-	for _, r := range append(rows, sum) {
+	if len(sum.runs) > 0 {
+		rows = append(rows, sum)
+	}
+	for _, r := range rows {
 		g := r.med(gp)
 		if r.sum {
 			fmt.Fprintf(tw, "| %s\t| %.2f Mbit/s\t| 1.000\t| %s\t| -\t| -\t| -\t| -\t|\n", r.name, g/1e6, ratio(g, best))
@@ -418,7 +439,25 @@ func measureTunnel(ctx context.Context, o options, c cellCase, sched string, cap
 	defer pair.Close()
 	defer server(l, o, "10.255.0.2:5201").Stop()
 	f := drive.Flow{Addr: "10.255.0.2:5201", Duration: o.dur, Reverse: reverse, CC: o.cc}
-	return flow(l, l.Links(), func() traffic.BulkResult { return f.Run(ctx, l, o.braid) }, "a", "10.255.0.2", reverse)
+	r := flow(l, l.Links(), func() traffic.BulkResult { return f.Run(ctx, l, o.braid) }, "a", "10.255.0.2", reverse)
+	// What each path carried, in the log: where the aggregate's goodput came from.
+	var carried []string
+	for i, rates := range r.paths {
+		carried = append(carried, fmt.Sprintf("%s %.2f", c.paths[i].name, mean(rates)/1e6))
+	}
+	log.Printf("case %s %s, tunnel %s: %.2f Mbit/s goodput; paths carried (IP Mbit/s) %s", c.id, direction(reverse), sched, r.goodput/1e6, strings.Join(carried, ", "))
+	return r
+}
+
+func mean(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := 0.0
+	for _, x := range v {
+		s += x
+	}
+	return s / float64(len(v))
 }
 
 func measureProxy(ctx context.Context, o options, c cellCase, reverse bool) result {
