@@ -115,10 +115,12 @@ func Up(ctx context.Context, t *topo.Topology, o Options) (l *Lab, err error) {
 	// that nothing created after its sweep is left behind.
 	l.building.Lock()
 	register(l, !o.OwnSignals)
+	// The lab by its own name: an error return sets the result l to nil before this runs.
+	built := l
 	defer func() {
-		l.building.Unlock()
+		built.building.Unlock()
 		if err != nil {
-			l.Close()
+			built.Close()
 			l = nil
 		}
 	}()

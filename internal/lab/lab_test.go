@@ -79,6 +79,27 @@ func TestInvalidTopologyCreatesNothing(t *testing.T) {
 	}
 }
 
+// A build that fails part way (here: its context ended) returns the error, not a crash, and
+// leaves no namespace behind.
+func TestFailedBuildReturnsErrorAndRemovesLab(t *testing.T) {
+	labtest.Require(t)
+	before, _ := netns.List(lab.NamePrefix)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	l, err := lab.Up(ctx, labtest.Pair(topo.Shape{}), lab.Options{})
+	if err == nil || l != nil {
+		l.Close()
+		t.Fatalf("Up with its context ended: lab %v, error %v; want no lab and an error", l, err)
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("error %v, want the context's", err)
+	}
+	after, _ := netns.List(lab.NamePrefix)
+	if len(after) != len(before) {
+		t.Errorf("namespaces before %v, after %v", before, after)
+	}
+}
+
 // The control socket of `braid lab up` changes links for another process.
 func TestControlSocket(t *testing.T) {
 	l := labtest.Up(t, labtest.Pair(topo.Shape{Rate: 10e6}))
