@@ -509,6 +509,10 @@ func (s tunnelSource) WriteMetrics(w *metrics.Writer) {
 			func(p tunnel.PeerStatus) (float64, bool) {
 				return reorderStat(p, func(r *reorder.Stats) uint64 { return r.Lost })
 			}},
+		{"braid_tunnel_peer_reorder_waited_total", "Gaps the peer's reorder buffer held past its hold because a path that was still delivering might bring them.", metrics.Counter,
+			func(p tunnel.PeerStatus) (float64, bool) {
+				return reorderStat(p, func(r *reorder.Stats) uint64 { return r.Waited })
+			}},
 		{"braid_tunnel_peer_reorder_late_total", "Packets that came after the reorder buffer had given up on them (delivered).", metrics.Counter,
 			func(p tunnel.PeerStatus) (float64, bool) {
 				return reorderStat(p, func(r *reorder.Stats) uint64 { return r.Late })

@@ -98,6 +98,7 @@ type peer struct {
 	// rxPath follows the numbering of each of the peer's paths (by the peer's path ID), to
 	// see losses (recovery.go); guarded by mu.
 	rxPath [256]rxPathSeq
+	rxIDs  []uint8 // the path IDs of rxPath that have carried data
 }
 
 // liveSession is a session with its birth time.

@@ -138,6 +138,36 @@ func (r *recovery) take(pp *peerPath, ps uint32, dst []byte) (seq uint32, n int,
 type rxPathSeq struct {
 	next    uint32
 	started bool
+	// The highest data sequence number the path delivered, and when it last delivered one:
+	// what the reorder buffer may still expect from it (peer.inFlightLocked).
+	lastSeq uint32
+	lastAt  int64
+	data    bool
+}
+
+// onSeq notes the data sequence number of a packet that arrived on the path at now.
+func (r *rxPathSeq) onSeq(seq uint32, now int64) {
+	if !r.data || int32(seq-r.lastSeq) > 0 {
+		r.lastSeq = seq
+	}
+	r.data, r.lastAt = true, now
+}
+
+// inFlightLocked is what the reorder buffer's SetInFlight takes: the lowest data sequence
+// number that a path which delivered data within the last MaxHold may still bring (the last
+// it delivered plus one; its packets arrive in order), and whether any did. p.mu is held.
+func (p *peer) inFlightLocked(now int64) (lowest uint32, ok bool) {
+	live := int64(p.t.o.ReorderCfg.Defaults().MaxHold)
+	for _, id := range p.rxIDs {
+		r := &p.rxPath[id]
+		if now-r.lastAt > live {
+			continue
+		}
+		if s := r.lastSeq + 1; !ok || int32(s-lowest) < 0 {
+			lowest, ok = s, true
+		}
+	}
+	return lowest, ok
 }
 
 // onData takes the PathSeq of a data packet that arrived on the path and returns the gap

@@ -10,7 +10,8 @@
 //
 //   - passes in-order packets straight through (no copy into the ring, no wait);
 //   - holds a packet at most the hold time, which the tunnel sets from the paths' RTT spread
-//     (Config.HoldFor), not a fixed worst case;
+//     (Config.HoldFor), not a fixed worst case, except that a gap a path still delivering may
+//     yet bring (SetInFlight) is held up to MaxHold;
 //   - on overflow (packets, bytes or sequence window) releases in order up to the next gap
 //     instead of dropping (tunnels.md section 8);
 //   - delivers late packets (sequence already passed) at once instead of dropping them, because
@@ -182,8 +183,11 @@ type Stats struct {
 	Timeouts   uint64 // forced releases because the oldest packet waited the hold time
 	Overflows  uint64 // forced releases because of MaxPackets, MaxBytes or the sequence window
 	Resets     uint64 // sequence restarts detected
-	Packets    int    // packets held now
-	Bytes      int    // bytes held now
+	// Waited counts the gaps held past the hold because a path might still bring them
+	// (SetInFlight); each is then filled or, at MaxHold, counted in Timeouts and Lost.
+	Waited  uint64
+	Packets int // packets held now
+	Bytes   int // bytes held now
 }
 
 // Slot states. A slot remembers the last sequence number it held even after delivery, which is
@@ -231,6 +235,12 @@ type Buffer[T any] struct {
 	// hold).
 	lostAt, lostWait int64
 	timedOut         bool
+	// SetInFlight: the lowest sequence number a path still delivering may yet bring.
+	inFlight   uint32
+	inFlightOK bool
+	// the gap last counted in Stats.Waited
+	waitedSeq uint32
+	waited    bool
 
 	fifo       []arrival // ring of 2 × len(ring); see push for why that is enough
 	fifoHead   int
@@ -614,18 +624,43 @@ func (b *Buffer[T]) forceOldest(out []T) []T {
 }
 
 // NextDeadline returns when Expire next has work: the arrival of the oldest held packet plus
-// the hold time. ok is false when nothing is held.
+// the hold time (MaxHold while a path may still bring the gap, as SetInFlight last said). ok
+// is false when nothing is held.
 func (b *Buffer[T]) NextDeadline() (at int64, ok bool) {
 	e, ok := b.oldest()
 	if !ok {
 		return 0, false
 	}
+	if b.pending() {
+		return e.at + max(b.hold, int64(b.cfg.MaxHold)), true
+	}
 	return e.at + b.hold, true
+}
+
+// SetInFlight tells the buffer the lowest sequence number that one of the peer's paths, still
+// delivering, may yet bring: the least, over the paths that delivered lately, of the last
+// number each delivered plus one (a path delivers its own packets in order, so it can bring no
+// number below that). ok is false when no path has delivered lately.
+//
+// A gap at or above it may still be on its way on that path, behind the packets the path
+// delivered so far: Expire then holds it up to MaxHold rather than the hold in force. The hold
+// is learnt from the paths' round trips and the gaps of the recent past, which do not show a
+// slow path whose packets are late now (its reader descheduled on a busy host, its queue
+// growing); giving up on such a gap is a loss for TCP inside, and the packet arrives anyway, a
+// few ms later, as a late one. A gap below it can come only as a resend (every path has
+// moved past it), and keeps the hold.
+func (b *Buffer[T]) SetInFlight(lowest uint32, ok bool) {
+	b.inFlight, b.inFlightOK = lowest, ok
+}
+
+// pending reports whether the gap at next may still come on a path (SetInFlight).
+func (b *Buffer[T]) pending() bool {
+	return b.inFlightOK && int32(b.next-b.inFlight) >= 0
 }
 
 // Expire releases every packet that has waited the hold time by now, together with everything
 // before it in sequence order (declaring the gaps lost) and the run after it, and appends them
-// to out in order.
+// to out in order. A gap that a path may still bring (SetInFlight) is held up to MaxHold.
 func (b *Buffer[T]) Expire(now int64, out []T) []T {
 	if b.cfg.Learn && b.start {
 		b.learn(now, 0)
@@ -633,6 +668,13 @@ func (b *Buffer[T]) Expire(now int64, out []T) []T {
 	for {
 		e, ok := b.oldest()
 		if !ok || e.at+b.hold > now {
+			return out
+		}
+		if b.pending() && e.at+int64(b.cfg.MaxHold) > now {
+			if !b.waited || b.waitedSeq != b.next {
+				b.st.Waited++
+				b.waited, b.waitedSeq = true, b.next
+			}
 			return out
 		}
 		b.st.Timeouts++

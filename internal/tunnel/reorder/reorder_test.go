@@ -576,3 +576,41 @@ func BenchmarkPushTwoPaths(b *testing.B) {
 		b.Fatalf("stats %+v", st)
 	}
 }
+
+// A gap that a path still delivering may yet bring is held past the hold, up to MaxHold; once
+// every path has delivered beyond it (or none has lately), the hold applies again.
+func TestExpireWaitsForAPathStillDelivering(t *testing.T) {
+	b := newBuf(t, Config{Hold: 5 * time.Millisecond})
+	wantOut(t, "push 0", push(b, 0, 0), 0)
+	wantOut(t, "push 2", push(b, 0, 2)) // 1 is on the slow path, which delivered 0 at most
+	b.SetInFlight(1, true)
+	if at, ok := b.NextDeadline(); !ok || at != 100*ms {
+		t.Fatalf("NextDeadline = %d, %v; want %d (MaxHold), true", at, ok, 100*ms)
+	}
+	wantOut(t, "expire at the hold", b.Expire(5*ms, nil))
+	wantOut(t, "expire later", b.Expire(50*ms, nil))
+	if st := b.Stats(); st.Waited != 1 || st.Timeouts != 0 || st.Lost != 0 {
+		t.Fatalf("stats %+v: want one gap waited for, none lost", st)
+	}
+	wantOut(t, "the slow path brings 1", push(b, 60*ms, 1), 1, 2)
+
+	// Every path has delivered past 3 and 4 (the lowest any may yet bring is 5): they come
+	// only as resends, and the hold applies.
+	wantOut(t, "push 5", push(b, 61*ms, 5))
+	b.SetInFlight(5, true)
+	wantOut(t, "expire at the hold", b.Expire(66*ms, nil), 5)
+	if st := b.Stats(); st.Lost != 2 || st.Timeouts != 1 {
+		t.Fatalf("stats %+v: want 3 and 4 lost at the hold", st)
+	}
+
+	// Still pending at MaxHold: given up on then.
+	wantOut(t, "push 7", push(b, 70*ms, 7))
+	b.SetInFlight(6, true)
+	wantOut(t, "before MaxHold", b.Expire(169*ms, nil))
+	wantOut(t, "at MaxHold", b.Expire(170*ms, nil), 7)
+
+	// No path delivered lately: the hold.
+	wantOut(t, "push 9", push(b, 200*ms, 9))
+	b.SetInFlight(0, false)
+	wantOut(t, "no path in flight", b.Expire(205*ms, nil), 9)
+}
