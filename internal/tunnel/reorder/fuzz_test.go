@@ -8,8 +8,10 @@ import (
 
 // FuzzReorderHostile pushes a hostile peer's sequence numbers (issue 18 item 16): the input
 // is a list of 7-byte arrivals (a mode, a 32-bit value, a size) that wrap, jump by huge
-// amounts, repeat, go backwards, and are spaced in time by the fuzzer. The buffer must not
-// panic, must never hold more than MaxPackets packets or MaxBytes bytes, must release every
+// amounts, repeat, go backwards, and are spaced in time by the fuzzer, and what the paths
+// claim is in flight (SetInFlight) is arbitrary. The buffer must not panic, must never hold
+// more than MaxPackets packets or MaxBytes bytes, must hold nothing past its deadline after an
+// Expire, must release every
 // packet at most once, and, once flushed, must have released or counted as a duplicate every
 // packet pushed.
 func FuzzReorderHostile(f *testing.F) {
@@ -53,10 +55,16 @@ func FuzzReorderHostile(f *testing.F) {
 			case 3:
 				seq -= v % 4096 // backwards
 			case 4:
-				now += int64(v % uint32(time.Second)) // time passes; expired packets go
+				// Time passes; expired packets go, with whatever the paths claim is still
+				// in flight (below, at or beyond the gap, or nothing).
+				now += int64(v % uint32(time.Second))
+				b.SetInFlight(seq-v%8, v&1 == 0)
 				out = b.Expire(now, out[:0])
 				for _, id := range out {
 					released[id]++
+				}
+				if at, ok := b.NextDeadline(); ok && at <= now {
+					t.Fatalf("after Expire at %d a packet is still due at %d", now, at)
 				}
 				continue
 			}
