@@ -104,7 +104,7 @@ func MeasureProxy(ctx context.Context, l *lab.Lab, quick bool) (ProxyResult, err
 	defer stop()
 	dur, fileSize := 8*time.Second, 8<<20
 	if quick {
-		dur, fileSize = 3*time.Second, 2<<20
+		dur, fileSize = 6*time.Second, 2<<20
 	}
 	fail := func(what string, err error) (ProxyResult, error) {
 		return r, fmt.Errorf("scenario: proxy: %s: %w\n%s\n%s", what, err, p1.Log(), p2.Log())
