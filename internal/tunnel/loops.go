@@ -622,15 +622,13 @@ func (t *Tunnel) deliver(p *peer, from uint8, now int64, pb *packetBuf, off int,
 	pb.off, pb.n = off+mpath.DataPrefixLen, len(inner)
 	p.mu.Lock()
 	rp := &p.rxPath[from]
-	first, lost := rp.onData(pre.PathSeq)
-	if !rp.data {
+	if !rp.started {
 		p.rxIDs = append(p.rxIDs, from)
 	}
-	rp.onSeq(pre.Seq, now)
+	first, lost := rp.onData(pre.PathSeq, pre.Seq, now)
 	if p.rb == nil {
 		ob.add(pb)
 	} else {
-		p.rb.SetInFlight(p.inFlightLocked(now))
 		out := p.rb.Push(now, pre.Seq, len(inner), pb, p.released[:0])
 		p.released = out[:0]
 		p.rxq.add(p, out, ob)
@@ -884,7 +882,7 @@ func (t *Tunnel) timers(ctx context.Context) {
 				p.rb.SetFloor(rtx)
 			}
 			p.rb.SetHold(hold)
-			p.rb.SetInFlight(p.inFlightLocked(now))
+			p.rb.SetInFlight(p.inFlightLocked(now, int64(t.o.ReorderCfg.MaxHold)))
 			released = p.rb.Expire(now, released[:0])
 			p.rxq.add(p, released, ob)
 			p.mu.Unlock()

@@ -142,22 +142,12 @@ type rxPathSeq struct {
 	// what the reorder buffer may still expect from it (peer.inFlightLocked).
 	lastSeq uint32
 	lastAt  int64
-	data    bool
-}
-
-// onSeq notes the data sequence number of a packet that arrived on the path at now.
-func (r *rxPathSeq) onSeq(seq uint32, now int64) {
-	if !r.data || int32(seq-r.lastSeq) > 0 {
-		r.lastSeq = seq
-	}
-	r.data, r.lastAt = true, now
 }
 
 // inFlightLocked is what the reorder buffer's SetInFlight takes: the lowest data sequence
-// number that a path which delivered data within the last MaxHold may still bring (the last
+// number that a path which delivered data within the last live ns may still bring (the last
 // it delivered plus one; its packets arrive in order), and whether any did. p.mu is held.
-func (p *peer) inFlightLocked(now int64) (lowest uint32, ok bool) {
-	live := int64(p.t.o.ReorderCfg.Defaults().MaxHold)
+func (p *peer) inFlightLocked(now, live int64) (lowest uint32, ok bool) {
 	for _, id := range p.rxIDs {
 		r := &p.rxPath[id]
 		if now-r.lastAt > live {
@@ -170,12 +160,16 @@ func (p *peer) inFlightLocked(now int64) (lowest uint32, ok bool) {
 	return lowest, ok
 }
 
-// onData takes the PathSeq of a data packet that arrived on the path and returns the gap
-// before it to report, if any.
-func (r *rxPathSeq) onData(ps uint32) (first uint32, count int) {
+// onData takes a data packet that arrived on the path at now, its PathSeq ps and data sequence
+// number seq, and returns the gap in the path's numbering before it to report, if any.
+func (r *rxPathSeq) onData(ps, seq uint32, now int64) (first uint32, count int) {
+	r.lastAt = now
 	if !r.started {
-		r.started, r.next = true, ps+1
+		r.started, r.next, r.lastSeq = true, ps+1, seq
 		return 0, 0
+	}
+	if int32(seq-r.lastSeq) > 0 {
+		r.lastSeq = seq
 	}
 	d := int64(int32(ps - r.next))
 	switch {

@@ -29,7 +29,7 @@ func TestRxPathSeqGaps(t *testing.T) {
 		{12 + maxNackRun, gap{12, maxNackRun}}, // the longest gap reported
 	}
 	for i, s := range steps {
-		first, count := r.onData(s.ps)
+		first, count := r.onData(s.ps, 0, 0)
 		if count == 0 {
 			first = 0
 		}
@@ -38,8 +38,8 @@ func TestRxPathSeqGaps(t *testing.T) {
 		}
 	}
 	var w rxPathSeq // the numbering wraps
-	w.onData(1<<32 - 2)
-	if first, count := w.onData(1); first != 1<<32-1 || count != 2 {
+	w.onData(1<<32-2, 0, 0)
+	if first, count := w.onData(1, 0, 0); first != 1<<32-1 || count != 2 {
 		t.Errorf("across the wrap: gap %d+%d, want %d+2", first, count, uint32(1<<32-1))
 	}
 }
@@ -118,5 +118,39 @@ func BenchmarkRecoveryRecord(b *testing.B) {
 				r.record(pp, uint32(i), inner, true)
 			}
 		})
+	}
+}
+
+// What the reorder buffer may still expect: the lowest of the numbers after the highest each
+// path that delivered lately has brought (a path's numbers may go down, by resends); a path
+// quiet for longer than live counts for nothing.
+func TestInFlightFromPathsStillDelivering(t *testing.T) {
+	const live = 100
+	p := &peer{}
+	deliver := func(id uint8, ps, seq uint32, now int64) {
+		if !p.rxPath[id].started {
+			p.rxIDs = append(p.rxIDs, id)
+		}
+		p.rxPath[id].onData(ps, seq, now)
+	}
+	if _, ok := p.inFlightLocked(0, live); ok {
+		t.Fatal("in flight before any data")
+	}
+	deliver(1, 7, 10, 0)  // fast path
+	deliver(2, 50, 8, 10) // slow path
+	deliver(1, 8, 12, 20)
+	deliver(2, 51, 5, 30) // a resend of 5: the slow path's highest stays 8
+	if lo, ok := p.inFlightLocked(40, live); !ok || lo != 9 {
+		t.Fatalf("inFlight = %d, %v; want 9 (after the slow path's 8), true", lo, ok)
+	}
+	deliver(1, 9, 14, 120)
+	if lo, ok := p.inFlightLocked(135, live); !ok || lo != 15 {
+		t.Fatalf("inFlight = %d, %v; want 15 once the slow path is quiet past live, true", lo, ok)
+	}
+	if _, ok := p.inFlightLocked(500, live); ok {
+		t.Fatal("in flight with every path quiet past live")
+	}
+	if len(p.rxIDs) != 2 {
+		t.Fatalf("rxIDs %v: want each path once", p.rxIDs)
 	}
 }

@@ -11,9 +11,8 @@ import (
 // amounts, repeat, go backwards, and are spaced in time by the fuzzer, and what the paths
 // claim is in flight (SetInFlight) is arbitrary. The buffer must not panic, must never hold
 // more than MaxPackets packets or MaxBytes bytes, must hold nothing past its deadline after an
-// Expire, must release every
-// packet at most once, and, once flushed, must have released or counted as a duplicate every
-// packet pushed.
+// Expire, must release every packet at most once, and, once flushed, must have released or
+// counted as a duplicate every packet pushed.
 func FuzzReorderHostile(f *testing.F) {
 	arrival := func(mode byte, v uint32, size uint16) []byte {
 		b := []byte{mode, 0, 0, 0, 0, 0, 0}
