@@ -357,6 +357,12 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 		}
 		if c.cycle == 0 {
 			c.excess = probeExcess(c.cfg.ProbeGain, window, cmp.Or(minRTT, rtt))
+			if minRTT > 0 && rtt > minRTT+max(minQueue, minRTT/4) {
+				// A queue stands already (the estimate a little above the path, or a burst
+				// not yet drained): the probe adds to it, so it probes half as far, at least
+				// minProbe (docs/scheduling.md, "Bursts into a short queue").
+				c.excess = max(c.excess/2, minProbe)
+			}
 		}
 	}
 }
@@ -374,6 +380,10 @@ const (
 	collapseShare = 0.8
 	maxDrains     = 3
 )
+
+// minProbe is the least a probe over a standing queue goes above the estimate: what a sample
+// window can still show (a window that would show less than 1 % says nothing).
+const minProbe = 0.01
 
 // probeShown is how far above the estimate a probe's sample shows its delivery when the path
 // has room: the probe's gain starts when the sample before is taken, and what it sends reaches

@@ -381,3 +381,31 @@ func TestCapacityQueueLeavesEstimate(t *testing.T) {
 		t.Fatalf("estimate %.0f after queued samples at %.0f, want no lower", got, 0.95*est)
 	}
 }
+
+// A probe that starts over a standing queue (the round trip well above its minimum, the path
+// delivering all it is sent) goes half as far above the estimate, at least minProbe: the
+// queue it would add to is already partly full. Without a queue the probe is the usual one.
+func TestCapacityProbesLessOverAStandingQueue(t *testing.T) {
+	probeGain := func(queue int64) float64 {
+		c := newCap(t)
+		for c.Phase() != PhaseCruise {
+			step(c, 100e6, math.Inf(1))
+		}
+		for range 2 * (CapacityConfig{}).Defaults().CycleLength {
+			if c.Gain() > 1 {
+				return c.Gain()
+			}
+			est := c.Estimate()
+			c.OnSample(est*c.Gain(), est*c.Gain(), window, rtt+queue, rtt)
+		}
+		t.Fatal("no probe in two cycles")
+		return 0
+	}
+	plain := probeGain(0)
+	if want := 1 + probeExcess(CapacityConfig{}.Defaults().ProbeGain, window, rtt); plain != want {
+		t.Fatalf("probe gain %v without a queue, want %v", plain, want)
+	}
+	if got, want := probeGain(5*int64(1e6)), 1+max((plain-1)/2, minProbe); got != want {
+		t.Errorf("probe gain %v over a 5 ms queue, want %v (half of %v)", got, want, plain)
+	}
+}

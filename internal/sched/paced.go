@@ -95,6 +95,10 @@ type pacedState struct {
 	vflight           float64 // bytes in flight after the packets given so far
 	vstart            int64   // when the path could send the packet being placed
 	varrive           float64 // and when it would arrive
+	// idle: Plan's last walk left the path a packet's worth of tokens that no packet took
+	// (the queue held nothing more for it); the tokens it earns until the next walk are then
+	// capped at idleBurst rather than the bucket.
+	idle bool
 }
 
 // NewPaced returns a Paced scheduler; zero fields of c take their defaults.
@@ -201,10 +205,37 @@ func (s *Paced) refill(now int64, p *Path, st *pacedState) {
 		st.last = now
 	}
 	st.tokens = min(st.tokens, st.burst)
+	if st.idle {
+		st.tokens = min(st.tokens, max(st.rate*float64(s.cfg.BurstTime), idleBurst(s.cfg.MinBurst, st.rate, p.MinRTT)))
+	}
 	if b := p.Uplink; b != nil {
 		b.refill(now, s.cfg)
 	}
 }
+
+// idleBurst is the most a path paced at rate bytes per ns, with base round trip minRTT, banks
+// while the queue has nothing for it (BurstTime at its rate being the least): MinBurst, but no
+// more than a quarter of its bandwidth-delay product once the round trip is known.
+//
+// The bucket holds MinBurst (64 KiB, 10 ms at 50 Mbit/s) so that a device reader woken a few
+// ms late sends what it owes the path at once and keeps the path's rate: with a 2.6 ms bucket
+// on a busy host, a 50 Mbit/s path's estimate stayed at 36-42 Mbit/s (its probes never
+// reached their rate). But a bucket refilled while the traffic inside paused is a burst the
+// path never owed: a link's queue is often about one bandwidth-delay product (a modem's 64
+// packets: 15 ms at 50 Mbit/s), and 64 KiB sent at once on top of the 16 KB it held
+// overflowed it; the losses, resent on the same path into the same full queue, reached the
+// flow inside, whose window then stayed short of where the slower path is used
+// (docs/scheduling.md, "Bursts into a short queue").
+func idleBurst(minBurst int, rate float64, minRTT time.Duration) float64 {
+	b := float64(minBurst)
+	if minRTT > 0 && minRTT <= time.Minute && rate > 0 {
+		b = min(b, max(rate*float64(minRTT)/4, minBurstPackets*DefaultMSS))
+	}
+	return b
+}
+
+// minBurstPackets is the least a bucket holds whatever the path: a few full packets.
+const minBurstPackets = 4
 
 // sync lines the per-path state up with paths, matching by ID. A path seen for the first
 // time starts with a full bucket (set on its first refill); state of paths no longer listed
@@ -460,6 +491,10 @@ func (s *Paced) Plan(now int64, paths []Path, sizes []int, out []int) (wake int6
 				pending--
 			}
 		}
+	}
+	for i := range paths {
+		st := &s.st[i]
+		st.idle = paths[i].Up && st.tokens >= min(float64(DefaultMSS), st.burst)
 	}
 	if pending == 0 {
 		// The rest stayed without a look: they leave no earlier than the soonest path.

@@ -248,3 +248,46 @@ func TestPlanUnmeasuredPathTakesWhatTheFastPathWaitsFor(t *testing.T) {
 		}
 	}
 }
+
+// A path that the queue left with tokens to spare (the traffic inside paused) banks no more than
+// a quarter of its bandwidth-delay product until the next walk: after 50 ms with nothing queued,
+// the 50 Mbit/s path of 10 ms sends 15.6 KB at once, not its 64 KiB bucket, which would
+// overflow a link queue of one bandwidth-delay product that already holds a little. A path
+// the queue kept busy keeps its whole bucket: a reader woken 8 ms late sends the 50 KB it
+// owes the path at once, and the path keeps its rate.
+func TestPlanIdlePathBanksLittle(t *testing.T) {
+	paths := planPaths()[:1]
+	count := func(out []int) (n int) {
+		for _, i := range out {
+			if i == 0 {
+				n++
+			}
+		}
+		return n
+	}
+	t.Run("idle", func(t *testing.T) {
+		s, _ := NewPaced(PacedConfig{})
+		now := int64(time.Second)
+		plan(t, s, now, paths, 100) // the first walk spends the bucket
+		now += int64(50 * time.Millisecond)
+		plan(t, s, now, paths, 1) // the queue had one packet: the path is left tokens to spare
+		now += int64(50 * time.Millisecond)
+		out, _ := plan(t, s, now, paths, 100)
+		// A quarter of 50 Mbit/s × 10 ms: 15625 bytes, 10 whole packets of 1500.
+		if got, want := count(out), 15625/1500; got != want {
+			t.Errorf("after an idle spell the path sent %d packets at once, want %d", got, want)
+		}
+	})
+	t.Run("busy", func(t *testing.T) {
+		s, _ := NewPaced(PacedConfig{})
+		now := int64(time.Second)
+		out, wake := plan(t, s, now, paths, 200)
+		sent := count(out)
+		// The reader comes back 8 ms after the path could send again.
+		now = wake + int64(8*time.Millisecond)
+		out, _ = plan(t, s, now, paths, 200-sent)
+		if got, low := count(out), 8*50e6/8/1e3/1500; float64(got) < low {
+			t.Errorf("a reader 8 ms late sent %d packets at once, want at least the %.0f it owed", got, low)
+		}
+	})
+}

@@ -70,6 +70,7 @@ func TestTunnelUnequalPaths(t *testing.T) {
 			waitUp(t, eps)
 			addr := serve(t, eps[1].host, eps[1].inner4)
 			var res traffic.BulkResult
+			drops := make([]uint64, len(l.Links()))
 			for flow := 1; flow <= 2; flow++ {
 				var err error
 				trace := traceEstimates(eps[0].tunnel, eps[1].tunnel)
@@ -84,6 +85,16 @@ func TestTunnelUnequalPaths(t *testing.T) {
 				for _, s := range res.Samples {
 					fmt.Fprintf(&b, " %.1f", s.BitsPerSecond/1e6)
 				}
+				// What the links' queues dropped in the flow's direction: a burst or a probe
+				// that overflowed a path's queue (docs/scheduling.md, "Bursts into a short
+				// queue").
+				var q strings.Builder
+				for i, lk := range l.Links() {
+					st := lk.Stats(0)
+					fmt.Fprintf(&q, " path %d %d (the queue's peak so far %.0f KB);", i+1, st.DropQueue-drops[i], float64(st.MaxBacklogBytes)/1e3)
+					drops[i] = st.DropQueue
+				}
+				t.Logf("flow %d, packets the links' queues dropped towards the receiver:%s", flow, q.String())
 				c := eps[0].tunnel.Status().Counters
 				t.Logf("flow %d, Mbit/s per second:%s; sender: resent %d, resend budget %d, missed %d, drop_no_path %d",
 					flow, b.String(), c["resent"], c["resend_budget"], c["resend_missed"], c["drop_no_path"])
