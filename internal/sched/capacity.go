@@ -242,7 +242,7 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 	// than at its start has sent more than it delivered whatever the rate: a round trip
 	// lengthened by a CPU stall would make such samples full, and their maximum would walk the
 	// estimate of a slower path, offered only what arrives in time, down to what it was offered.
-	queued := minRTT > 0 && rtt > minRTT+max(minQueue, minRTT/4) && sent >= queuedGrowth*delivered &&
+	queued := queueStands(rtt, minRTT) && sent >= queuedGrowth*delivered &&
 		sent*float64(window)/1e9 >= queuedBits && volume
 	busy := lossy || queued || sent >= c.cfg.BusyShare*pace
 	if lossy {
@@ -314,7 +314,7 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 	case PhaseDrain:
 		// A queue still stands (the round trip is well above its minimum): drain for another
 		// sample, at most maxDrains in all (a busy CPU lengthens round trips too).
-		if minRTT > 0 && rtt > minRTT+max(minQueue, minRTT/4) && c.drains < maxDrains {
+		if queueStands(rtt, minRTT) && c.drains < maxDrains {
 			c.drains++
 			return
 		}
@@ -357,7 +357,7 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 		}
 		if c.cycle == 0 {
 			c.excess = probeExcess(c.cfg.ProbeGain, window, cmp.Or(minRTT, rtt))
-			if minRTT > 0 && rtt > minRTT+max(minQueue, minRTT/4) {
+			if queueStands(rtt, minRTT) {
 				// A queue stands already (the estimate a little above the path, or a burst
 				// not yet drained): the probe adds to it, so it probes half as far, at least
 				// minProbe (docs/scheduling.md, "Bursts into a short queue").
@@ -380,6 +380,12 @@ const (
 	collapseShare = 0.8
 	maxDrains     = 3
 )
+
+// queueStands reports whether a round trip rtt shows a standing queue over the minimum minRTT
+// (0: unknown, no queue): more than minQueue, or a quarter of the minimum, above it.
+func queueStands(rtt, minRTT int64) bool {
+	return minRTT > 0 && rtt > minRTT+max(minQueue, minRTT/4)
+}
 
 // minProbe is the least a probe over a standing queue goes above the estimate: what a sample
 // window can still show (a window that would show less than 1 % says nothing).

@@ -206,7 +206,7 @@ func (s *Paced) refill(now int64, p *Path, st *pacedState) {
 	}
 	st.tokens = min(st.tokens, st.burst)
 	if st.idle {
-		st.tokens = min(st.tokens, max(st.rate*float64(s.cfg.BurstTime), idleBurst(s.cfg.MinBurst, st.rate, p.MinRTT)))
+		st.tokens = min(st.tokens, idleBurst(s.cfg, st.rate, p.MinRTT))
 	}
 	if b := p.Uplink; b != nil {
 		b.refill(now, s.cfg)
@@ -226,15 +226,15 @@ func (s *Paced) refill(now int64, p *Path, st *pacedState) {
 // overflowed it; the losses, resent on the same path into the same full queue, reached the
 // flow inside, whose window then stayed short of where the slower path is used
 // (docs/scheduling.md, "Bursts into a short queue").
-func idleBurst(minBurst int, rate float64, minRTT time.Duration) float64 {
-	b := float64(minBurst)
+func idleBurst(c PacedConfig, rate float64, minRTT time.Duration) float64 {
+	b := float64(c.MinBurst)
 	if minRTT > 0 && minRTT <= time.Minute && rate > 0 {
 		b = min(b, max(rate*float64(minRTT)/4, minBurstPackets*DefaultMSS))
 	}
-	return b
+	return max(b, rate*float64(c.BurstTime))
 }
 
-// minBurstPackets is the least a bucket holds whatever the path: a few full packets.
+// minBurstPackets is the least a path banks while idle: a few full packets.
 const minBurstPackets = 4
 
 // sync lines the per-path state up with paths, matching by ID. A path seen for the first
