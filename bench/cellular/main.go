@@ -445,7 +445,21 @@ func measureTunnel(ctx context.Context, o options, c cellCase, sched string, cap
 	for i, rates := range r.paths {
 		carried = append(carried, fmt.Sprintf("%s %.2f", c.paths[i].name, mean(rates)/1e6))
 	}
-	log.Printf("case %s %s, tunnel %s: %.2f Mbit/s goodput; paths carried (IP Mbit/s) %s", c.id, direction(reverse), sched, r.goodput/1e6, strings.Join(carried, ", "))
+	// And what each path's queue did in the flow's direction (counted from the lab's start,
+	// which the flow follows at once): where the round trips under load come from.
+	dir := 0
+	if reverse {
+		dir = 1
+	}
+	var queues []string
+	for i, lk := range l.Links() {
+		if i < len(c.paths) {
+			st := lk.Stats(dir)
+			queues = append(queues, fmt.Sprintf("%s %d dropped, peak %.0f KB", c.paths[i].name, st.DropQueue, float64(st.MaxBacklogBytes)/1e3))
+		}
+	}
+	log.Printf("case %s %s, tunnel %s: %.2f Mbit/s goodput; paths carried (IP Mbit/s) %s; their queues: %s",
+		c.id, direction(reverse), sched, r.goodput/1e6, strings.Join(carried, ", "), strings.Join(queues, "; "))
 	return r
 }
 
