@@ -23,7 +23,8 @@
 // what each path delivered each second and the flow's goodput.
 //
 // About 46 minutes a run with 60 s flows (42 flows); -quick makes them 5 s. The log gives, for
-// each flow through the tunnel, what each path carried on average. To compare two builds of the
+// each flow through the tunnel, what each path carried on average, what its queue dropped
+// during the flow and the largest backlog it has held. To compare two builds of the
 // tunnel, -alone=false -configured=false -proxy=false -schedulers paced runs only the default
 // scheduler's row (two flows a case), without the ratios, which need the paths alone.
 //
@@ -136,6 +137,8 @@ type result struct {
 	retrans float64
 	samples []float64   // the flow's goodput each second
 	paths   [][]float64 // what each path delivered each second, IP bit/s
+	drops   []uint64    // by path, what its queue dropped during the flow
+	peaks   []uint64    // by path, the largest backlog its queue has held, bytes
 }
 
 type options struct {
@@ -410,6 +413,7 @@ func flow(l *lab.Lab, links []*lab.Link, run func() traffic.BulkResult, pingHost
 	rtts, sent := pinger.Stop()
 	sampler.Stop()
 	r := result{goodput: res.Goodput, retrans: float64(res.Retransmits), paths: sampler.Rates,
+		drops: sampler.Drops, peaks: sampler.PeakBacklog,
 		p50: drive.Percentile(rtts, 0.50), p95: drive.Percentile(rtts, 0.95)}
 	if sent > 0 {
 		r.pingOK = float64(len(rtts)) / float64(sent)
@@ -445,18 +449,11 @@ func measureTunnel(ctx context.Context, o options, c cellCase, sched string, cap
 	for i, rates := range r.paths {
 		carried = append(carried, fmt.Sprintf("%s %.2f", c.paths[i].name, mean(rates)/1e6))
 	}
-	// And what each path's queue did in the flow's direction (counted from the lab's start,
-	// which the flow follows at once): where the round trips under load come from.
-	dir := 0
-	if reverse {
-		dir = 1
-	}
+	// And what each path's queue did in the flow's direction: where the round trips under
+	// load come from.
 	var queues []string
-	for i, lk := range l.Links() {
-		if i < len(c.paths) {
-			st := lk.Stats(dir)
-			queues = append(queues, fmt.Sprintf("%s %d dropped, peak %.0f KB", c.paths[i].name, st.DropQueue, float64(st.MaxBacklogBytes)/1e3))
-		}
+	for i, p := range c.paths {
+		queues = append(queues, fmt.Sprintf("%s %d dropped, peak %.0f KB", p.name, r.drops[i], float64(r.peaks[i])/1e3))
 	}
 	log.Printf("case %s %s, tunnel %s: %.2f Mbit/s goodput; paths carried (IP Mbit/s) %s; their queues: %s",
 		c.id, direction(reverse), sched, r.goodput/1e6, strings.Join(carried, ", "), strings.Join(queues, "; "))

@@ -171,18 +171,26 @@ func Percentile(v []time.Duration, p float64) time.Duration {
 }
 
 // LinkSampler records, every second, the IP bytes per second each of a lab's links delivered
-// in one direction (0: A to B, 1: B to A), from the emulator's counters.
+// in one direction (0: A to B, 1: B to A), from the emulator's counters, and at Stop what each
+// link's queue did while it sampled.
 type LinkSampler struct {
 	links []*lab.Link
 	dir   int
 	Rates [][]float64 // by link, bit/s per second
-	stop  chan struct{}
-	done  chan struct{}
+	// By link, set by Stop: the packets its queue dropped while sampling, and the largest
+	// backlog it has held (the emulator keeps only the link's lifetime peak), in bytes.
+	Drops, PeakBacklog []uint64
+	drops0             []uint64
+	stop               chan struct{}
+	done               chan struct{}
 }
 
 // SampleLinks starts sampling links in direction dir.
 func SampleLinks(links []*lab.Link, dir int) *LinkSampler {
 	s := &LinkSampler{links: links, dir: dir, Rates: make([][]float64, len(links)), stop: make(chan struct{}), done: make(chan struct{})}
+	for _, lk := range links {
+		s.drops0 = append(s.drops0, lk.Stats(dir).DropQueue)
+	}
 	go func() {
 		defer close(s.done)
 		prev := make([]uint64, len(links))
@@ -207,5 +215,13 @@ func SampleLinks(links []*lab.Link, dir int) *LinkSampler {
 	return s
 }
 
-// Stop ends the sampling; Rates is complete afterwards.
-func (s *LinkSampler) Stop() { close(s.stop); <-s.done }
+// Stop ends the sampling; Rates, Drops and PeakBacklog are complete afterwards.
+func (s *LinkSampler) Stop() {
+	close(s.stop)
+	<-s.done
+	for i, lk := range s.links {
+		st := lk.Stats(s.dir)
+		s.Drops = append(s.Drops, st.DropQueue-s.drops0[i])
+		s.PeakBacklog = append(s.PeakBacklog, st.MaxBacklogBytes)
+	}
+}

@@ -158,15 +158,13 @@ func TestLispHostileFlood(t *testing.T) {
 	var quietS, floodS []float64
 	samples := func(r traffic.BulkResult, into *[]float64) {
 		var per []string
-		for _, s := range r.Samples {
-			per = append(per, fmt.Sprintf("%.1f", s.BitsPerSecond/1e6))
-		}
-		t.Logf("%v; seconds: %s Mbit/s", r, strings.Join(per, " "))
 		for i, s := range r.Samples {
+			per = append(per, fmt.Sprintf("%.1f", s.BitsPerSecond/1e6))
 			if i > 0 {
 				*into = append(*into, s.BitsPerSecond)
 			}
 		}
+		t.Logf("%v; seconds: %s Mbit/s", r, strings.Join(per, " "))
 	}
 	var file traffic.FileResult
 	var ms0, ms1, x0, x1 map[string]uint64
