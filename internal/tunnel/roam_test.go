@@ -441,9 +441,19 @@ func TestRoamLearnedPathLimit(t *testing.T) {
 		c := s.hub.Status().Counters
 		return c["paths_learned"] == 1 && c["drop_path_limit"] > 0
 	})
+	// Up at both ends: the branch sends only on a path it sees up (one run in about fifty
+	// sent the first packet before its own view of the path came up: drop_no_path).
 	roamWait(t, "the learned path up", func() bool {
 		ps := hubPaths(s)
-		return len(ps) == 1 && ps[0].State == "up"
+		if len(ps) != 1 || ps[0].State != "up" {
+			return false
+		}
+		for _, p := range s.branch.Status().Peers[0].Paths {
+			if p.State == "up" {
+				return true
+			}
+		}
+		return false
 	})
 	crosses(t, s, 4)
 	if n := len(hubPaths(s)); n != 1 {
