@@ -414,7 +414,7 @@ func flow(l *lab.Lab, links []*lab.Link, run func() traffic.BulkResult, pingHost
 	sampler.Stop()
 	r := result{goodput: res.Goodput, retrans: float64(res.Retransmits), paths: sampler.Rates,
 		drops: sampler.Drops, peaks: sampler.PeakBacklog,
-		p50: drive.Percentile(rtts, 0.50), p95: drive.Percentile(rtts, 0.95)}
+		p50: kit.Percentile(rtts, 0.50), p95: kit.Percentile(rtts, 0.95)}
 	if sent > 0 {
 		r.pingOK = float64(len(rtts)) / float64(sent)
 	}

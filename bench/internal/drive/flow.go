@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"net"
 	"os/exec"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -157,17 +156,6 @@ func icmpChecksum(b []byte) uint16 {
 		s = s>>16 + s&0xffff
 	}
 	return ^uint16(s)
-}
-
-// Percentile returns the p-th percentile (0..1, nearest rank) of v, 0 for none.
-func Percentile(v []time.Duration, p float64) time.Duration {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	i := int(p*float64(len(s))+0.5) - 1
-	return s[min(max(i, 0), len(s)-1)]
 }
 
 // LinkSampler records, every second, the IP bytes per second each of a lab's links delivered

@@ -2,7 +2,9 @@ package kit
 
 import (
 	"math"
+	"slices"
 	"sort"
+	"time"
 )
 
 // Median returns the median of v (the upper one of an even count), 0 for none.
@@ -13,6 +15,17 @@ func Median(v []float64) float64 {
 	s := append([]float64(nil), v...)
 	sort.Float64s(s)
 	return s[len(s)/2]
+}
+
+// Percentile returns the p-th percentile (0..1, nearest rank) of v, 0 for none.
+func Percentile(v []time.Duration, p float64) time.Duration {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	i := int(p*float64(len(s))+0.5) - 1
+	return s[min(max(i, 0), len(s)-1)]
 }
 
 // MeanCI returns the mean and the half-width of its 95 % confidence interval (Student t).
