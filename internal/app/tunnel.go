@@ -397,7 +397,7 @@ func braidOptions(cfg *config.Tunnel, dev tunnel.Device, mtu int, uplinks []tunn
 	o := tunnel.Options{
 		PrivateKey: cfg.Braid.PrivateKey, Device: dev, MTU: mtu, Logger: log, Uplinks: uplinks,
 		Path:    path.Config{ProbeInterval: cfg.Braid.ProbeInterval, DownAfter: cfg.Braid.DownAfter},
-		Reorder: cfg.Braid.Reorder.Enabled, Recovery: cfg.Braid.LossRecovery, Cleartext: !cfg.Braid.Encryption,
+		Reorder: cfg.Braid.Reorder.Enabled, Recovery: cfg.Braid.LossRecovery, SparseFlows: cfg.Braid.SparseFlows, Cleartext: !cfg.Braid.Encryption,
 		Ciphers: cipherSet(cfg.Braid.Cipher),
 		ReorderCfg: reorder.Config{MaxPackets: cfg.Braid.Reorder.MaxPackets, MaxBytes: cfg.Braid.Reorder.MaxBytes,
 			MaxHold: cfg.Braid.Reorder.MaxHold},
@@ -516,6 +516,10 @@ func (s tunnelSource) WriteMetrics(w *metrics.Writer) {
 		{"braid_tunnel_peer_reorder_late_total", "Packets that came after the reorder buffer had given up on them (delivered).", metrics.Counter,
 			func(p tunnel.PeerStatus) (float64, bool) {
 				return reorderStat(p, func(r *reorder.Stats) uint64 { return r.Late })
+			}},
+		{"braid_tunnel_peer_reorder_placed_total", "Packets of sparse flows delivered at once, ahead of other flows' gaps (sparse_flows).", metrics.Counter,
+			func(p tunnel.PeerStatus) (float64, bool) {
+				return reorderStat(p, func(r *reorder.Stats) uint64 { return r.Placed })
 			}},
 	} {
 		for _, ps := range st.Peers {

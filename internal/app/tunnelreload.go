@@ -196,6 +196,7 @@ func restartOnly(old, cur *config.Tunnel) error {
 		check("reorder", a.Reorder, b.Reorder)
 		check("shards", a.Shards, b.Shards)
 		check("loss_recovery", a.LossRecovery, b.LossRecovery)
+		check("sparse_flows", a.SparseFlows, b.SparseFlows)
 		check("encryption", a.Encryption, b.Encryption)
 		check("cipher", a.Cipher, b.Cipher)
 	}

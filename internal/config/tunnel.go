@@ -230,6 +230,10 @@ type BraidSettings struct {
 	// reports lost, and reports the losses this side sees, so that a random loss on one path
 	// does not reach the flows inside the tunnel (the default; docs/scheduling.md).
 	LossRecovery bool
+	// SparseFlows sends the packets of sparse flows (pings, DNS, voice, handshakes) on
+	// every path and delivers the first copy at once (the default; docs/scheduling.md,
+	// "Sparse flows").
+	SparseFlows bool
 	// Encryption of data packets (the default). Off, data is still authenticated (Poly1305
 	// under the session key, replay window and all) but travels in clear: for links that are
 	// already protected below, where the cipher's CPU is better spent elsewhere. Control
@@ -359,6 +363,7 @@ func BraidDefaults() BraidSettings {
 	return BraidSettings{
 		Encryption:    true,
 		LossRecovery:  true,
+		SparseFlows:   true,
 		ProbeInterval: 50 * time.Millisecond,
 		DownAfter:     250 * time.Millisecond,
 		Reorder: Reorder{
@@ -490,6 +495,7 @@ type fileTunnel struct {
 	DownAfter         any          `toml:"down_after"`
 	Reorder           *bool        `toml:"reorder"`
 	LossRecovery      *bool        `toml:"loss_recovery"`
+	SparseFlows       *bool        `toml:"sparse_flows"`
 	Encryption        *bool        `toml:"encryption"`
 	Cipher            *string      `toml:"cipher"`
 	ReorderMaxPackets *int64       `toml:"reorder_max_packets"`
@@ -599,6 +605,7 @@ func (l *loader) tunnel(f *fileTunnel) *Tunnel {
 			{"down_after", f.DownAfter != nil},
 			{"reorder", f.Reorder != nil},
 			{"loss_recovery", f.LossRecovery != nil},
+			{"sparse_flows", f.SparseFlows != nil},
 			{"encryption", f.Encryption != nil},
 			{"cipher", f.Cipher != nil},
 			{"reorder_max_packets", f.ReorderMaxPackets != nil},
@@ -662,6 +669,9 @@ func (l *loader) braid(b *BraidSettings, f *fileTunnel) {
 	}
 	if f.LossRecovery != nil {
 		b.LossRecovery = *f.LossRecovery
+	}
+	if f.SparseFlows != nil {
+		b.SparseFlows = *f.SparseFlows
 	}
 	if f.Cipher != nil && *f.Cipher != "auto" {
 		if _, err := session.ParseCipher(*f.Cipher); err != nil {

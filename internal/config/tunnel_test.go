@@ -118,6 +118,7 @@ func TestLoadExamples(t *testing.T) {
 			PrivateKeyFile: "/etc/braid/site-a.key",
 			Encryption:     true,
 			LossRecovery:   true,
+			SparseFlows:    true,
 			ProbeInterval:  50 * ms,
 			DownAfter:      300 * ms,
 			Reorder:        Reorder{Enabled: true, MaxPackets: 4096, MaxBytes: 4 << 20, MaxHold: 100 * ms},
@@ -488,6 +489,10 @@ path = [{ uplink = "fibre", remote = "198.51.100.1:4754" }]` + mark + `
 		`tunnel: encryption is a braid-mode key; mode is "mpt"`},
 	{"encryption not a boolean", edit(minimal, "[tunnel]\n", "[tunnel]\nencryption = \"off\""+mark+"\n"),
 		`encryption`},
+	{"sparse_flows in mpt mode", edit(minimalMPT, "[tunnel]\n", "[tunnel]\nsparse_flows = false"+mark+"\n"),
+		`tunnel: sparse_flows is a braid-mode key; mode is "mpt"`},
+	{"sparse_flows not a boolean", edit(minimal, "[tunnel]\n", "[tunnel]\nsparse_flows = 1"+mark+"\n"),
+		`sparse_flows`},
 	{"probe in mpt mode", edit(minimalMPT, "[tunnel]\n", "[tunnel]\nprobe_interval = \"10ms\""+mark+"\n"),
 		`tunnel: probe_interval is a braid-mode key; mode is "mpt"`},
 	{"public key in mpt mode", edit(minimalMPT, `name = "server"`, `name = "server"`+"\npublic_key = \""+pubB+"\""+mark),
@@ -792,17 +797,27 @@ func FuzzLoadTunnel(f *testing.F) {
 	})
 }
 
-func TestEncryptionOff(t *testing.T) {
-	for _, tc := range []struct {
-		file string
-		want bool
-	}{{minimal, true}, {edit(minimal, "[tunnel]\n", "[tunnel]\nencryption = false\n"), false}} {
-		tun, err := LoadTunnel("site.toml", []byte(tc.file), newEnv())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if tun.Braid.Encryption != tc.want {
-			t.Errorf("encryption %v, want %v", tun.Braid.Encryption, tc.want)
+// The braid-mode switches that are on by default turn off in the site file.
+func TestSwitchesOff(t *testing.T) {
+	for _, key := range []struct {
+		name string
+		get  func(*BraidSettings) bool
+	}{
+		{"encryption", func(b *BraidSettings) bool { return b.Encryption }},
+		{"sparse_flows", func(b *BraidSettings) bool { return b.SparseFlows }},
+		{"loss_recovery", func(b *BraidSettings) bool { return b.LossRecovery }},
+	} {
+		for _, tc := range []struct {
+			file string
+			want bool
+		}{{minimal, true}, {edit(minimal, "[tunnel]\n", "[tunnel]\n"+key.name+" = false\n"), false}} {
+			tun, err := LoadTunnel("site.toml", []byte(tc.file), newEnv())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := key.get(tun.Braid); got != tc.want {
+				t.Errorf("%s %v, want %v", key.name, got, tc.want)
+			}
 		}
 	}
 }

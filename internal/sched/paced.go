@@ -509,6 +509,21 @@ func (s *Paced) Plan(now int64, paths []Path, sizes []int, out []int) (wake int6
 	return wake, true
 }
 
+// Charge counts size bytes sent on path i of the paths Plan was last given, outside the plan
+// (a copy of a sparse flow's packet): they take the path's tokens, and its uplink's, as a
+// planned packet's do, as debt when the bucket is short, so that what the path is fed stays
+// at its rate. Unaccounted, 1 % more than the plan on a path paced at its capacity grows the
+// link's queue until the packets the plan gave the path arrive later than it planned.
+func (s *Paced) Charge(paths []Path, i, size int) {
+	if i < 0 || i >= len(paths) || i >= len(s.st) || !paths[i].Up {
+		return
+	}
+	s.st[i].tokens -= float64(size)
+	if b := paths[i].Uplink; b.limits() {
+		b.tokens -= float64(size)
+	}
+}
+
 // planSlack is how much later than by its best path a packet may arrive by a path that can send
 // it now, rather than wait: the device reader comes back no sooner than a few hundred µs, and
 // paths whose delays differ by less than this count as equal (they split by their shares).

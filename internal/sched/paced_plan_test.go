@@ -291,3 +291,28 @@ func TestPlanIdlePathBanksLittle(t *testing.T) {
 		}
 	})
 }
+
+// What is sent on a path outside the plan (Charge: a sparse flow's copy) takes the path's
+// tokens: the bytes the next plan gives the path now are fewer by as much.
+func TestPlanChargeTakesTokens(t *testing.T) {
+	sent := func(charge int) int {
+		s, _ := NewPaced(PacedConfig{})
+		now := int64(time.Second)
+		paths := planPaths()[:1]
+		plan(t, s, now, paths, 100) // a busy path: its bucket spent, no idle cap
+		s.Charge(paths, 0, charge)
+		now += int64(10 * time.Millisecond) // 62.5 KB at 50 Mbit/s
+		out, _ := plan(t, s, now, paths, 100)
+		n := 0
+		for _, i := range out {
+			if i == 0 {
+				n++
+			}
+		}
+		return n
+	}
+	without, with := sent(0), sent(15*1500)
+	if without-with != 15 {
+		t.Errorf("after a charge of 15 packets' worth, the plan sent %d packets now against %d without: want 15 fewer", with, without)
+	}
+}

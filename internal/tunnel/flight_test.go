@@ -102,3 +102,32 @@ func TestWindow(t *testing.T) {
 		}
 	}
 }
+
+// The budget of sparse flows' packets starts full, refills at its rate up to its burst, and
+// stays right after any gap, however long (a tunnel up for days before its first sparse packet
+// must not overflow the refill).
+func TestSparseBudget(t *testing.T) {
+	const rate, burst = sparseCopyRate, sparseCopyBurst
+	var b budget
+	day := int64(24 * time.Hour)
+	now := 30 * day
+	n := 0
+	for b.take(now, 1000, rate, burst) {
+		n++
+	}
+	if n != burst/1000 {
+		t.Fatalf("took %d packets of 1000 bytes at once, want the burst's %d", n, burst/1000)
+	}
+	now += int64(8 * time.Millisecond) // 1000 bytes at 125 kB/s
+	if !b.take(now, 1000, rate, burst) || b.take(now, 1000, rate, burst) {
+		t.Fatal("8 ms after the burst: want exactly one packet of 1000 bytes")
+	}
+	now += 300 * day
+	n = 0
+	for b.take(now, 1000, rate, burst) {
+		n++
+	}
+	if n != burst/1000 {
+		t.Fatalf("after 300 days: took %d packets, want %d", n, burst/1000)
+	}
+}

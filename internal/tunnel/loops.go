@@ -211,12 +211,13 @@ func (t *Tunnel) sendData(tx *txState, b []byte, n int) {
 		t.stats.DropNoPath.Add(1)
 		return
 	}
-	t.emit(tx, p, pp, b, n, p.txSeq.Add(1), now)
+	t.emit(tx, p, pp, b, n, p.txSeq.Add(1), now, 0)
 }
 
 // emit seals the inner packet at b[headroom:headroom+n], number seq of the peer's sequence,
-// into pp's batch (b[:headroom] is scratch for its headers).
-func (t *Tunnel) emit(tx *txState, p *peer, pp *peerPath, b []byte, n int, seq uint32, now int64) {
+// into pp's batch (b[:headroom] is scratch for its headers); flags are the header's
+// (mpath.FlagSparse or none; emit adds FlagClear).
+func (t *Tunnel) emit(tx *txState, p *peer, pp *peerPath, b []byte, n int, seq uint32, now int64, flags uint16) {
 	ls := p.cur.Load()
 	if ls == nil {
 		t.stats.DropNoSession.Add(1)
@@ -230,9 +231,12 @@ func (t *Tunnel) emit(tx *txState, p *peer, pp *peerPath, b []byte, n int, seq u
 	g := greBraid
 	g.Key = ls.s.RemoteIndex
 	g.Encode(b[:greLen])
-	h := mpath.Header{Type: mpath.TypeData, Path: pp.id, Counter: counter}
+	if ls.s.Version < session.V3 {
+		flags &^= mpath.FlagSparse // queued before the session changed to an older peer's
+	}
+	h := mpath.Header{Type: mpath.TypeData, Path: pp.id, Flags: flags, Counter: counter}
 	if t.o.Cleartext {
-		h.Flags = mpath.FlagClear
+		h.Flags |= mpath.FlagClear
 	}
 	h.Encode(b[greLen : greLen+mpath.HeaderLen])
 	pre := mpath.DataPrefix{Seq: seq, PathSeq: p.rtx.record(pp, seq, b[headroom:headroom+n], true)}
@@ -548,7 +552,10 @@ func (t *Tunnel) receive(u *uplink, src netip.AddrPort, b []byte, ob *outbox) {
 	}
 	p.mu.Unlock()
 	if h.Type == mpath.TypeData {
-		t.deliver(p, h.Path, now, pb, aadLen, pt, ob)
+		// A sparse flow's packet is delivered at once: in a session of version 3 the
+		// sender says which (FlagSparse); an older peer's, this side's meter tells.
+		sparse := h.Flags&mpath.FlagSparse != 0
+		t.deliver(p, h.Path, now, pb, aadLen, pt, ob, sparse, !sparse && ref.s.Version < session.V3)
 		return
 	}
 	defer t.putBuf(pb)
@@ -601,7 +608,10 @@ func (t *Tunnel) receive(u *uplink, src netip.AddrPort, b []byte, ob *outbox) {
 
 // deliver passes an inner packet (in pb, which it takes) to ob, through the reorder buffer
 // when it is on, and reports a loss on the peer's path from (its ID) that the packet reveals.
-func (t *Tunnel) deliver(p *peer, from uint8, now int64, pb *packetBuf, off int, pt []byte, ob *outbox) {
+// sparse: the sender sent it as a sparse flow's (ahead of its turn, on every path): it goes
+// to ob at once, and says nothing of what its path may still bring. meter: the peer does not
+// mark its sparse flows (protocol version 2); this side's meter finds them, if Options.SparseFlows.
+func (t *Tunnel) deliver(p *peer, from uint8, now int64, pb *packetBuf, off int, pt []byte, ob *outbox, sparse, meter bool) {
 	var pre mpath.DataPrefix
 	if _, err := pre.Decode(pt); err != nil {
 		t.putBuf(pb)
@@ -625,10 +635,25 @@ func (t *Tunnel) deliver(p *peer, from uint8, now int64, pb *packetBuf, off int,
 	if !rp.started {
 		p.rxIDs = append(p.rxIDs, from)
 	}
-	first, lost := rp.onData(pre.PathSeq, pre.Seq, now)
-	if p.rb == nil {
+	first, lost := rp.onData(pre.PathSeq, pre.Seq, now, !sparse)
+	if !sparse && meter && t.o.SparseFlows && p.rb != nil && !p.rb.Seen(pre.Seq) {
+		sparse = p.rxSparse.Sparse(now, inner)
+	}
+	switch {
+	case p.rb == nil:
 		ob.add(pb)
-	} else {
+	case sparse:
+		// A sparse flow's packet goes out at once, not behind other flows' gaps; its
+		// number keeps its place, so that the other copies are dropped.
+		out, dup := p.rb.Place(now, pre.Seq, p.released[:0])
+		p.released = out[:0]
+		if dup {
+			t.putBuf(pb)
+		} else {
+			ob.add(pb)
+		}
+		p.rxq.add(p, out, ob)
+	default:
 		out := p.rb.Push(now, pre.Seq, len(inner), pb, p.released[:0])
 		p.released = out[:0]
 		p.rxq.add(p, out, ob)
@@ -760,7 +785,7 @@ func (t *Tunnel) onInit(u *uplink, src netip.AddrPort, id uint8, msg []byte) {
 	p.lastInit = in.Timestamp
 	p.initSeen.record(msg, t.now(), id)
 	idx := t.reserveIndex(p)
-	resp, keys, err := in.Respond(idx, t.o.Ciphers)
+	resp, keys, err := in.RespondSpeaking(idx, t.o.Ciphers, t.o.speaks())
 	if err != nil {
 		t.dropIndex(idx)
 		p.mu.Unlock()
@@ -768,7 +793,7 @@ func (t *Tunnel) onInit(u *uplink, src netip.AddrPort, id uint8, msg []byte) {
 		case errors.Is(err, session.ErrVersion):
 			t.stats.DropVersion.Add(1)
 			if !p.versionWarned.Swap(true) {
-				t.log.Warn("handshake refused: no protocol version both sites speak (upgrade the older one)", "peer", p.name, "peer_speaks", in.Versions, "we_speak", session.Supported)
+				t.log.Warn("handshake refused: no protocol version both sites speak (upgrade the older one)", "peer", p.name, "peer_speaks", in.Versions, "we_speak", t.o.speaks())
 			}
 		case errors.Is(err, session.ErrNoCipher):
 			t.stats.DropHandshake.Add(1)

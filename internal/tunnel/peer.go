@@ -13,6 +13,7 @@ import (
 	"braid/internal/tunnel/path"
 	"braid/internal/tunnel/reorder"
 	"braid/internal/tunnel/session"
+	"braid/internal/tunnel/sparse"
 	"braid/internal/wire/mpath"
 )
 
@@ -89,6 +90,7 @@ type peer struct {
 	rb            *reorder.Buffer[*packetBuf]
 	released      []*packetBuf
 	rxq           rxQueue      // what rb released, on its way to the device (p.mu)
+	rxSparse      sparse.Meter // the peer's flows as received (p.mu; Options.SparseFlows)
 	outer         atomic.Int64 // outer IP and UDP header bytes: 28, or 48 when a path is IPv6
 	q             txQueue      // packets waiting to be sent (the device reader's only)
 	// the send queue's depth as of the device reader's last change, for the status
@@ -518,7 +520,7 @@ func (p *peer) handshake(now int64) {
 		p.t.dropIndex(p.hsIndex)
 	}
 	idx := p.t.reserveIndex(p)
-	hs, msg, err := session.Initiate(p.t.priv, p.pub, idx, p.t.o.Ciphers, time.Now())
+	hs, msg, err := session.InitiateSpeaking(p.t.priv, p.pub, idx, p.t.o.Ciphers, p.t.o.speaks(), time.Now())
 	if err != nil {
 		p.t.dropIndex(idx)
 		p.mu.Unlock()

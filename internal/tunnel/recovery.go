@@ -150,8 +150,8 @@ type rxPathSeq struct {
 func (p *peer) inFlightLocked(now, live int64) (lowest uint32, ok bool) {
 	for _, id := range p.rxIDs {
 		r := &p.rxPath[id]
-		if now-r.lastAt > live {
-			continue
+		if r.lastAt == 0 || now-r.lastAt > live {
+			continue // nothing in order delivered lately (now is never 0)
 		}
 		if s := r.lastSeq + 1; !ok || int32(s-lowest) < 0 {
 			lowest, ok = s, true
@@ -162,13 +162,22 @@ func (p *peer) inFlightLocked(now, live int64) (lowest uint32, ok bool) {
 
 // onData takes a data packet that arrived on the path at now, its PathSeq ps and data sequence
 // number seq, and returns the gap in the path's numbering before it to report, if any.
-func (r *rxPathSeq) onData(ps, seq uint32, now int64) (first uint32, count int) {
-	r.lastAt = now
+// ordered is false for a sparse flow's packet, which was sent ahead of its turn: it says
+// nothing of which numbers the path may still bring (inFlightLocked).
+func (r *rxPathSeq) onData(ps, seq uint32, now int64, ordered bool) (first uint32, count int) {
+	if ordered {
+		r.lastAt = now
+	}
 	if !r.started {
-		r.started, r.next, r.lastSeq = true, ps+1, seq
+		r.started, r.next = true, ps+1
+		if ordered {
+			r.lastSeq = seq
+		} else {
+			r.lastSeq = seq - 1<<30 // nothing delivered in order yet: lastAt stays 0
+		}
 		return 0, 0
 	}
-	if int32(seq-r.lastSeq) > 0 {
+	if ordered && int32(seq-r.lastSeq) > 0 {
 		r.lastSeq = seq
 	}
 	d := int64(int32(ps - r.next))

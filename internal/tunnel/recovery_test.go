@@ -29,7 +29,7 @@ func TestRxPathSeqGaps(t *testing.T) {
 		{12 + maxNackRun, gap{12, maxNackRun}}, // the longest gap reported
 	}
 	for i, s := range steps {
-		first, count := r.onData(s.ps, 0, 0)
+		first, count := r.onData(s.ps, 0, 0, true)
 		if count == 0 {
 			first = 0
 		}
@@ -37,9 +37,27 @@ func TestRxPathSeqGaps(t *testing.T) {
 			t.Errorf("step %d, PathSeq %d: gap %d+%d, want %d+%d", i, s.ps, first, count, s.want.first, s.want.count)
 		}
 	}
+	// A sparse flow's packet, sent ahead of its turn, still counts in the path's numbering
+	// but says nothing of the data numbers the path may bring: the path's lowest still to
+	// come stays where the ordered packets left it.
+	p := &peer{}
+	p.rxIDs = []uint8{0}
+	q := &p.rxPath[0]
+	q.onData(0, 500, 1, false)
+	if _, ok := p.inFlightLocked(1, 1000); ok {
+		t.Error("after a sparse packet alone, the path counts as delivering")
+	}
+	q.onData(1, 100, 2, true)
+	q.onData(2, 900, 3, false)
+	if first, count := q.onData(4, 101, 4, true); first != 3 || count != 1 {
+		t.Errorf("a gap after a sparse packet: %d+%d, want 3+1", first, count)
+	}
+	if lowest, ok := p.inFlightLocked(5, 1000); !ok || lowest != 102 {
+		t.Errorf("lowest still to come on the path %d (%v), want 102", lowest, ok)
+	}
 	var w rxPathSeq // the numbering wraps
-	w.onData(1<<32-2, 0, 0)
-	if first, count := w.onData(1, 0, 0); first != 1<<32-1 || count != 2 {
+	w.onData(1<<32-2, 0, 0, true)
+	if first, count := w.onData(1, 0, 0, true); first != 1<<32-1 || count != 2 {
 		t.Errorf("across the wrap: gap %d+%d, want %d+2", first, count, uint32(1<<32-1))
 	}
 }
@@ -131,7 +149,7 @@ func TestInFlightFromPathsStillDelivering(t *testing.T) {
 		if !p.rxPath[id].started {
 			p.rxIDs = append(p.rxIDs, id)
 		}
-		p.rxPath[id].onData(ps, seq, now)
+		p.rxPath[id].onData(ps, seq, now, true)
 	}
 	if _, ok := p.inFlightLocked(0, live); ok {
 		t.Fatal("in flight before any data")

@@ -62,6 +62,10 @@ type Counters struct {
 	// Loss recovery (recovery.go): nacks sent and received, packets resent, and nacked
 	// packets not resent because they were no longer kept or the resend budget was spent.
 	NacksSent, NacksReceived, Resent, ResendMissed, ResendBudget atomic.Uint64
+	// SparseCopies are the extra copies of sparse flows' packets sent on other paths
+	// (Options.SparseFlows); SparseCapped the sparse packets sent once because the peer's
+	// budget for copies was spent.
+	SparseCopies, SparseCapped atomic.Uint64
 
 	HandshakesSent, HandshakesDone atomic.Uint64
 	// HandshakeCopies counts the copies of an answered initiation that came over the other
@@ -311,6 +315,7 @@ func (c *Counters) snapshot() map[string]uint64 {
 		"uplink_rebinds": c.UplinkRebinds.Load(), "uplink_announces": c.UplinkAnnounces.Load(),
 		"nacks_sent": c.NacksSent.Load(), "nacks_received": c.NacksReceived.Load(), "resent": c.Resent.Load(),
 		"resend_missed": c.ResendMissed.Load(), "resend_budget": c.ResendBudget.Load(),
+		"sparse_copies": c.SparseCopies.Load(), "sparse_capped": c.SparseCapped.Load(),
 	}
 }
 

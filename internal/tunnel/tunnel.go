@@ -131,6 +131,16 @@ type Options struct {
 	// Recovery resends data packets a peer reports lost, once each, on the fastest path, and
 	// reports the losses this side sees (recovery.go).
 	Recovery bool
+	// SparseFlows sends each packet of a sparse flow (one that sends little: pings, DNS,
+	// voice, handshakes; package sparse) on every Up path that is not a backup, within a
+	// budget of sparseCopyRate per peer, and delivers the first copy of such a packet that
+	// arrives at once, without holding it behind other flows' gaps (docs/scheduling.md,
+	// "Sparse flows"). The copies go with the default scheduler (paced) only.
+	SparseFlows bool
+	// Versions are the protocol versions the tunnel speaks; zero: every version this release
+	// speaks (session.Supported). A test sets fewer to play an older release; site files
+	// cannot.
+	Versions session.Versions
 	// Cleartext turns encryption of data packets off: they are sent authenticated but in
 	// clear (FlagClear), and such packets from peers are accepted. Control messages stay
 	// sealed. Without it, clear data packets are refused (counted as drop_cleartext).
@@ -520,3 +530,11 @@ func (t *Tunnel) sessionFor(idx uint32) *sessionRef {
 
 // greBraid is the GRE header of every braid-mode packet but the key.
 var greBraid = gre.Header{KeyPresent: true, Protocol: gre.ProtoBraid}
+
+// speaks is the set of protocol versions the tunnel offers and chooses among.
+func (o *Options) speaks() session.Versions {
+	if o.Versions == 0 {
+		return session.Supported
+	}
+	return o.Versions
+}

@@ -3,9 +3,13 @@ package tunnel
 import (
 	"errors"
 	"os"
+	"slices"
 	"time"
 
 	"braid/internal/sched"
+	"braid/internal/tunnel/session"
+	"braid/internal/tunnel/sparse"
+	"braid/internal/wire/mpath"
 )
 
 // The device reader's send queue, for a peer whose scheduler plans a queue (the default,
@@ -27,6 +31,7 @@ import (
 // planner is a scheduler that plans a queue (sched.Paced).
 type planner interface {
 	Plan(now int64, paths []sched.Path, sizes []int, out []int) (wake int64, ok bool)
+	Charge(paths []sched.Path, i, size int)
 }
 
 // deadliner is a device whose reads can time out (a TUN device, through the runtime's poller).
@@ -41,6 +46,9 @@ type queued struct {
 	seq  uint32 // its place in the peer's sequence, for the receiver's reorder buffer
 	wire int    // its size on the wire
 	at   int64  // when it was queued
+	// sparse: a sparse flow's packet (Options.SparseFlows), queued ahead of the others and
+	// sent on every path of q.copyTo
+	sparse bool
 }
 
 // txQueue is a peer's send queue; only the device reader touches it.
@@ -50,6 +58,64 @@ type txQueue struct {
 	limit int // wire bytes it may hold, from the last plan
 	sizes []int
 	out   []int
+	// Options.SparseFlows: the flows sent (sparse.Meter), the paths that take copies of
+	// their sparse packets as of the last plan, and the budget for sparse packets (wire
+	// bytes of the packets and their copies).
+	flows  sparse.Meter
+	copyTo []int
+	budget budget
+}
+
+// budget is a token bucket of bytes: rate per second, burst at most; full to begin with.
+type budget struct {
+	credit, at int64 // bytes, as of at (ns)
+	started    bool
+}
+
+// take reports whether cost bytes are in the bucket at now, and takes them if so.
+func (b *budget) take(now, cost, rate, burst int64) bool {
+	switch d := now - b.at; {
+	case !b.started || d >= int64(time.Second)*burst/rate:
+		b.credit, b.started = burst, true
+	case d > 0:
+		b.credit = min(b.credit+d*rate/int64(time.Second), burst)
+	}
+	b.at = now
+	if b.credit < cost {
+		return false
+	}
+	b.credit -= cost
+	return true
+}
+
+// Sparse flows' packets (Options.SparseFlows) go ahead of the others in the queue, and their
+// copies bypass the planner: both are bounded by a budget per peer of sparseCopyRate bytes
+// per second on the wire (a packet and its copies), at most sparseCopyBurst at once. Flows
+// sparse by their own meter send at most 12 kB/s each, so the budget binds only when dozens
+// of them are active at once; the packets over it queue and leave like the others, once, and
+// are counted (sparse_capped).
+const (
+	sparseCopyRate  = 125000 // 1 Mbit/s
+	sparseCopyBurst = 16384
+)
+
+// sparse reports whether the inner packet at b[headroom:headroom+n] is a sparse flow's that
+// the budget lets ahead (and copy on every path), and takes its cost from the budget.
+func (q *txQueue) sparse(t *Tunnel, p *peer, b []byte, n, wire int, now int64) bool {
+	if !t.o.SparseFlows || !q.flows.Sparse(now, b[headroom:headroom+n]) {
+		return false
+	}
+	if ls := p.cur.Load(); ls == nil || ls.s.Version < session.V3 {
+		// A receiver of version 2 holds a packet that went ahead until the ones numbered
+		// before it come (longer than its hold, at times: losses for the flows inside),
+		// and delivers some copies (three look-alikes in a row are a restart's sign to it).
+		return false
+	}
+	if q.budget.take(now, int64(max(len(q.copyTo), 1)*wire), sparseCopyRate, sparseCopyBurst) {
+		return true
+	}
+	t.stats.SparseCapped.Add(1)
+	return false
 }
 
 // queueSlack is what the queue may hold beyond the spread of the paths' delays, in time at the
@@ -61,8 +127,22 @@ const maxQueued = 4096
 
 // enqueue takes the packet at b[headroom:headroom+n], of wire bytes on the wire, into p's
 // queue, numbered next in the peer's sequence; b belongs to the queue until it is sent.
+//
+// A sparse flow's packet goes ahead of the others, behind the sparse packets already there:
+// its number is still the next, and the receiver delivers it at once rather than in order
+// (reorder.Buffer.Place), so it waits neither here behind the bulk flows' queue nor there
+// behind their gaps.
 func (q *txQueue) enqueue(p *peer, b []byte, n, wire int, now int64) {
-	q.pkts = append(q.pkts, queued{b: b, n: n, seq: p.txSeq.Add(1), wire: wire, at: now})
+	e := queued{b: b, n: n, seq: p.txSeq.Add(1), wire: wire, at: now}
+	if e.sparse = q.sparse(p.t, p, b, n, wire, now); e.sparse {
+		k := 0
+		for k < len(q.pkts) && q.pkts[k].sparse {
+			k++
+		}
+		q.pkts = slices.Insert(q.pkts, k, e)
+	} else {
+		q.pkts = append(q.pkts, e)
+	}
 	q.bytes += wire
 	q.publish(p)
 }
@@ -98,9 +178,27 @@ func (t *Tunnel) dispatch(tx *txState, p *peer, now int64, free *[][]byte) (wake
 	p.snapshotLocked(now)
 	wake, ok := p.sch.(planner).Plan(now, p.snap, q.sizes, q.out)
 	q.limit = p.queueLimitLocked()
+	q.copyTo = q.copyTo[:0]
+	if t.o.SparseFlows {
+		for j := range p.snap {
+			if p.snap[j].Up && !p.snap[j].Backup {
+				q.copyTo = append(q.copyTo, j)
+			}
+		}
+	}
 	for k, i := range q.out {
-		if i >= 0 {
-			p.paths[i].sent.add(now, q.sizes[k])
+		if i < 0 {
+			continue
+		}
+		p.paths[i].sent.add(now, q.sizes[k])
+		if q.pkts[k].sparse {
+			// The copies (below) are paced and counted like the packets of the plan.
+			for _, j := range q.copyTo {
+				if j != i {
+					p.paths[j].sent.add(now, q.sizes[k])
+					p.sch.(planner).Charge(p.snap, j, q.sizes[k])
+				}
+			}
 		}
 	}
 	paths := p.paths // the paths the plan indexes (a learned path may be added meanwhile)
@@ -110,7 +208,21 @@ func (t *Tunnel) dispatch(tx *txState, p *peer, now int64, free *[][]byte) (wake
 	for k, e := range q.pkts {
 		switch i := q.out[k]; {
 		case i >= 0:
-			t.emit(tx, p, paths[i], e.b, e.n, e.seq, now)
+			var flags uint16
+			if e.sparse {
+				flags = mpath.FlagSparse
+			}
+			t.emit(tx, p, paths[i], e.b, e.n, e.seq, now, flags)
+			if e.sparse {
+				// The receiver delivers the first copy that arrives and drops the others
+				// as duplicates (their sequence number is the same).
+				for _, j := range q.copyTo {
+					if j != i {
+						t.emit(tx, p, paths[j], e.b, e.n, e.seq, now, flags)
+						t.stats.SparseCopies.Add(1)
+					}
+				}
+			}
 			*free = append(*free, e.b)
 		case !ok || now-e.at > maxSchedWait:
 			t.stats.DropNoPath.Add(1)

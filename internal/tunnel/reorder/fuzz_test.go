@@ -12,7 +12,9 @@ import (
 // claim is in flight (SetInFlight) is arbitrary. The buffer must not panic, must never hold
 // more than MaxPackets packets or MaxBytes bytes, must hold nothing past its deadline after an
 // Expire, must release every packet at most once, and, once flushed, must have released or
-// counted as a duplicate every packet pushed.
+// counted as a duplicate every packet pushed. A mode with its top bit set places the number
+// instead (Place: the caller delivered the packet): the buffer must never release a placed
+// packet, and every placed number is counted as placed or as a duplicate.
 func FuzzReorderHostile(f *testing.F) {
 	arrival := func(mode byte, v uint32, size uint16) []byte {
 		b := []byte{mode, 0, 0, 0, 0, 0, 0}
@@ -26,11 +28,12 @@ func FuzzReorderHostile(f *testing.F) {
 		}
 		return out
 	}
-	f.Add(cat(arrival(0, 0xfffffffe, 100), arrival(1, 1, 100), arrival(1, 1, 100), arrival(1, 1, 100)))                  // wrap
-	f.Add(cat(arrival(0, 5, 100), arrival(1, 1<<31, 100), arrival(1, 1<<30, 1500), arrival(0, 5, 100)))                  // huge jumps
-	f.Add(cat(arrival(0, 10, 100), arrival(2, 0, 100), arrival(2, 0, 100), arrival(1, 3, 100), arrival(2, 0, 100)))      // duplicates
-	f.Add(cat(arrival(0, 1000, 100), arrival(3, 900, 100), arrival(3, 5000, 100), arrival(4, 0, 65535)))                 // backwards, time
-	f.Add(cat(arrival(0, 0, 60000), arrival(1, 2, 60000), arrival(1, 2, 60000), arrival(1, 2, 60000), arrival(1, 2, 1))) // bytes bound
+	f.Add(cat(arrival(0, 0xfffffffe, 100), arrival(1, 1, 100), arrival(1, 1, 100), arrival(1, 1, 100)))                      // wrap
+	f.Add(cat(arrival(0, 5, 100), arrival(1, 1<<31, 100), arrival(1, 1<<30, 1500), arrival(0, 5, 100)))                      // huge jumps
+	f.Add(cat(arrival(0, 10, 100), arrival(2, 0, 100), arrival(2, 0, 100), arrival(1, 3, 100), arrival(2, 0, 100)))          // duplicates
+	f.Add(cat(arrival(0, 1000, 100), arrival(3, 900, 100), arrival(3, 5000, 100), arrival(4, 0, 65535)))                     // backwards, time
+	f.Add(cat(arrival(0, 0, 60000), arrival(1, 2, 60000), arrival(1, 2, 60000), arrival(1, 2, 60000), arrival(1, 2, 1)))     // bytes bound
+	f.Add(cat(arrival(0, 10, 100), arrival(0x81, 2, 100), arrival(0x82, 0, 100), arrival(0x83, 1, 100), arrival(1, 1, 100))) // placed
 	f.Fuzz(func(t *testing.T, in []byte) {
 		c := Config{MaxPackets: 16, MaxBytes: 64 << 10, MinHold: time.Millisecond, MaxHold: 20 * time.Millisecond, Hold: 5 * time.Millisecond}.Defaults()
 		b, err := New[int](c)
@@ -41,7 +44,7 @@ func FuzzReorderHostile(f *testing.F) {
 		var out []int
 		now := int64(1)
 		var seq uint32
-		pushed := 0
+		pushed, placed := 0, 0
 		for i := 0; i+7 <= len(in) && i < 7*4096; i += 7 {
 			mode, v, size := in[i], binary.BigEndian.Uint32(in[i+1:]), int(binary.BigEndian.Uint16(in[i+5:]))
 			switch mode % 5 {
@@ -68,8 +71,13 @@ func FuzzReorderHostile(f *testing.F) {
 				continue
 			}
 			now += int64(v % 1000)
-			out = b.Push(now, seq, size, pushed, out[:0])
-			pushed++
+			if mode&0x80 != 0 {
+				out, _ = b.Place(now, seq, out[:0])
+				placed++
+			} else {
+				pushed++
+				out = b.Push(now, seq, size, pushed, out[:0]) // ids from 1: 0 is a placed packet's
+			}
 			for _, id := range out {
 				released[id]++
 			}
@@ -82,7 +90,7 @@ func FuzzReorderHostile(f *testing.F) {
 			released[id]++
 		}
 		for id, n := range released {
-			if n != 1 || id < 0 || id >= pushed {
+			if n != 1 || id < 1 || id > pushed {
 				t.Fatalf("packet %d released %d times (%d pushed)", id, n, pushed)
 			}
 		}
@@ -90,8 +98,8 @@ func FuzzReorderHostile(f *testing.F) {
 		if st.Packets != 0 || st.Bytes != 0 {
 			t.Fatalf("after Flush: %d packets, %d bytes held", st.Packets, st.Bytes)
 		}
-		if uint64(len(released))+st.Duplicates != uint64(pushed) {
-			t.Fatalf("%d pushed, %d released, %d duplicates", pushed, len(released), st.Duplicates)
+		if uint64(len(released))+st.Duplicates+st.Placed != uint64(pushed+placed) {
+			t.Fatalf("%d pushed, %d placed; %d released, %d duplicates, %d counted as placed", pushed, placed, len(released), st.Duplicates, st.Placed)
 		}
 	})
 }

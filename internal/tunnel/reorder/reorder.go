@@ -185,7 +185,9 @@ type Stats struct {
 	Resets     uint64 // sequence restarts detected
 	// Waited counts the gaps held past the hold because a path might still bring them
 	// (SetInFlight); each is then filled or, at MaxHold, counted in Timeouts and Lost.
-	Waited  uint64
+	Waited uint64
+	// Placed counts the packets the caller delivered itself, out of order (Place).
+	Placed  uint64
 	Packets int // packets held now
 	Bytes   int // bytes held now
 }
@@ -203,6 +205,9 @@ type slot[T any] struct {
 	seq   uint32
 	size  int32
 	state uint8
+	// placed: the number's packet was delivered by the caller (Place); held, the slot has
+	// nothing to deliver, and a copy that comes later is only a duplicate
+	placed bool
 }
 
 // arrival is a FIFO entry: when a held packet arrived. Entries whose packet has since been
@@ -246,6 +251,7 @@ type Buffer[T any] struct {
 	fifoHead   int
 	fifoLen    int
 	count, byt int
+	placing    bool // within Place: the packet pushed is not to be delivered
 
 	// Restart detection: the current run of arrivals behind next or outside the window.
 	cand     uint32 // highest number of the run
@@ -390,7 +396,7 @@ func (b *Buffer[T]) Push(now int64, seq uint32, size int, v T, out []T) []T {
 	switch {
 	case d == 0:
 		b.candN = 0
-		out = append(out, v)
+		out = b.give(out, v)
 		b.markDelivered(seq)
 		b.next++
 		b.st.InOrder++
@@ -417,6 +423,12 @@ func (b *Buffer[T]) Push(now int64, seq uint32, size int, v T, out []T) []T {
 	case d < 0 && -d <= b.window:
 		if -d <= ring {
 			s := &b.ring[seq&b.mask]
+			if s.seq == seq && s.state == slotDelivered && s.placed {
+				// A copy of a sparse flow's packet (Place): sent on every path, so
+				// copies are the rule, not a sign of a restarted peer.
+				b.st.Duplicates++
+				return out
+			}
 			if s.seq == seq && s.state == slotDelivered {
 				// A look-alike: a duplicate, or a restarted peer reusing numbers.
 				grew := b.extendRun(now, seq)
@@ -429,10 +441,10 @@ func (b *Buffer[T]) Push(now int64, seq uint32, size int, v T, out []T) []T {
 					return b.maybeRestart(now, out)
 				}
 				b.st.Late++
-				return b.maybeRestart(now, append(out, v))
+				return b.maybeRestart(now, b.give(out, v))
 			}
 			if s.state != slotHeld {
-				s.seq, s.state = seq, slotDelivered
+				s.seq, s.state, s.placed = seq, slotDelivered, b.placing
 			}
 		}
 		// A plain late packet, most likely from a path slower than the hold time allows; it
@@ -446,11 +458,52 @@ func (b *Buffer[T]) Push(now int64, seq uint32, size int, v T, out []T) []T {
 			}
 			b.learnLate(now, b.ceil, late)
 		}
-		return append(out, v)
+		return b.give(out, v)
 	}
 	b.extendRun(now, seq)
 	b.st.Stray++
-	return b.maybeRestart(now, append(out, v))
+	return b.maybeRestart(now, b.give(out, v))
+}
+
+// give appends v, the packet being pushed, to out, unless the caller delivered it (Place).
+func (b *Buffer[T]) give(out []T, v T) []T {
+	if b.placing {
+		return out
+	}
+	return append(out, v)
+}
+
+// Place is Push for a packet that the caller delivers itself, at once and out of order (a
+// sparse flow's, which need not wait for other flows' gaps): seq takes its place in the
+// sequence as if the packet were held and delivered in turn, so that the packets around it
+// keep their order and a copy of it is dropped. The packets it releases are appended to out.
+// dup reports that seq was a duplicate (held or recently delivered already): the caller
+// should drop its packet rather than deliver it.
+func (b *Buffer[T]) Place(now int64, seq uint32, out []T) (_ []T, dup bool) {
+	dups := b.st.Duplicates
+	b.placing = true
+	var zero T
+	out = b.Push(now, seq, 0, zero, out)
+	b.placing = false
+	if b.st.Duplicates != dups {
+		return out, true
+	}
+	b.st.Placed++
+	return out, false
+}
+
+// Seen reports whether seq is held, or was delivered recently enough for Push to drop a copy
+// of it as a duplicate.
+func (b *Buffer[T]) Seen(seq uint32) bool {
+	if !b.start {
+		return false
+	}
+	d := int64(int32(seq - b.next))
+	if d >= int64(len(b.ring)) || -d > int64(len(b.ring)) || d == 0 {
+		return false
+	}
+	s := &b.ring[seq&b.mask]
+	return s.seq == seq && (s.state == slotHeld || d < 0 && s.state == slotDelivered)
 }
 
 // extendRun adds seq to the current run of restart candidates, or starts a new run, and
@@ -507,15 +560,19 @@ func (b *Buffer[T]) insert(now int64, seq uint32, size int, v T, out []T) []T {
 			return b.Push(now, seq, size, v, out)
 		}
 	}
-	*s = slot[T]{v: v, seq: seq, size: int32(size), state: slotHeld}
+	*s = slot[T]{v: v, seq: seq, size: int32(size), state: slotHeld, placed: b.placing}
 	b.count++
 	b.byt += size
-	i := b.fifoHead + b.fifoLen
-	if i >= len(b.fifo) {
-		i -= len(b.fifo)
+	if !b.placing {
+		// A placed number waits for nothing (its packet is delivered): it has no deadline,
+		// and goes when the gaps before it fill or a held packet after it gives up on them.
+		i := b.fifoHead + b.fifoLen
+		if i >= len(b.fifo) {
+			i -= len(b.fifo)
+		}
+		b.fifo[i] = arrival{at: now, seq: seq}
+		b.fifoLen++
 	}
-	b.fifo[i] = arrival{at: now, seq: seq}
-	b.fifoLen++
 	for b.count > 0 && (b.count > b.cfg.MaxPackets || b.byt > b.cfg.MaxBytes) {
 		b.st.Overflows++
 		b.timedOut = false
@@ -528,12 +585,14 @@ func (b *Buffer[T]) insert(now int64, seq uint32, size int, v T, out []T) []T {
 func (b *Buffer[T]) markDelivered(seq uint32) {
 	s := &b.ring[seq&b.mask]
 	var zero T
-	s.v, s.seq, s.state = zero, seq, slotDelivered
+	s.v, s.seq, s.state, s.placed = zero, seq, slotDelivered, b.placing
 }
 
 // take delivers the held packet in s.
 func (b *Buffer[T]) take(s *slot[T], out []T) []T {
-	out = append(out, s.v)
+	if !s.placed {
+		out = append(out, s.v)
+	}
 	var zero T
 	s.v = zero // drop the reference so the caller's memory is not kept alive
 	s.state = slotDelivered

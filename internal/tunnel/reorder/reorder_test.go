@@ -614,3 +614,54 @@ func TestExpireWaitsForAPathStillDelivering(t *testing.T) {
 	b.SetInFlight(0, false)
 	wantOut(t, "no path in flight", b.Expire(205*ms, nil), 9)
 }
+
+// A placed packet (delivered by the caller, out of order) keeps its number's place: the
+// packets around it come out in order without it, and a copy of it is dropped.
+func TestPlaceKeepsOrderAndDropsCopies(t *testing.T) {
+	b := newBuf(t, Config{Hold: 5 * time.Millisecond})
+	wantOut(t, "push 0", push(b, 0, 0), 0)
+	wantOut(t, "push 2", push(b, 0, 2))
+	out, dup := b.Place(0, 3, nil)
+	wantOut(t, "place 3", out)
+	if dup || !b.Seen(3) || b.Seen(1) || b.Seen(4) {
+		t.Fatalf("place 3: dup %v, Seen(3) %v, Seen(1) %v, Seen(4) %v; want false, true, false, false", dup, b.Seen(3), b.Seen(1), b.Seen(4))
+	}
+	wantOut(t, "the copy of 3", push(b, 1*ms, 3))
+	wantOut(t, "push 1", push(b, 1*ms, 1), 1, 2)
+	if out, dup := b.Place(1*ms, 3, nil); !dup || len(out) != 0 {
+		t.Fatalf("placing 3 again: released %v, dup %v; want nothing, true", out, dup)
+	}
+	out, dup = b.Place(2*ms, 4, nil) // the next expected number: nothing held after it
+	wantOut(t, "place 4", out)
+	if dup {
+		t.Fatal("place 4: dup")
+	}
+	wantOut(t, "push 5", push(b, 2*ms, 5), 5)
+	// A placed number with a gap before it goes with the packets held after it, releasing
+	// nothing of its own.
+	out, _ = b.Place(3*ms, 7, nil)
+	wantOut(t, "place 7", out)
+	wantOut(t, "push 8", push(b, 3*ms, 8))
+	wantOut(t, "expire", b.Expire(8*ms, nil), 8)
+	// Copies of placed numbers in a row are duplicates, however many: not the look-alikes
+	// of a restarted peer, which are delivered after the second (Push).
+	for seq := uint32(9); seq < 14; seq++ {
+		if _, dup := b.Place(9*ms, seq, nil); dup {
+			t.Fatalf("place %d: dup", seq)
+		}
+	}
+	for seq := uint32(9); seq < 14; seq++ {
+		wantOut(t, "a late copy of a placed number", push(b, 10*ms, seq))
+	}
+	st := b.Stats()
+	if st.Placed != 8 || st.Duplicates != 7 || st.Lost != 1 || st.Packets != 0 {
+		t.Fatalf("stats %+v; want 8 placed, 7 duplicates, 1 lost, none held", st)
+	}
+	// Alone, it waits for nothing: no deadline, nothing to expire.
+	b.Place(11*ms, 20, nil)
+	if at, ok := b.NextDeadline(); ok {
+		t.Fatalf("a placed number alone has a deadline at %d", at)
+	}
+	wantOut(t, "expire with only a placed number held", b.Expire(time.Hour.Nanoseconds(), nil))
+	wantOut(t, "the gap filled", push(b, 12*ms, 14), 14)
+}

@@ -168,11 +168,17 @@ type Initiator struct {
 // responder chooses), and the protocol versions offered are Supported. It returns the
 // initiation message (InitLen bytes) to send.
 func Initiate(local PrivateKey, remote PublicKey, index uint32, offer Ciphers, now time.Time) (*Initiator, []byte, error) {
+	return InitiateSpeaking(local, remote, index, offer, Supported, now)
+}
+
+// InitiateSpeaking is Initiate offering the versions speak (a subset of Supported: a site
+// that plays an older release in a test).
+func InitiateSpeaking(local PrivateKey, remote PublicKey, index uint32, offer Ciphers, speak Versions, now time.Time) (*Initiator, []byte, error) {
 	eph, err := GenerateKey()
 	if err != nil {
 		return nil, nil, err
 	}
-	return initiate(local, remote, eph, index, offer, Supported, now, 0)
+	return initiate(local, remote, eph, index, offer, speak&Supported, now, 0)
 }
 
 // initiate builds an initiation offering the versions speak. extra is for the tests of other
@@ -320,11 +326,16 @@ func Receive(local PrivateKey, msg []byte) (*Initiation, error) {
 // both speak (ErrVersion if there is none) and the best cipher both accept (ErrNoCipher if
 // there is none) are chosen. It returns the response message and the session keys.
 func (in *Initiation) Respond(index uint32, accept Ciphers) ([]byte, Keys, error) {
+	return in.RespondSpeaking(index, accept, Supported)
+}
+
+// RespondSpeaking is Respond choosing among the versions speak (a subset of Supported).
+func (in *Initiation) RespondSpeaking(index uint32, accept Ciphers, speak Versions) ([]byte, Keys, error) {
 	eph, err := GenerateKey()
 	if err != nil {
 		return nil, Keys{}, err
 	}
-	return in.respond(eph, index, accept, Supported, 0)
+	return in.respond(eph, index, accept, speak&Supported, 0)
 }
 
 // respond answers with the versions speak; extra zero bytes are appended to the payload (a

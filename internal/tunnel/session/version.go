@@ -15,15 +15,19 @@ type Versions uint16
 
 // The protocol versions. Version 1 is the protocol of the releases before the handshake
 // carried a version (their initiation is V1InitLen bytes, their probe reply's feedback had
-// fewer fields); this release speaks version 2 only.
+// fewer fields). Version 3 is version 2 with sparse flows (docs/tunnel-wire.md, "Protocol
+// versions"): the packets are the same, but the receiver delivers a sparse flow's packet at
+// once and drops its copies whatever their number, so that the sender may send it ahead of
+// packets numbered before it and on every path. This release speaks 2 and 3.
 const (
 	V1 Version = 1
 	V2 Version = 2
+	V3 Version = 3
 
 	// Current is the version this release speaks best.
-	Current = V2
+	Current = V3
 	// Supported are the versions this release speaks: it offers them and chooses among them.
-	Supported = Versions(1 << V2)
+	Supported = Versions(1<<V2 | 1<<V3)
 )
 
 // ErrVersion: the two sides speak no protocol version in common.

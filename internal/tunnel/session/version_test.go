@@ -22,18 +22,20 @@ var fuzzNow = time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
 // The responder chooses the highest version both speak; the keys and sessions of both sides
 // name it; with none in common the handshake is refused with ErrVersion.
 func TestVersionNegotiation(t *testing.T) {
-	v3 := Versions(1 << 3)
+	v4 := Versions(1 << 4)
 	for _, tc := range []struct {
 		name         string
 		offer, speak Versions
 		want         Version
 		err          error
 	}{
-		{"this release on both sides", Supported, Supported, V2, nil},
-		{"a next release (2, 3) to this one", Supported | v3, Supported, V2, nil},
-		{"this release to a next one", Supported, Supported | v3, V2, nil},
-		{"two next releases", Supported | v3, Supported | v3, 3, nil},
-		{"a release that dropped 2", v3, Supported, 0, ErrVersion},
+		{"this release on both sides", Supported, Supported, V3, nil},
+		{"the release before (2 alone) to this one", V2.bit(), Supported, V2, nil},
+		{"this release to the release before", Supported, V2.bit(), V2, nil},
+		{"a next release (2, 3, 4) to this one", Supported | v4, Supported, V3, nil},
+		{"this release to a next one", Supported, Supported | v4, V3, nil},
+		{"two next releases", Supported | v4, Supported | v4, 4, nil},
+		{"a release that dropped 2 and 3", v4, Supported, 0, ErrVersion},
 	} {
 		a, b := mustKey(t), mustKey(t)
 		eph := mustKey(t)
@@ -88,7 +90,7 @@ func TestVersion1Refused(t *testing.T) {
 // Later versions may append sealed fields; this one reads what it knows and ignores the rest.
 func TestHandshakeExtensionsIgnored(t *testing.T) {
 	a, b := mustKey(t), mustKey(t)
-	in, msg, err := initiate(a, b.Public(), mustKey(t), 3, AllCiphers, Supported|1<<3, time.Now(), 20)
+	in, msg, err := initiate(a, b.Public(), mustKey(t), 3, AllCiphers, Supported|1<<4, time.Now(), 20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +103,7 @@ func TestHandshakeExtensionsIgnored(t *testing.T) {
 		t.Fatal(err)
 	}
 	ki, idx, err := in.Finish(resp)
-	if err != nil || idx != 4 || ki.Send != kr.Recv || ki.Version != V2 {
+	if err != nil || idx != 4 || ki.Send != kr.Recv || ki.Version != Current {
 		t.Fatalf("extended response (%d bytes): %v, index %d, version %v", len(resp), err, idx, ki.Version)
 	}
 	long := make([]byte, MaxInitLen+1)
@@ -115,8 +117,8 @@ func TestFinishRefusesUnofferedVersion(t *testing.T) {
 	a, b := mustKey(t), mustKey(t)
 	in, msg, _ := initiate(a, b.Public(), mustKey(t), 1, AllCiphers, Supported, time.Now(), 0)
 	got, _ := Receive(b, msg)
-	got.Versions = 1 << 3 // a responder that does not read the offer
-	resp, _, err := got.respond(mustKey(t), 2, AllCiphers, 1<<3, 0)
+	got.Versions = 1 << 4 // a responder that does not read the offer
+	resp, _, err := got.respond(mustKey(t), 2, AllCiphers, 1<<4, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +147,7 @@ func TestVersionsBest(t *testing.T) {
 func fuzzInitiations(t testing.TB) (initiator, responder PrivateKey, msgs [][]byte) {
 	initiator, responder = fixedKey(1), fixedKey(100)
 	for i, extra := range []int{0, -2, 16} {
-		_, msg, err := initiate(initiator, responder.Public(), fixedKey(byte(50+i)), uint32(10+i), AllCiphers, Supported|1<<3, fuzzNow, extra)
+		_, msg, err := initiate(initiator, responder.Public(), fixedKey(byte(50+i)), uint32(10+i), AllCiphers, Supported|1<<4, fuzzNow, extra)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -208,7 +210,7 @@ func FuzzHandshakeResponse(f *testing.F) {
 	var resps [][]byte
 	var keys []Keys
 	for i, extra := range []int{0, 24} {
-		_, msg, err := initiate(initiator, responder.Public(), fixedKey(50), 10, AllCiphers, Supported|1<<3, fuzzNow, 0)
+		_, msg, err := initiate(initiator, responder.Public(), fixedKey(50), 10, AllCiphers, Supported|1<<4, fuzzNow, 0)
 		if err != nil {
 			f.Fatal(err)
 		}
@@ -227,7 +229,7 @@ func FuzzHandshakeResponse(f *testing.F) {
 	f.Add([]byte{})
 	f.Add(make([]byte, ResponseLen))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		in, _, err := initiate(initiator, responder.Public(), fixedKey(50), 10, AllCiphers, Supported|1<<3, fuzzNow, 0)
+		in, _, err := initiate(initiator, responder.Public(), fixedKey(50), 10, AllCiphers, Supported|1<<4, fuzzNow, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -245,7 +247,7 @@ func FuzzHandshakeResponse(f *testing.F) {
 		}
 		for i, r := range resps {
 			if bytes.Equal(r, b) {
-				if idx != 20 || k.Send != keys[i].Recv || k.Recv != keys[i].Send || k.Version != V2 {
+				if idx != 20 || k.Send != keys[i].Recv || k.Recv != keys[i].Send || k.Version != Current {
 					t.Fatalf("genuine response %d: index %d version %v, keys differ", i, idx, k.Version)
 				}
 				return

@@ -76,10 +76,10 @@ func FuzzHeader(f *testing.F) {
 	addSeeds(f, headerVectors, headerErrors)
 	f.Fuzz(func(t *testing.T, b []byte, counter uint64, x, _ uint32) {
 		h, n, err := checkDecode(t, b, dirtyHeader, []error{ErrTruncated, ErrType, ErrUnknownFlags}, nil)
-		if err == nil && (n != HeaderLen || h.Flags != 0 && (h.Flags != FlagClear || h.Type != TypeData)) {
+		if err == nil && (n != HeaderLen || h.Flags != 0 && (h.Flags&^(FlagClear|FlagSparse) != 0 || h.Type != TypeData)) {
 			t.Fatalf("n = %d, Flags = %#x", n, h.Flags)
 		}
-		// Built values: only the nine types, and no flag but FlagClear on data, decode; others
+		// Built values: only the nine types, and no flags but FlagClear and FlagSparse on data, decode; others
 		// fail as documented.
 		v := Header{Type: uint8(x), Path: uint8(x >> 8), Flags: uint16(x >> 16), Counter: counter}
 		buf := make([]byte, HeaderLen)
@@ -88,7 +88,7 @@ func FuzzHeader(f *testing.F) {
 		_, err = got.Decode(buf)
 		switch v.Type {
 		case TypeData, TypeProbe, TypeProbeReply, TypeFeedback, TypeMTUProbe, TypeMTUAck, TypeNack, TypeHandshakeInit, TypeHandshakeResp, TypeCookieReply:
-			if v.Flags != 0 && !(v.Flags == FlagClear && v.Type == TypeData) {
+			if v.Flags != 0 && !(v.Flags&^(FlagClear|FlagSparse) == 0 && v.Type == TypeData) {
 				if err != ErrUnknownFlags {
 					t.Fatalf("Decode(Encode(%+v)): %v, want ErrUnknownFlags", v, err)
 				}

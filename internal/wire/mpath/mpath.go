@@ -49,10 +49,17 @@ var (
 	ErrInnerPacket  = errors.New("mpath: inner packet is neither a consistent IPv4 nor IPv6 packet")
 )
 
-// FlagClear marks a data packet whose payload is in clear, followed by a tag that authenticates
-// the whole packet (tunnels with encryption off). It is the only flag, and only data packets
-// carry it; Decode rejects any other use.
-const FlagClear = 0x0001
+// Flags. Only data packets carry them; Decode rejects any other flag, or a flag on another type.
+const (
+	// FlagClear marks a data packet whose payload is in clear, followed by a tag that
+	// authenticates the whole packet (tunnels with encryption off).
+	FlagClear = 0x0001
+	// FlagSparse marks a sparse flow's data packet in a session of protocol version 3: sent
+	// ahead of packets numbered before it and on every path, for the receiver to deliver at
+	// once and to drop the other copies of its number (docs/tunnel-wire.md, "Protocol
+	// versions").
+	FlagSparse = 0x0002
+)
 
 // Message types (Header.Type).
 const (
@@ -79,14 +86,14 @@ const PathReserved = 255
 type Header struct {
 	Type    uint8
 	Path    uint8  // the sender's path ID
-	Flags   uint16 // FlagClear or none: Decode rejects any other
+	Flags   uint16 // FlagClear, FlagSparse (data packets only): Decode rejects any other
 	Counter uint64 // per session and direction: makes the header (the AEAD nonce) unique; replay window position
 }
 
 // Decode overwrites h with the header at the start of b and returns HeaderLen; the sealed
 // payload is b[HeaderLen:]. Errors, in the order checked: ErrTruncated, ErrType (a type other
-// than the nine defined), ErrUnknownFlags (a flag other than FlagClear, or FlagClear on
-// another type than data).
+// than the nine defined), ErrUnknownFlags (a flag other than FlagClear and FlagSparse, or a flag
+// on another type than data).
 func (h *Header) Decode(b []byte) (n int, err error) {
 	*h = Header{}
 	if len(b) < HeaderLen {
@@ -99,7 +106,7 @@ func (h *Header) Decode(b []byte) (n int, err error) {
 		return 0, ErrType
 	}
 	flags := binary.BigEndian.Uint16(b[2:])
-	if flags&^FlagClear != 0 || flags&FlagClear != 0 && b[0] != TypeData {
+	if flags&^(FlagClear|FlagSparse) != 0 || flags != 0 && b[0] != TypeData {
 		return 0, ErrUnknownFlags
 	}
 	*h = Header{Type: b[0], Path: b[1], Flags: flags, Counter: binary.BigEndian.Uint64(b[4:])}
