@@ -26,8 +26,8 @@ import (
 // slow path's base RTT at the 95th percentile, no echo is delivered twice, and the bulk flow
 // is no slower. Without them (sparse_flows = false), measured in the same lab, the echo waits
 // behind the bulk flow's packets in the send queue and in the reorder buffer, as every packet
-// does, about the slow path's one-way delay each way (measured: p50 70 ms and p95 82 ms
-// without, 15.5 and 23.2 ms with); that run is logged for comparison, and must lose nothing
+// does, about the slow path's one-way delay each way (measured: p50 73 ms and p95 85 ms
+// without, 14-19 and 21-27 ms with); that run is logged for comparison, and must lose nothing
 // either.
 //
 // A peer of the release before sparse flows speaks protocol version 2, whose receiver holds a
