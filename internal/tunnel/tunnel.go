@@ -132,10 +132,12 @@ type Options struct {
 	// reports the losses this side sees (recovery.go).
 	Recovery bool
 	// SparseFlows sends each packet of a sparse flow (one that sends little: pings, DNS,
-	// voice, handshakes; package sparse) on every Up path that is not a backup, within a
-	// budget of sparseCopyRate per peer, and delivers the first copy of such a packet that
-	// arrives at once, without holding it behind other flows' gaps (docs/scheduling.md,
-	// "Sparse flows"). The copies go with the default scheduler (paced) only.
+	// voice, handshakes; package sparse) ahead in the send queue, flagged, on every Up path
+	// that is not a backup, within a budget of sparseCopyRate per peer: with the default
+	// scheduler (paced) and in sessions of protocol version 3 only. It also meters the flows
+	// of a peer of version 2, which flags nothing, and delivers their sparse packets at once.
+	// Packets a peer flags are delivered at once whatever SparseFlows says, as version 3
+	// requires (docs/scheduling.md, "Sparse flows").
 	SparseFlows bool
 	// Versions are the protocol versions the tunnel speaks; zero: every version this release
 	// speaks (session.Supported). A test sets fewer to play an older release; site files
