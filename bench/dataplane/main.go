@@ -69,6 +69,7 @@ func main() {
 	out := flag.String("out", "bench/out/dataplane.md", "where to write this section (Markdown)")
 	only := flag.String("only", "", "run only the configurations whose name contains this")
 	profile := flag.String("profile", "", "write the tunnels' CPU profiles to `DIR`/a.prof and b.prof (last run)")
+	status := flag.String("status", "", "write both tunnels' `braid status --json` after the flow to `DIR`/a.json and b.json (last run)")
 	flag.Parse()
 	log.SetFlags(0)
 	if _, err := os.Stat(*braid); err != nil {
@@ -113,7 +114,7 @@ func main() {
 	results := make(map[config][]result)
 	for range *runs {
 		for _, c := range configs {
-			results[c] = append(results[c], measure(ctx, *braid, c, dur, *profile))
+			results[c] = append(results[c], measure(ctx, *braid, c, dur, *profile, *status))
 		}
 	}
 	for _, c := range configs {
@@ -188,7 +189,9 @@ func twoPaths(w io.Writer, configs []config, results map[config][]result) {
 }
 
 // measure runs the baseline and the tunnel for c in a fresh lab.
-func measure(ctx context.Context, braid string, c config, dur time.Duration, profile string) result {
+// profile and status, when set, are directories for the tunnels' CPU profiles and their status
+// after the flow.
+func measure(ctx context.Context, braid string, c config, dur time.Duration, profile, status string) result {
 	rates := make([]uint64, c.paths)
 	for i := range rates {
 		rates[i] = c.rate
@@ -231,6 +234,17 @@ func measure(ctx context.Context, braid string, c config, dur time.Duration, pro
 	tun0 := [2]time.Duration{tunnels[0].CPU(), tunnels[1].CPU()}
 	srv0 = drive.ProcCPU(srv.Pid())
 	res, client := drive.BulkCPU(ctx, l, braid, "10.255.0.2:5201", dur)
+	if status != "" {
+		for i, side := range []string{"a", "b"} {
+			st, err := pair.Status(ctx, i)
+			if err == nil {
+				err = os.WriteFile(filepath.Join(status, side+".json"), st, 0o644)
+			}
+			if err != nil {
+				drive.Fatal(err)
+			}
+		}
+	}
 	srvCPU := drive.ProcCPU(srv.Pid()) - srv0
 	tun1 := [2]time.Duration{tunnels[0].CPU(), tunnels[1].CPU()}
 	segs1, re1 := tcpSegments(ctx, l)

@@ -30,7 +30,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -109,11 +108,11 @@ func main() {
 	if *only != "kernel" {
 		wg.Go(func() { tunnelTable(ctx, &tunnel, self, *tunnelRuns, dur, fail) })
 	}
-	busy0, ok0 := machineBusy()
+	busy0, ok0 := kit.MachineBusy()
 	wg.Wait()
 	w.Write(kernel.Bytes())
 	w.Write(tunnel.Bytes())
-	if busy1, ok1 := machineBusy(); ok0 && ok1 {
+	if busy1, ok1 := kit.MachineBusy(); ok0 && ok1 {
 		wall := time.Since(t0)
 		fmt.Fprintf(w, "\nThe series ran side by side for %v; the machine (%d cores) was %.2f cores busy on average\n(/proc/stat), so they did not compete for CPU.\n",
 			wall.Round(time.Second), runtime.NumCPU(), (busy1-busy0).Seconds()/wall.Seconds())
@@ -264,30 +263,4 @@ func median(v []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-// machineBusy is the machine's busy CPU time so far (every CPU's time but idle and iowait, from
-// /proc/stat's first line). It shows whether the side-by-side series competed for the cores;
-// it is no figure of braid's.
-func machineBusy() (time.Duration, bool) {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, false
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	if len(f) < 8 || f[0] != "cpu" {
-		return 0, false
-	}
-	var busy uint64
-	for i, v := range f[1:] {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			return 0, false
-		}
-		if i != 3 && i != 4 && i < 7 { // idle, iowait; steal and guest are not the machine's work here
-			busy += n
-		}
-	}
-	return time.Duration(busy) * time.Second / 100, true // USER_HZ is 100 on Linux
 }

@@ -2,10 +2,13 @@ package app
 
 import (
 	"context"
+	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
 	"braid/internal/experiment/demo"
+	"braid/internal/experiment/kit"
 	"braid/internal/lab/labtest"
 )
 
@@ -14,6 +17,12 @@ import (
 // request/response (connecting included) at most one path RTT plus 2 ms above the persistent
 // connection's, medians of 20; and at most 2 of the 20 new connections 10 ms slower than the
 // persistent one.
+//
+// The lab delays packets in user space, so other work on the machine (make test runs packages
+// side by side) can add milliseconds to single exchanges: in one CI run the persistent
+// connection took 36.6 ms instead of 31-33 and 13 of 20 new connections were slow, while four
+// runs of the test alone passed. A measurement that misses a bound is therefore made once more,
+// with the machine's load logged for both; the test fails when both miss.
 func TestProxyNewConnectionLatency(t *testing.T) {
 	labtest.Require(t)
 	tp, err := demo.TwoSites()
@@ -22,17 +31,41 @@ func TestProxyNewConnectionLatency(t *testing.T) {
 	}
 	l := labtest.Up(t, tp)
 	t.Setenv("BRAID_TEST_MAIN", "1") // the proxies run this binary as braid
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	pr, err := demo.MeasureProxy(ctx, l, true)
-	if err != nil {
-		t.Fatal(err)
+	var missed []string
+	for attempt := 1; attempt <= 2; attempt++ {
+		busy0, ok0 := kit.MachineBusy()
+		t0 := time.Now()
+		pr, err := demo.MeasureProxy(ctx, l, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		load := "unknown"
+		if busy1, ok1 := kit.MachineBusy(); ok0 && ok1 {
+			load = fmt.Sprintf("%.2f of %d cores busy", (busy1-busy0).Seconds()/time.Since(t0).Seconds(), runtime.NumCPU())
+		}
+		t.Logf("measurement %d (machine: %s): persistent %v, new %v; new connections: %v", attempt, load, pr.RTT, pr.FirstByte, pr.NewConns)
+		m := proxyLatencyMisses(pr)
+		if len(m) == 0 {
+			return
+		}
+		for _, s := range m {
+			missed = append(missed, fmt.Sprintf("measurement %d (machine: %s): %s", attempt, load, s))
+		}
 	}
+	for _, s := range missed {
+		t.Error(s)
+	}
+}
+
+// proxyLatencyMisses returns the bounds of TestProxyNewConnectionLatency that pr misses.
+func proxyLatencyMisses(pr demo.ProxyResult) []string {
 	const pathRTT = 30 * time.Millisecond
-	t.Logf("persistent %v, new %v; new connections: %v", pr.RTT, pr.FirstByte, pr.NewConns)
+	var m []string
 	if bound := pr.RTT + pathRTT + 2*time.Millisecond; pr.FirstByte > bound {
-		t.Errorf("a new connection's request/response takes %v, more than %v (the persistent connection's %v + one path RTT %v + 2 ms)",
-			pr.FirstByte, bound, pr.RTT, pathRTT)
+		m = append(m, fmt.Sprintf("a new connection's request/response takes %v, more than %v (the persistent connection's %v + one path RTT %v + 2 ms)",
+			pr.FirstByte, bound, pr.RTT, pathRTT))
 	}
 	// A response (or request) with a part on the slower uplinks takes about 20 ms more (path B's
 	// one-way delay is 35 ms, A's 15): before the far side gathered the destination's first
@@ -44,7 +77,8 @@ func TestProxyNewConnectionLatency(t *testing.T) {
 		}
 	}
 	if slow > 2 {
-		t.Errorf("%d of %d new connections took over 10 ms more than the persistent connection's %v: part of the exchange crossed the slower uplinks",
-			slow, len(pr.NewConns), pr.RTT)
+		m = append(m, fmt.Sprintf("%d of %d new connections took over 10 ms more than the persistent connection's %v: part of the exchange crossed the slower uplinks",
+			slow, len(pr.NewConns), pr.RTT))
 	}
+	return m
 }

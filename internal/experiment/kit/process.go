@@ -48,3 +48,29 @@ func ProcCPU(pid int) time.Duration {
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
 }
+
+// MachineBusy is the machine's busy CPU time so far (every CPU's time but idle and iowait, from
+// /proc/stat's first line). It shows whether what was measured competed with other work for the
+// cores; it is no figure of braid's.
+func MachineBusy() (time.Duration, bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, false
+	}
+	var busy uint64
+	for i, v := range f[1:] {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		if i != 3 && i != 4 && i < 7 { // idle, iowait; steal and guest are not the machine's work here
+			busy += n
+		}
+	}
+	return time.Duration(busy) * time.Second / 100, true // USER_HZ is 100 on Linux
+}

@@ -20,9 +20,11 @@ import (
 // ParallelLinks or KernelLinks topology, each from a site file written by SiteFile. Running
 // them as processes keeps their CPU time apart from the lab's and the traffic's.
 type TunnelPair struct {
-	Procs [2]*exec.Cmd
-	dir   string
-	logs  [2]*os.File
+	Procs    [2]*exec.Cmd
+	dir      string
+	logs     [2]*os.File
+	self     string
+	controls [2]string
 }
 
 // StartTunnelPair generates keys, writes both site files from spec (Side, Own and Peer are
@@ -35,7 +37,7 @@ func StartTunnelPair(ctx context.Context, l *lab.Lab, self string, spec SiteSpec
 	if err != nil {
 		return nil, err
 	}
-	p := &TunnelPair{dir: dir}
+	p := &TunnelPair{dir: dir, self: self}
 	defer func() {
 		if err != nil {
 			p.Close()
@@ -53,6 +55,7 @@ func StartTunnelPair(ctx context.Context, l *lab.Lab, self string, spec SiteSpec
 		if s.Control == "" {
 			s.Control = filepath.Join(dir, h+".sock")
 		}
+		p.controls[i] = s.Control
 		file := filepath.Join(dir, h+".toml")
 		if err := os.WriteFile(file, SiteFile(s), 0o600); err != nil {
 			return nil, err
@@ -86,6 +89,15 @@ func (p *TunnelPair) CPU() [2]time.Duration {
 		}
 	}
 	return out
+}
+
+// Status returns what `braid status --json` prints for side i's tunnel (0 for a, 1 for b).
+func (p *TunnelPair) Status(ctx context.Context, i int) ([]byte, error) {
+	out, err := exec.CommandContext(ctx, p.self, "status", "--control", p.controls[i], "--json").Output()
+	if err != nil {
+		return nil, fmt.Errorf("braid status of side %d: %w", i, err)
+	}
+	return out, nil
 }
 
 // Logs returns what both tunnels logged so far.
