@@ -149,6 +149,7 @@ type options struct {
 	cc         string   // the flow's sender's congestion control; "" the host's default
 	alone      bool     // the paths-alone rows and their sum
 	configured bool     // the default scheduler with capacities configured
+	status     string   // a directory for the tunnels' status after each tunnel flow; "" none
 }
 
 func main() {
@@ -163,6 +164,7 @@ func main() {
 	withProxy := flag.Bool("proxy", true, "run the kernel MPTCP row (through braid proxy)")
 	withAlone := flag.Bool("alone", true, "run the paths-alone rows (and the sum); -alone=false leaves the ratios out: for comparing tunnel builds")
 	withConfigured := flag.Bool("configured", true, "run the default scheduler's row with the capacities configured")
+	status := flag.String("status", "", "write both tunnels' `braid status --json` after each tunnel flow into `DIR` (CASE-up|down-SCHEDULER[-configured]-a|b.json, last run)")
 	cc := flag.String("cc", "", "TCP congestion control of each flow's sender (TCP_CONGESTION: one of net.ipv4.tcp_available_congestion_control); default: the host's")
 	flag.Parse()
 	log.SetFlags(0)
@@ -176,7 +178,7 @@ func main() {
 	if *figures == "" {
 		*figures = filepath.Dir(*out)
 	}
-	o := options{braid: bin, dur: *duration, proxy: *withProxy, cc: *cc, alone: *withAlone, configured: *withConfigured}
+	o := options{braid: bin, dur: *duration, proxy: *withProxy, cc: *cc, alone: *withAlone, configured: *withConfigured, status: *status}
 	ccName := o.cc
 	if ccName == "" {
 		b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_congestion_control")
@@ -444,6 +446,25 @@ func measureTunnel(ctx context.Context, o options, c cellCase, sched string, cap
 	defer server(l, o, "10.255.0.2:5201").Stop()
 	f := drive.Flow{Addr: "10.255.0.2:5201", Duration: o.dur, Reverse: reverse, CC: o.cc}
 	r := flow(l, l.Links(), func() traffic.BulkResult { return f.Run(ctx, l, o.braid) }, "a", "10.255.0.2", reverse)
+	if o.status != "" {
+		for i, side := range []string{"a", "b"} {
+			st, err := pair.Status(ctx, i)
+			if err == nil {
+				dir := "up"
+				if reverse {
+					dir = "down"
+				}
+				name := fmt.Sprintf("%s-%s-%s", c.id, dir, sched)
+				if capacities != nil {
+					name += "-configured"
+				}
+				err = os.WriteFile(filepath.Join(o.status, name+"-"+side+".json"), st, 0o644)
+			}
+			if err != nil {
+				drive.Fatal(err)
+			}
+		}
+	}
 	// What each path carried, in the log: where the aggregate's goodput came from.
 	var carried []string
 	for i, rates := range r.paths {
