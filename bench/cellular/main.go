@@ -33,6 +33,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"context"
 	"flag"
 	"fmt"
@@ -42,6 +43,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -164,7 +166,7 @@ func main() {
 	withProxy := flag.Bool("proxy", true, "run the kernel MPTCP row (through braid proxy)")
 	withAlone := flag.Bool("alone", true, "run the paths-alone rows (and the sum); -alone=false leaves the ratios out: for comparing tunnel builds")
 	withConfigured := flag.Bool("configured", true, "run the default scheduler's row with the capacities configured")
-	status := flag.String("status", "", "write both tunnels' `braid status --json` after each tunnel flow into `DIR` (CASE-up|down-SCHEDULER[-configured]-a|b.json, last run)")
+	status := flag.String("status", "", "write both tunnels' `braid status --json` after each tunnel flow into `DIR` (CASE-up|down-SCHEDULER[-configured]-a|b.json, last run), and each second of the flow (the same names, .jsonl)")
 	cc := flag.String("cc", "", "TCP congestion control of each flow's sender (TCP_CONGESTION: one of net.ipv4.tcp_available_congestion_control); default: the host's")
 	flag.Parse()
 	log.SetFlags(0)
@@ -445,19 +447,20 @@ func measureTunnel(ctx context.Context, o options, c cellCase, sched string, cap
 	defer pair.Close()
 	defer server(l, o, "10.255.0.2:5201").Stop()
 	f := drive.Flow{Addr: "10.255.0.2:5201", Duration: o.dur, Reverse: reverse, CC: o.cc}
+	name := fmt.Sprintf("%s-%s-%s", c.id, map[bool]string{false: "up", true: "down"}[reverse], sched)
+	if capacities != nil {
+		name += "-configured"
+	}
+	stop := func() {}
+	if o.status != "" {
+		stop = sampleStatus(ctx, pair, filepath.Join(o.status, name))
+	}
 	r := flow(l, l.Links(), func() traffic.BulkResult { return f.Run(ctx, l, o.braid) }, "a", "10.255.0.2", reverse)
+	stop()
 	if o.status != "" {
 		for i, side := range []string{"a", "b"} {
 			st, err := pair.Status(ctx, i)
 			if err == nil {
-				dir := "up"
-				if reverse {
-					dir = "down"
-				}
-				name := fmt.Sprintf("%s-%s-%s", c.id, dir, sched)
-				if capacities != nil {
-					name += "-configured"
-				}
 				err = os.WriteFile(filepath.Join(o.status, name+"-"+side+".json"), st, 0o644)
 			}
 			if err != nil {
@@ -479,6 +482,52 @@ func measureTunnel(ctx context.Context, o options, c cellCase, sched string, cap
 	log.Printf("case %s %s, tunnel %s: %.2f Mbit/s goodput; paths carried (IP Mbit/s) %s; their queues: %s",
 		c.id, direction(reverse), sched, r.goodput/1e6, strings.Join(carried, ", "), strings.Join(queues, "; "))
 	return r
+}
+
+// sampleStatus writes both tunnels' status each second into prefix-a.jsonl and prefix-b.jsonl,
+// one line each: {"t": seconds since the start, "status": what braid status --json printed},
+// until the returned function is called.
+func sampleStatus(ctx context.Context, pair *roles.TunnelPair, prefix string) (stop func()) {
+	var files [2]*os.File
+	for i, side := range []string{"a", "b"} {
+		f, err := os.Create(prefix + "-" + side + ".jsonl")
+		if err != nil {
+			drive.Fatal(err)
+		}
+		files[i] = f
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	wg.Go(func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			for i, f := range files {
+				st, err := pair.Status(ctx, i)
+				if err != nil {
+					continue // the flow goes on; a missing sample shows as a gap in t
+				}
+				var line bytes.Buffer
+				if json.Compact(&line, st) != nil {
+					continue
+				}
+				fmt.Fprintf(f, "{\"t\": %.3f, \"status\": %s}\n", time.Since(t0).Seconds(), line.Bytes())
+			}
+		}
+	})
+	return func() {
+		close(done)
+		wg.Wait()
+		for _, f := range files {
+			f.Close()
+		}
+	}
 }
 
 func mean(v []float64) float64 {
