@@ -44,9 +44,28 @@ func TestKernelLink(t *testing.T) {
 	if r := bulk("10.6.0.2:5201"); r.Steady < 2e9 {
 		t.Errorf("unlimited kernel link: %.2f Gbit/s, want more than 2", r.Steady/1e9)
 	}
-	if r := bulk("10.6.1.2:5201"); r.Steady < 0.9*0.965*200e6 || r.Steady > 200e6 {
-		t.Errorf("200 Mbit/s kernel link: goodput %.1f Mbit/s", r.Steady/1e6)
+	// A shaped link carries its rate, never more. Under make test's load the sender can be
+	// starved of CPU for part of a 2 s flow (168.6 of 200 Mbit/s in one CI run), so a flow
+	// short of the rate is measured once more; both must fall short for the test to fail.
+	shaped := func(addr string, rate float64) {
+		t.Helper()
+		for attempt := 1; ; attempt++ {
+			r := bulk(addr)
+			if r.Steady > rate {
+				t.Errorf("%.0f Mbit/s kernel link: goodput %.1f Mbit/s, more than its rate", rate/1e6, r.Steady/1e6)
+				return
+			}
+			if r.Steady >= 0.9*0.965*rate {
+				return
+			}
+			if attempt == 2 {
+				t.Errorf("%.0f Mbit/s kernel link: goodput %.1f Mbit/s in the second flow too", rate/1e6, r.Steady/1e6)
+				return
+			}
+			t.Logf("%.0f Mbit/s kernel link: goodput %.1f Mbit/s, short of its rate; measuring again", rate/1e6, r.Steady/1e6)
+		}
 	}
+	shaped("10.6.1.2:5201", 200e6)
 	lk := l.Links()[1]
 	if st := lk.Stats(0); st.Packets == 0 || st.Bytes == 0 {
 		t.Errorf("no transmit counters: %+v", st)
@@ -71,9 +90,7 @@ func TestKernelLink(t *testing.T) {
 	if _, err := l.ChangeLinks(lab.LinkRequest{Name: lk.Spec.Name, Set: lab.ShapeChange{Rate: &rate}}); err != nil {
 		t.Fatal(err)
 	}
-	if r := bulk("10.6.1.2:5201"); r.Steady < 0.9*0.965*50e6 || r.Steady > 50e6 {
-		t.Errorf("kernel link set to 50 Mbit/s: goodput %.1f Mbit/s", r.Steady/1e6)
-	}
+	shaped("10.6.1.2:5201", 50e6)
 	d := 5 * time.Millisecond
 	if _, err := l.ChangeLinks(lab.LinkRequest{Name: lk.Spec.Name, Set: lab.ShapeChange{Delay: &d}}); err == nil || !strings.Contains(err.Error(), "kernel link") {
 		t.Errorf("delay on a kernel link: %v, want a refusal", err)
