@@ -166,7 +166,7 @@ func main() {
 	withProxy := flag.Bool("proxy", true, "run the kernel MPTCP row (through braid proxy)")
 	withAlone := flag.Bool("alone", true, "run the paths-alone rows (and the sum); -alone=false leaves the ratios out: for comparing tunnel builds")
 	withConfigured := flag.Bool("configured", true, "run the default scheduler's row with the capacities configured")
-	status := flag.String("status", "", "write both tunnels' `braid status --json` after each tunnel flow into `DIR` (CASE-up|down-SCHEDULER[-configured]-a|b.json, last run), and each second of the flow (the same names, .jsonl)")
+	status := flag.String("status", "", "write both tunnels' `braid status --json` after each tunnel flow into `DIR` (CASE-up|down-SCHEDULER[-configured]-a|b.json, last run), and each second of the flow (the same names, .jsonl; two braid status processes a second run beside the flow)")
 	cc := flag.String("cc", "", "TCP congestion control of each flow's sender (TCP_CONGESTION: one of net.ipv4.tcp_available_congestion_control); default: the host's")
 	flag.Parse()
 	log.SetFlags(0)
@@ -458,14 +458,8 @@ func measureTunnel(ctx context.Context, o options, c cellCase, sched string, cap
 	r := flow(l, l.Links(), func() traffic.BulkResult { return f.Run(ctx, l, o.braid) }, "a", "10.255.0.2", reverse)
 	stop()
 	if o.status != "" {
-		for i, side := range []string{"a", "b"} {
-			st, err := pair.Status(ctx, i)
-			if err == nil {
-				err = os.WriteFile(filepath.Join(o.status, name+"-"+side+".json"), st, 0o644)
-			}
-			if err != nil {
-				drive.Fatal(err)
-			}
+		if err := pair.SaveStatus(ctx, filepath.Join(o.status, name)+"-"); err != nil {
+			drive.Fatal(err)
 		}
 	}
 	// What each path carried, in the log: where the aggregate's goodput came from.

@@ -234,19 +234,14 @@ func measure(ctx context.Context, braid string, c config, dur time.Duration, pro
 	tun0 := [2]time.Duration{tunnels[0].CPU(), tunnels[1].CPU()}
 	srv0 = drive.ProcCPU(srv.Pid())
 	res, client := drive.BulkCPU(ctx, l, braid, "10.255.0.2:5201", dur)
-	if status != "" {
-		for i, side := range []string{"a", "b"} {
-			st, err := pair.Status(ctx, i)
-			if err == nil {
-				err = os.WriteFile(filepath.Join(status, side+".json"), st, 0o644)
-			}
-			if err != nil {
-				drive.Fatal(err)
-			}
-		}
-	}
 	srvCPU := drive.ProcCPU(srv.Pid()) - srv0
 	tun1 := [2]time.Duration{tunnels[0].CPU(), tunnels[1].CPU()}
+	if status != "" {
+		// After the CPU readings: answering braid status is not the data path's work.
+		if err := pair.SaveStatus(ctx, status+string(filepath.Separator)); err != nil {
+			drive.Fatal(err)
+		}
+	}
 	segs1, re1 := tcpSegments(ctx, l)
 	r.drops = drive.SNMP(ctx, l, "a", "Udp", "RcvbufErrors") + drive.SNMP(ctx, l, "b", "Udp", "RcvbufErrors") - drops0
 	r.tunnel = res.Steady

@@ -100,6 +100,20 @@ func (p *TunnelPair) Status(ctx context.Context, i int) ([]byte, error) {
 	return out, nil
 }
 
+// SaveStatus writes what Status returns for both sides to prefix+"a.json" and prefix+"b.json".
+func (p *TunnelPair) SaveStatus(ctx context.Context, prefix string) error {
+	for i, side := range []string{"a", "b"} {
+		st, err := p.Status(ctx, i)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(prefix+side+".json", st, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Logs returns what both tunnels logged so far.
 func (p *TunnelPair) Logs() string {
 	var b strings.Builder
