@@ -250,8 +250,8 @@ func printTunnelStatus(w io.Writer, st *tunnel.Status) {
 		fmt.Fprintf(w, "\npeer %s: %s, scheduler %s, send queue %d packets (%d B), peer's reorder buffer %s\n",
 			p.Name, session, p.Scheduler, p.SendQueuePackets, p.SendQueueBytes, buffer)
 		if r := p.Reorder; r != nil {
-			fmt.Fprintf(w, "reorder buffer: hold %v, holding %d packets, %d late, %d gaps given up (lost), %d gaps held past the hold for a path still delivering, %d duplicates, %d sparse flows' packets delivered at once\n",
-				p.ReorderHold.Round(10*time.Microsecond), r.Packets, r.Late, r.Lost, r.Waited, r.Duplicates, r.Placed)
+			fmt.Fprintf(w, "reorder buffer: hold %v, holding %d packets, %d late, %d gaps given up (lost), %d gaps held past the hold for a path still delivering, %d held for a resend asked of the peer (%d filled), %d duplicates, %d sparse flows' packets delivered at once\n",
+				p.ReorderHold.Round(10*time.Microsecond), r.Packets, r.Late, r.Lost, r.Waited, r.Rescued, r.Refilled, r.Duplicates, r.Placed)
 		}
 		if p.LearnsPaths {
 			fmt.Fprintf(w, "paths learned from the peer's packets (at most %d), keepalive %v\n", p.MaxPaths, p.Keepalive)

@@ -513,6 +513,14 @@ func (s tunnelSource) WriteMetrics(w *metrics.Writer) {
 			func(p tunnel.PeerStatus) (float64, bool) {
 				return reorderStat(p, func(r *reorder.Stats) uint64 { return r.Waited })
 			}},
+		{"braid_tunnel_peer_reorder_rescued_total", "Gaps the peer's reorder buffer held past its hold for a resend it asked the peer for (gap nacks).", metrics.Counter,
+			func(p tunnel.PeerStatus) (float64, bool) {
+				return reorderStat(p, func(r *reorder.Stats) uint64 { return r.Rescued })
+			}},
+		{"braid_tunnel_peer_reorder_refilled_total", "Gaps held for a resend (braid_tunnel_peer_reorder_rescued_total) that a packet filled in time.", metrics.Counter,
+			func(p tunnel.PeerStatus) (float64, bool) {
+				return reorderStat(p, func(r *reorder.Stats) uint64 { return r.Refilled })
+			}},
 		{"braid_tunnel_peer_reorder_late_total", "Packets that came after the reorder buffer had given up on them (delivered).", metrics.Counter,
 			func(p tunnel.PeerStatus) (float64, bool) {
 				return reorderStat(p, func(r *reorder.Stats) uint64 { return r.Late })

@@ -14,7 +14,7 @@ func TestVersion(t *testing.T) {
 	for _, arg := range []string{"version", "--version"} {
 		code, out, errOut := run(arg)
 		want := "braid v1.2.3-4-gabcdef0-dirty\ncommit abcdef0123456789abcdef0123456789abcdef01\nbuilt with " +
-			runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH + "\ntunnel protocol versions 2,3\n"
+			runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH + "\ntunnel protocol versions 2,3,4\n"
 		if code != exitOK || out != want || errOut != "" {
 			t.Errorf("braid %s: code %d, stdout %q, stderr %q; want code 0, stdout %q", arg, code, out, errOut, want)
 		}

@@ -601,6 +601,13 @@ func (t *Tunnel) receive(u *uplink, src netip.AddrPort, b []byte, ob *outbox) {
 			return
 		}
 		t.onNack(p, k)
+	case mpath.TypeGapNack:
+		var k mpath.GapNack
+		if _, err := k.Decode(pt); err != nil {
+			t.stats.DropBadHeader.Add(1)
+			return
+		}
+		t.onGapNack(p, k)
 	case mpath.TypeFeedback:
 		// Feedback rides in probe replies for now; a lone one is accepted and ignored.
 	}
@@ -857,6 +864,8 @@ func (t *Tunnel) timers(ctx context.Context) {
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
 	var released []*packetBuf
+	var gaps []uint32
+	var gapNacks []mpath.GapNack
 	rtts := make([]reorder.PathRTT, 0, 8)
 	ob := &outbox{}
 	for {
@@ -898,20 +907,27 @@ func (t *Tunnel) timers(ctx context.Context) {
 				}
 			}
 			hold := t.o.ReorderCfg.HoldFor(rtts)
+			rtx := fastestRTT(rtts) + recoveryMargin
 			if t.o.Recovery {
 				// A lost packet, resent on the fastest path, comes about that path's round
 				// trip after the packets behind it: hold gaps at least that long, and as
 				// long again as the paths' spread where the loss was on the slowest.
-				rtx := fastestRTT(rtts) + recoveryMargin
 				hold += rtx
 				p.rb.SetFloor(rtx)
 			}
 			p.rb.SetHold(hold)
 			p.rb.SetInFlight(p.inFlightLocked(now, int64(t.o.ReorderCfg.MaxHold)))
+			gapNacks = gapNacks[:0]
+			if t.o.Recovery && len(p.paths) > 1 && p.gapNacks() {
+				// The nack and the resend each cross the fastest path: hold the gap
+				// half as long again, for the jitter of both.
+				gaps, gapNacks = p.overdueLocked(now, int64(rtx+rtx/2), gaps, gapNacks)
+			}
 			released = p.rb.Expire(now, released[:0])
 			p.rxq.add(p, released, ob)
 			p.mu.Unlock()
 			ob.flush(t)
+			t.sendGapNacks(p, gapNacks)
 		}
 		t.updateMTU()
 	}

@@ -101,6 +101,9 @@ type peer struct {
 	// see losses (recovery.go); guarded by mu.
 	rxPath [256]rxPathSeq
 	rxIDs  []uint8 // the path IDs of rxPath that have carried data
+	// gapFrom is the first data sequence number not yet asked for in a gap nack (recovery.go;
+	// the timers' only)
+	gapFrom uint32
 }
 
 // liveSession is a session with its birth time.

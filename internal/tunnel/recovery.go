@@ -1,11 +1,13 @@
 package tunnel
 
 import (
+	"math/bits"
 	"sync"
 	"time"
 
 	"braid/internal/tunnel/path"
 	"braid/internal/tunnel/reorder"
+	"braid/internal/tunnel/session"
 	"braid/internal/wire/mpath"
 )
 
@@ -119,19 +121,34 @@ func (r *recovery) take(pp *peerPath, ps uint32, dst []byte) (seq uint32, n int,
 	if !e.ok || e.ps != ps {
 		return 0, 0, resendMissed
 	}
-	s := &r.slots[e.seq&recoveryMask]
+	n, outcome = r.takeLocked(e.seq, dst)
+	return e.seq, n, outcome
+}
+
+// takeSeq is take for the packet of data sequence number seq (a gap nack's).
+func (r *recovery) takeSeq(seq uint32, dst []byte) (n int, outcome int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.on || r.slots == nil {
+		return 0, resendMissed
+	}
+	return r.takeLocked(seq, dst)
+}
+
+func (r *recovery) takeLocked(seq uint32, dst []byte) (n int, outcome int) {
+	s := &r.slots[seq&recoveryMask]
 	switch {
-	case s.seq != e.seq || s.n == 0:
-		return 0, 0, resendMissed
+	case s.seq != seq || s.n == 0:
+		return 0, resendMissed
 	case s.resent:
-		return 0, 0, resendDone
+		return 0, resendDone
 	case r.credit < 1:
-		return 0, 0, resendBudget
+		return 0, resendBudget
 	}
 	r.credit--
 	s.resent = true
-	off := int(e.seq&recoveryMask) * r.size
-	return e.seq, copy(dst, r.data[off:off+int(s.n)]), resendOK
+	off := int(seq&recoveryMask) * r.size
+	return copy(dst, r.data[off:off+int(s.n)]), resendOK
 }
 
 // rxPathSeq follows the numbering of one of the peer's paths at the receiver.
@@ -246,6 +263,101 @@ func (t *Tunnel) nack(p *peer, from uint8, first uint32, count int) {
 	}
 }
 
+// Gap nacks (protocol version 4). A path that stalls (a cellular link with no transmit
+// opportunity for a few hundred ms) loses nothing and so shows no gap in its own numbering,
+// while the packets numbered after what it holds arrive on the other paths: the receiver's
+// reorder buffer waits, and gives the gaps up after its hold, which the inner TCP takes as
+// losses. The receiver sees the stall first, as gaps that wait longer than its gaps usually
+// take to fill (reorder.Buffer.Overdue: the hold that the reordering seen lately needs, at
+// least minGapWait), and names their data sequence numbers in gap nacks on its fastest path;
+// the sender resends those it keeps, once each and within loss recovery's budget, on its
+// fastest path, and the receiver holds the gaps past the hold until the resends can come
+// (reorder.Buffer.Rescue). The originals, when the stall ends, are duplicates and dropped.
+const (
+	// minGapWait is the least a gap waits before the receiver asks for it: below it, the
+	// paths' own jitter fills gaps, and a resend would only double the packet.
+	minGapWait = 10 * time.Millisecond
+	// maxGapNacked is the most numbers one peer's receiver asks for on one timer tick.
+	maxGapNacked = 256
+)
+
+// gapNacks reports whether p's session speaks gap nacks (protocol version 4).
+func (p *peer) gapNacks() bool {
+	ls := p.cur.Load()
+	return ls != nil && ls.s.Version >= session.V4
+}
+
+// overdueLocked asks p's reorder buffer for the numbers missing longer than gaps usually take
+// to fill and not asked for yet, holds their gaps for a resend until rescue ns from now, and
+// appends to out the gap nacks that name them. p.mu is held.
+func (p *peer) overdueLocked(now, rescue int64, gaps []uint32, out []mpath.GapNack) ([]uint32, []mpath.GapNack) {
+	wait := max(int64(p.rb.Usual()), int64(minGapWait))
+	gaps = p.rb.Overdue(now, wait, p.gapFrom, maxGapNacked, gaps[:0])
+	for _, x := range gaps {
+		p.rb.Rescue(x, now+rescue)
+		if n := len(out); n > 0 && x-out[n-1].First < 64 {
+			out[n-1].Missing |= 1 << (63 - (x - out[n-1].First))
+		} else {
+			out = append(out, mpath.GapNack{First: x, Missing: 1 << 63})
+		}
+		p.gapFrom = x + 1
+	}
+	return gaps, out
+}
+
+// sendGapNacks sends ks on p's fastest path.
+func (t *Tunnel) sendGapNacks(p *peer, ks []mpath.GapNack) {
+	if len(ks) == 0 {
+		return
+	}
+	pp := p.fastest()
+	if pp == nil {
+		return
+	}
+	for i := range ks {
+		if t.sendSealed(p, pp, mpath.TypeGapNack, ks[i].Encode) {
+			t.stats.GapNacksSent.Add(1)
+		}
+	}
+}
+
+// onGapNack resends what a gap nack names, each packet on this side's fastest path.
+func (t *Tunnel) onGapNack(p *peer, k mpath.GapNack) {
+	t.stats.GapNacksReceived.Add(1)
+	if k.Missing == 0 || !p.gapNacks() {
+		t.stats.DropBadHeader.Add(1)
+		return
+	}
+	pp := p.fastest()
+	if pp == nil {
+		t.stats.DropNoPath.Add(1)
+		return
+	}
+	pb := t.getBuf()
+	defer t.putBuf(pb)
+	for m := k.Missing; m != 0; {
+		i := bits.LeadingZeros64(m)
+		m &^= 1 << (63 - i)
+		seq := k.First + uint32(i)
+		n, outcome := p.rtx.takeSeq(seq, pb.b[headroom:])
+		if t.mayResend(outcome) && t.resend(p, pp, pb.b, n, seq) {
+			t.stats.Resent.Add(1)
+			t.stats.GapResent.Add(1)
+		}
+	}
+}
+
+// mayResend counts a take's outcome and reports whether the packet is to be resent.
+func (t *Tunnel) mayResend(outcome int) bool {
+	switch outcome {
+	case resendMissed:
+		t.stats.ResendMissed.Add(1)
+	case resendBudget:
+		t.stats.ResendBudget.Add(1)
+	}
+	return outcome == resendOK
+}
+
 // onNack resends what a nack reports lost, each packet on this side's fastest path.
 func (t *Tunnel) onNack(p *peer, k mpath.Nack) {
 	t.stats.NacksReceived.Add(1)
@@ -263,17 +375,7 @@ func (t *Tunnel) onNack(p *peer, k mpath.Nack) {
 	defer t.putBuf(pb)
 	for i := range min(int(k.Count), maxNackRun) {
 		seq, n, outcome := p.rtx.take(lost, k.First+uint32(i), pb.b[headroom:])
-		switch outcome {
-		case resendMissed:
-			t.stats.ResendMissed.Add(1)
-			continue
-		case resendDone:
-			continue
-		case resendBudget:
-			t.stats.ResendBudget.Add(1)
-			continue
-		}
-		if t.resend(p, pp, pb.b, n, seq) {
+		if t.mayResend(outcome) && t.resend(p, pp, pb.b, n, seq) {
 			t.stats.Resent.Add(1)
 		}
 	}

@@ -2,7 +2,12 @@ package tunnel
 
 import (
 	"bytes"
+	"slices"
 	"testing"
+	"time"
+
+	"braid/internal/tunnel/reorder"
+	"braid/internal/wire/mpath"
 )
 
 // The receiver reports each gap in a path's numbering once, as it first sees it, and nothing
@@ -102,6 +107,26 @@ func TestRecoveryTake(t *testing.T) {
 	if _, _, out := r.take(a, 7, dst); out != resendBudget {
 		t.Errorf("resend beyond the budget: outcome %d, want resendBudget", out)
 	}
+	// A gap nack names data sequence numbers: the same packets, the same rules.
+	r.credit = 2
+	if n, out := r.takeSeq(1009, dst); out != resendOK || !bytes.Equal(dst[:n], pkt(1009)) {
+		t.Fatalf("takeSeq(1009) = %d bytes, outcome %d; want %d bytes, ok", n, out, len(pkt(1009)))
+	}
+	if _, out := r.takeSeq(1007, dst); out != resendDone {
+		t.Errorf("takeSeq of a packet resent for a nack: outcome %d, want resendDone", out)
+	}
+	if _, out := r.takeSeq(999, dst); out != resendMissed {
+		t.Errorf("takeSeq of a number never sent: outcome %d, want resendMissed", out)
+	}
+	if _, out := r.takeSeq(1010, dst); out != resendDone {
+		t.Errorf("takeSeq of a packet resent for a nack: outcome %d, want resendDone", out)
+	}
+	if _, out := r.takeSeq(1011, dst); out != resendOK {
+		t.Errorf("takeSeq within the budget: outcome %d", out)
+	}
+	if _, out := r.takeSeq(1013, dst); out != resendBudget {
+		t.Errorf("takeSeq beyond the budget: outcome %d, want resendBudget", out)
+	}
 	// After recoverySlots more packets the old ones are gone.
 	for seq := uint32(2000); seq < 2000+recoverySlots; seq++ {
 		r.record(a, seq, pkt(seq), true)
@@ -170,5 +195,47 @@ func TestInFlightFromPathsStillDelivering(t *testing.T) {
 	}
 	if len(p.rxIDs) != 2 {
 		t.Fatalf("rxIDs %v: want each path once", p.rxIDs)
+	}
+}
+
+// The receiver asks once for each number missing behind packets that waited longer than gaps
+// usually take, packs the numbers into gap nacks of 64, and holds their gaps for the resends.
+func TestOverdueGapNacks(t *testing.T) {
+	rb, err := reorder.New[*packetBuf](reorder.Config{Hold: 20 * time.Millisecond, Learn: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &peer{rb: rb}
+	const ms = int64(time.Millisecond)
+	var out []*packetBuf
+	out = rb.Push(1, 100, 1000, nil, out)
+	// The numbers from 101 to 200 arrive but 102, 140 and 180 to 182 (a stalled path's).
+	for seq := uint32(101); seq <= 200; seq++ {
+		if seq != 102 && seq != 140 && (seq < 180 || seq > 182) {
+			out = rb.Push(2*ms, seq, 1000, nil, out)
+		}
+	}
+	gaps, ks := p.overdueLocked(5*ms, 30*ms, nil, nil)
+	if len(ks) != 0 {
+		t.Fatalf("after 3 ms: gap nacks %+v, want none (gaps usually take longer)", ks)
+	}
+	now := 2*ms + int64(rb.Usual()) + 1
+	gaps, ks = p.overdueLocked(now, 30*ms, gaps, ks[:0])
+	want := []mpath.GapNack{
+		{First: 102, Missing: 1<<63 | 1<<(63-38)},
+		{First: 180, Missing: 1<<63 | 1<<62 | 1<<61},
+	}
+	if !slices.Equal(gaps, []uint32{102, 140, 180, 181, 182}) || !slices.Equal(ks, want) {
+		t.Fatalf("overdue %v, gap nacks %+v; want 102, 140, 180-182 in %+v", gaps, ks, want)
+	}
+	if _, ks = p.overdueLocked(now+ms, 30*ms, gaps, ks[:0]); len(ks) != 0 {
+		t.Fatalf("asked again: %+v", ks)
+	}
+	// Held past the hold for the resends, given up when they do not come.
+	if out = rb.Expire(now+25*ms, out[:0]); len(out) != 0 {
+		t.Fatalf("released %d packets while the resends may still come", len(out))
+	}
+	if out = rb.Expire(now+30*ms, out[:0]); len(out) != 94 || rb.Stats().Rescued != 5 {
+		t.Fatalf("released %d packets (want the 94 held), %d gaps rescued (want 5)", len(out), rb.Stats().Rescued)
 	}
 }

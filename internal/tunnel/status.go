@@ -62,6 +62,9 @@ type Counters struct {
 	// Loss recovery (recovery.go): nacks sent and received, packets resent, and nacked
 	// packets not resent because they were no longer kept or the resend budget was spent.
 	NacksSent, NacksReceived, Resent, ResendMissed, ResendBudget atomic.Uint64
+	// Gap nacks (recovery.go, protocol version 4): sent and received, and the packets resent
+	// for them (counted in Resent too).
+	GapNacksSent, GapNacksReceived, GapResent atomic.Uint64
 	// SparseCopies are the extra copies of sparse flows' packets sent on other paths
 	// (Options.SparseFlows); SparseCapped the sparse packets sent once because the peer's
 	// budget for copies was spent.
@@ -315,6 +318,7 @@ func (c *Counters) snapshot() map[string]uint64 {
 		"uplink_rebinds": c.UplinkRebinds.Load(), "uplink_announces": c.UplinkAnnounces.Load(),
 		"nacks_sent": c.NacksSent.Load(), "nacks_received": c.NacksReceived.Load(), "resent": c.Resent.Load(),
 		"resend_missed": c.ResendMissed.Load(), "resend_budget": c.ResendBudget.Load(),
+		"gap_nacks_sent": c.GapNacksSent.Load(), "gap_nacks_received": c.GapNacksReceived.Load(), "gap_resent": c.GapResent.Load(),
 		"sparse_copies": c.SparseCopies.Load(), "sparse_capped": c.SparseCapped.Load(),
 	}
 }

@@ -14,7 +14,9 @@ import (
 // Expire, must release every packet at most once, and, once flushed, must have released or
 // counted as a duplicate every packet pushed. A mode with its top bit set places the number
 // instead (Place: the caller delivered the packet): the buffer must never release a placed
-// packet, and every placed number is counted as placed or as a duplicate.
+// packet, and every placed number is counted as placed or as a duplicate. As time passes, the
+// gaps Overdue names are held for a resend (Rescue) for an arbitrary while: Overdue must name
+// only missing numbers, and a rescue must not keep a packet past its deadline either.
 func FuzzReorderHostile(f *testing.F) {
 	arrival := func(mode byte, v uint32, size uint16) []byte {
 		b := []byte{mode, 0, 0, 0, 0, 0, 0}
@@ -61,6 +63,16 @@ func FuzzReorderHostile(f *testing.F) {
 				// in flight (below, at or beyond the gap, or nothing).
 				now += int64(v % uint32(time.Second))
 				b.SetInFlight(seq-v%8, v&1 == 0)
+				if v&2 != 0 {
+					// The caller asks for the overdue gaps again and holds them for the
+					// resends a while.
+					for _, x := range b.Overdue(now, int64(v%uint32(20*time.Millisecond)), seq-v%64, 64, nil) {
+						if b.Seen(x) {
+							t.Fatalf("Overdue named %d, which is held", x)
+						}
+						b.Rescue(x, now+int64(v%uint32(50*time.Millisecond)))
+					}
+				}
 				out = b.Expire(now, out[:0])
 				for _, id := range out {
 					released[id]++

@@ -187,9 +187,12 @@ type Stats struct {
 	// (SetInFlight); each is then filled or, at MaxHold, counted in Timeouts and Lost.
 	Waited uint64
 	// Placed counts the packets the caller delivered itself, out of order (Place).
-	Placed  uint64
-	Packets int // packets held now
-	Bytes   int // bytes held now
+	Placed uint64
+	// Rescued counts the gaps held past the hold for a resend (Rescue); Refilled the gaps so
+	// held that a packet then filled in time (the resend or the original).
+	Rescued, Refilled uint64
+	Packets           int // packets held now
+	Bytes             int // bytes held now
 }
 
 // Slot states. A slot remembers the last sequence number it held even after delivery, which is
@@ -208,6 +211,9 @@ type slot[T any] struct {
 	// placed: the number's packet was delivered by the caller (Place); held, the slot has
 	// nothing to deliver, and a copy that comes later is only a duplicate
 	placed bool
+	// Rescue: number rseq is missing and its resend may come until runtil (0: not rescued)
+	rseq   uint32
+	runtil int64
 }
 
 // arrival is a FIFO entry: when a held packet arrived. Entries whose packet has since been
@@ -246,6 +252,9 @@ type Buffer[T any] struct {
 	// the gap last counted in Stats.Waited
 	waitedSeq uint32
 	waited    bool
+
+	// Rescue: no gap is held for a resend after rescueEnd (ns)
+	rescueEnd int64
 
 	fifo       []arrival // ring of 2 × len(ring); see push for why that is enough
 	fifoHead   int
@@ -343,6 +352,16 @@ func (b *Buffer[T]) learnLate(now int64, wait, late int64) {
 	b.hold = min(max(h, int64(b.cfg.MinHold), b.floor), ceil)
 }
 
+// Usual returns how long gaps take to fill lately (Config.Learn): the hold in force without
+// SetFloor's floor, at least MinHold and at most the ceiling. Without Learn it is Hold.
+func (b *Buffer[T]) Usual() time.Duration {
+	if !b.cfg.Learn {
+		return time.Duration(b.hold)
+	}
+	h := int64(b.need*5/4) + int64(holdMargin)
+	return time.Duration(min(max(h, int64(b.cfg.MinHold)), b.hold))
+}
+
 // Hold returns the current hold time.
 func (b *Buffer[T]) Hold() time.Duration { return time.Duration(b.hold) }
 
@@ -396,12 +415,18 @@ func (b *Buffer[T]) Push(now int64, seq uint32, size int, v T, out []T) []T {
 	switch {
 	case d == 0:
 		b.candN = 0
+		rescued := b.rescuedAt(seq, now)
+		if rescued {
+			b.st.Refilled++
+		}
 		out = b.give(out, v)
 		b.markDelivered(seq)
 		b.next++
 		b.st.InOrder++
 		if b.count > 0 {
-			if b.cfg.Learn {
+			// A gap filled by a resend (Rescue) waited for a stall or a loss, not for
+			// reordering: its wait says nothing of how long gaps need.
+			if b.cfg.Learn && !rescued {
 				if e, ok := b.oldest(); ok {
 					b.learn(now, now-e.at)
 				}
@@ -560,6 +585,9 @@ func (b *Buffer[T]) insert(now int64, seq uint32, size int, v T, out []T) []T {
 			return b.Push(now, seq, size, v, out)
 		}
 	}
+	if b.rescuedAt(seq, now) {
+		b.st.Refilled++
+	}
 	*s = slot[T]{v: v, seq: seq, size: int32(size), state: slotHeld, placed: b.placing}
 	b.count++
 	b.byt += size
@@ -690,10 +718,14 @@ func (b *Buffer[T]) NextDeadline() (at int64, ok bool) {
 	if !ok {
 		return 0, false
 	}
+	at = e.at + b.hold
 	if b.pending() {
-		return e.at + max(b.hold, int64(b.cfg.MaxHold)), true
+		at = e.at + max(b.hold, int64(b.cfg.MaxHold))
 	}
-	return e.at + b.hold, true
+	if b.rescuedAt(b.next, e.at) || b.rescuedAt(b.next, at) {
+		at = max(at, b.ring[b.next&b.mask].runtil)
+	}
+	return at, true
 }
 
 // SetInFlight tells the buffer the lowest sequence number that one of the peer's paths, still
@@ -736,11 +768,98 @@ func (b *Buffer[T]) Expire(now int64, out []T) []T {
 			}
 			return out
 		}
+		if b.rescuedAt(b.next, now) {
+			return out
+		}
 		b.st.Timeouts++
 		b.lostAt, b.lostWait, b.timedOut = now, now-e.at, true
-		out = b.skipTo(e.seq, out)
+		// Give up on the gaps up to the oldest packet, but not past a gap still held for its
+		// resend: the loop comes back to it, at next, and holds there.
+		out = b.skipTo(b.rescueBefore(e.seq, now), out)
 		out = b.drain(out, true)
 	}
+}
+
+// Overdue appends to out, in order, the sequence numbers missing before the packets that have
+// waited at least wait ns by now, from from (when it lies within the ring ahead of the next
+// expected number; else from that number), at most limit of them, and returns it. These are the gaps that took longer to fill than gaps
+// usually do: a path holding them has stalled or lost them without a later packet of its own
+// to show it, and the caller may ask the sender for them again (and hold them, Rescue).
+func (b *Buffer[T]) Overdue(now, wait int64, from uint32, limit int, out []uint32) []uint32 {
+	if !b.start || b.count == 0 || limit <= 0 {
+		return out
+	}
+	var hi uint32
+	found := false
+	for i, j := 0, b.fifoHead; i < b.fifoLen; i++ {
+		e := b.fifo[j]
+		if e.at > now-wait {
+			break
+		}
+		if s := &b.ring[e.seq&b.mask]; s.state == slotHeld && s.seq == e.seq && (!found || int32(e.seq-hi) > 0) {
+			hi, found = e.seq, true
+		}
+		if j++; j == len(b.fifo) {
+			j = 0
+		}
+	}
+	if !found {
+		return out
+	}
+	x := b.next
+	if d := int32(from - x); d > 0 && int64(d) < int64(len(b.ring)) {
+		x = from
+	}
+	for n := 0; int32(hi-x) > 0 && n < limit; x++ {
+		if s := &b.ring[x&b.mask]; s.state != slotHeld || s.seq != x {
+			out = append(out, x)
+			n++
+		}
+	}
+	return out
+}
+
+// Rescue holds the gap of number seq, missing now, until until (monotonic ns) even past the
+// hold: the caller has asked the sender for it again (Overdue), and the resend takes a round
+// trip. A number not missing, or outside the sequence window ahead, is ignored. The resend's
+// wait does not count as a need for holding (Config.Learn).
+func (b *Buffer[T]) Rescue(seq uint32, until int64) {
+	d := int64(int32(seq - b.next))
+	if !b.start || d < 0 || d >= int64(len(b.ring)) {
+		return
+	}
+	s := &b.ring[seq&b.mask]
+	if s.state == slotHeld && s.seq == seq {
+		return
+	}
+	if s.rseq != seq || s.runtil == 0 {
+		b.st.Rescued++
+	}
+	s.rseq, s.runtil = seq, until
+	b.rescueEnd = max(b.rescueEnd, until)
+}
+
+// rescuedAt reports whether the gap of number seq is held for a resend at now (Rescue).
+func (b *Buffer[T]) rescuedAt(seq uint32, now int64) bool {
+	if now >= b.rescueEnd {
+		return false
+	}
+	s := &b.ring[seq&b.mask]
+	return s.rseq == seq && s.runtil > now
+}
+
+// rescueBefore returns the first number from next to, not including, to whose gap is held for
+// a resend at now, or to when none is.
+func (b *Buffer[T]) rescueBefore(to uint32, now int64) uint32 {
+	if now >= b.rescueEnd {
+		return to
+	}
+	for x := b.next; x != to; x++ {
+		if s := &b.ring[x&b.mask]; s.state != slotHeld && b.rescuedAt(x, now) {
+			return x
+		}
+	}
+	return to
 }
 
 // Flush releases everything held, in order, declaring the gaps lost. The next expected

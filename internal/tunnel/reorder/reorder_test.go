@@ -665,3 +665,53 @@ func TestPlaceKeepsOrderAndDropsCopies(t *testing.T) {
 	wantOut(t, "expire with only a placed number held", b.Expire(time.Hour.Nanoseconds(), nil))
 	wantOut(t, "the gap filled", push(b, 12*ms, 14), 14)
 }
+
+// Overdue names the numbers missing before packets that waited at least the given time, from
+// where the caller left off; Rescue holds such a gap past the hold until its resend may come,
+// and gives it up then; a gap filled by the resend does not teach the buffer to hold longer.
+func TestOverdueAndRescue(t *testing.T) {
+	b := newBuf(t, Config{MinHold: time.Millisecond, MaxHold: 100 * time.Millisecond, Hold: 20 * time.Millisecond, Learn: true})
+	b.SetHold(20 * time.Millisecond)
+	wantOut(t, "0", push(b, 0, 0), 0)
+	wantOut(t, "2, 3", append(push(b, 1*ms, 2), push(b, 1*ms, 3)...))
+	wantOut(t, "6", push(b, 8*ms, 6))
+	if got := b.Overdue(5*ms, 10*ms, 0, 64, nil); len(got) != 0 {
+		t.Fatalf("Overdue before any packet waited 10 ms: %v", got)
+	}
+	got := b.Overdue(11*ms, 10*ms, 0, 64, nil)
+	wantOut(t, "Overdue at 11 ms", got, 1)
+	got = b.Overdue(18*ms, 10*ms, 0, 64, nil)
+	wantOut(t, "Overdue at 18 ms", got, 1, 4, 5)
+	wantOut(t, "Overdue from 2", b.Overdue(18*ms, 10*ms, 2, 64, nil), 4, 5)
+	wantOut(t, "Overdue of at most 2", b.Overdue(18*ms, 10*ms, 0, 2, nil), 1, 4)
+	b.Rescue(1, 45*ms)
+	b.Rescue(5, 45*ms)
+	b.Rescue(3, 45*ms) // held: ignored
+	if st := b.Stats(); st.Rescued != 2 {
+		t.Fatalf("Rescued = %d, want 2", st.Rescued)
+	}
+	// Past the hold (20 ms after 1 ms) the gap of 1 is held for its resend.
+	wantOut(t, "expire at 30 ms", b.Expire(30*ms, nil))
+	if at, _ := b.NextDeadline(); at != 45*ms {
+		t.Fatalf("NextDeadline = %v ms, want 45", at/ms)
+	}
+	// The resend of 1 comes: 1 to 3 go; 4 was not rescued and has waited past the hold
+	// (behind 6, which came at 8 ms), so it is given up, but 5 is held for its resend.
+	wantOut(t, "resend of 1", push(b, 40*ms, 1), 1, 2, 3)
+	if b.need > float64(20*ms) {
+		t.Fatalf("need %v ms after a rescued gap filled, want at most 20 (the rescue's 39 ms is not learnt)", b.need/float64(ms))
+	}
+	wantOut(t, "expire at 41 ms", b.Expire(41*ms, nil))
+	if st := b.Stats(); st.Lost != 1 || st.Refilled != 1 || b.next != 5 {
+		t.Fatalf("after the resend of 1: lost %d, refilled %d, next %d; want 1, 1, 5", st.Lost, st.Refilled, b.next)
+	}
+	// No resend of 5 by its deadline: it is given up then.
+	wantOut(t, "expire at 44 ms", b.Expire(44*ms, nil))
+	wantOut(t, "expire at 45 ms", b.Expire(45*ms, nil), 6)
+	if st := b.Stats(); st.Lost != 2 || st.Refilled != 1 || st.Timeouts != 2 {
+		t.Fatalf("lost %d, refilled %d, timeouts %d; want 2, 1, 2", st.Lost, st.Refilled, st.Timeouts)
+	}
+	if msg := b.check(); msg != "" {
+		t.Fatal(msg)
+	}
+}

@@ -18,16 +18,19 @@ type Versions uint16
 // fewer fields). Version 3 is version 2 with sparse flows (docs/tunnel-wire.md, "Protocol
 // versions"): the packets are the same, but the receiver delivers a sparse flow's packet at
 // once and drops its copies whatever their number, so that the sender may send it ahead of
-// packets numbered before it and on every path. This release speaks 2 and 3.
+// packets numbered before it and on every path. Version 4 is version 3 with gap nacks (message
+// type 8): the receiver names the data sequence numbers its reorder buffer has waited for too
+// long, and the sender resends them. This release speaks 2, 3 and 4.
 const (
 	V1 Version = 1
 	V2 Version = 2
 	V3 Version = 3
+	V4 Version = 4
 
 	// Current is the version this release speaks best.
-	Current = V3
+	Current = V4
 	// Supported are the versions this release speaks: it offers them and chooses among them.
-	Supported = Versions(1<<V2 | 1<<V3)
+	Supported = Versions(1<<V2 | 1<<V3 | 1<<V4)
 )
 
 // ErrVersion: the two sides speak no protocol version in common.

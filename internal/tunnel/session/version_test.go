@@ -22,20 +22,22 @@ var fuzzNow = time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
 // The responder chooses the highest version both speak; the keys and sessions of both sides
 // name it; with none in common the handshake is refused with ErrVersion.
 func TestVersionNegotiation(t *testing.T) {
-	v4 := Versions(1 << 4)
+	v5 := Versions(1 << 5)
 	for _, tc := range []struct {
 		name         string
 		offer, speak Versions
 		want         Version
 		err          error
 	}{
-		{"this release on both sides", Supported, Supported, V3, nil},
-		{"the release before (2 alone) to this one", V2.bit(), Supported, V2, nil},
-		{"this release to the release before", Supported, V2.bit(), V2, nil},
-		{"a next release (2, 3, 4) to this one", Supported | v4, Supported, V3, nil},
-		{"this release to a next one", Supported, Supported | v4, V3, nil},
-		{"two next releases", Supported | v4, Supported | v4, 4, nil},
-		{"a release that dropped 2 and 3", v4, Supported, 0, ErrVersion},
+		{"this release on both sides", Supported, Supported, V4, nil},
+		{"a release of 2 alone to this one", V2.bit(), Supported, V2, nil},
+		{"this release to a release of 2 alone", Supported, V2.bit(), V2, nil},
+		{"the release before (2, 3) to this one", V2.bit() | V3.bit(), Supported, V3, nil},
+		{"this release to the release before", Supported, V2.bit() | V3.bit(), V3, nil},
+		{"a next release (2 to 5) to this one", Supported | v5, Supported, V4, nil},
+		{"this release to a next one", Supported, Supported | v5, V4, nil},
+		{"two next releases", Supported | v5, Supported | v5, 5, nil},
+		{"a release that dropped 2 to 4", v5, Supported, 0, ErrVersion},
 	} {
 		a, b := mustKey(t), mustKey(t)
 		eph := mustKey(t)
@@ -90,7 +92,7 @@ func TestVersion1Refused(t *testing.T) {
 // Later versions may append sealed fields; this one reads what it knows and ignores the rest.
 func TestHandshakeExtensionsIgnored(t *testing.T) {
 	a, b := mustKey(t), mustKey(t)
-	in, msg, err := initiate(a, b.Public(), mustKey(t), 3, AllCiphers, Supported|1<<4, time.Now(), 20)
+	in, msg, err := initiate(a, b.Public(), mustKey(t), 3, AllCiphers, Supported|1<<5, time.Now(), 20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,8 +119,8 @@ func TestFinishRefusesUnofferedVersion(t *testing.T) {
 	a, b := mustKey(t), mustKey(t)
 	in, msg, _ := initiate(a, b.Public(), mustKey(t), 1, AllCiphers, Supported, time.Now(), 0)
 	got, _ := Receive(b, msg)
-	got.Versions = 1 << 4 // a responder that does not read the offer
-	resp, _, err := got.respond(mustKey(t), 2, AllCiphers, 1<<4, 0)
+	got.Versions = 1 << 5 // a responder that does not read the offer
+	resp, _, err := got.respond(mustKey(t), 2, AllCiphers, 1<<5, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +149,7 @@ func TestVersionsBest(t *testing.T) {
 func fuzzInitiations(t testing.TB) (initiator, responder PrivateKey, msgs [][]byte) {
 	initiator, responder = fixedKey(1), fixedKey(100)
 	for i, extra := range []int{0, -2, 16} {
-		_, msg, err := initiate(initiator, responder.Public(), fixedKey(byte(50+i)), uint32(10+i), AllCiphers, Supported|1<<4, fuzzNow, extra)
+		_, msg, err := initiate(initiator, responder.Public(), fixedKey(byte(50+i)), uint32(10+i), AllCiphers, Supported|1<<5, fuzzNow, extra)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -210,7 +212,7 @@ func FuzzHandshakeResponse(f *testing.F) {
 	var resps [][]byte
 	var keys []Keys
 	for i, extra := range []int{0, 24} {
-		_, msg, err := initiate(initiator, responder.Public(), fixedKey(50), 10, AllCiphers, Supported|1<<4, fuzzNow, 0)
+		_, msg, err := initiate(initiator, responder.Public(), fixedKey(50), 10, AllCiphers, Supported|1<<5, fuzzNow, 0)
 		if err != nil {
 			f.Fatal(err)
 		}
@@ -229,7 +231,7 @@ func FuzzHandshakeResponse(f *testing.F) {
 	f.Add([]byte{})
 	f.Add(make([]byte, ResponseLen))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		in, _, err := initiate(initiator, responder.Public(), fixedKey(50), 10, AllCiphers, Supported|1<<4, fuzzNow, 0)
+		in, _, err := initiate(initiator, responder.Public(), fixedKey(50), 10, AllCiphers, Supported|1<<5, fuzzNow, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -79,7 +79,7 @@ func FuzzHeader(f *testing.F) {
 		if err == nil && (n != HeaderLen || h.Flags != 0 && (h.Flags&^(FlagClear|FlagSparse) != 0 || h.Type != TypeData)) {
 			t.Fatalf("n = %d, Flags = %#x", n, h.Flags)
 		}
-		// Built values: only the nine types, and no flags but FlagClear and FlagSparse on data, decode; others
+		// Built values: only the eleven types, and no flags but FlagClear and FlagSparse on data, decode; others
 		// fail as documented.
 		v := Header{Type: uint8(x), Path: uint8(x >> 8), Flags: uint16(x >> 16), Counter: counter}
 		buf := make([]byte, HeaderLen)
@@ -87,7 +87,7 @@ func FuzzHeader(f *testing.F) {
 		var got Header
 		_, err = got.Decode(buf)
 		switch v.Type {
-		case TypeData, TypeProbe, TypeProbeReply, TypeFeedback, TypeMTUProbe, TypeMTUAck, TypeNack, TypeHandshakeInit, TypeHandshakeResp, TypeCookieReply:
+		case TypeData, TypeProbe, TypeProbeReply, TypeFeedback, TypeMTUProbe, TypeMTUAck, TypeNack, TypeGapNack, TypeHandshakeInit, TypeHandshakeResp, TypeCookieReply:
 			if v.Flags != 0 && !(v.Flags&^(FlagClear|FlagSparse) == 0 && v.Type == TypeData) {
 				if err != ErrUnknownFlags {
 					t.Fatalf("Decode(Encode(%+v)): %v, want ErrUnknownFlags", v, err)
@@ -169,6 +169,17 @@ func FuzzNack(f *testing.F) {
 			t.Fatalf("len(b) = %d: n = %d, %v", len(b), n, err)
 		}
 		checkRoundTrip(t, Nack{First: x, Count: uint16(y), Path: uint8(y >> 16)}, NackLen, nil)
+	})
+}
+
+func FuzzGapNack(f *testing.F) {
+	addSeeds(f, gapNackVectors, gapNackErrors)
+	f.Fuzz(func(t *testing.T, b []byte, z uint64, x, _ uint32) {
+		_, n, err := checkDecode(t, b, dirtyGapNack, []error{ErrTruncated, ErrTrailing}, nil)
+		if (err == nil) != (len(b) == GapNackLen) || err == nil && n != GapNackLen {
+			t.Fatalf("len(b) = %d: n = %d, %v", len(b), n, err)
+		}
+		checkRoundTrip(t, GapNack{First: x, Missing: z}, GapNackLen, nil)
 	})
 }
 

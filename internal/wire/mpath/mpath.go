@@ -23,6 +23,7 @@
 //	Type 5 MTU probe: | Seq (4) | Timestamp (4) | padding to the size probed           |  Probe
 //	Type 6 MTU ack:   | Seq (4) | Size (4, the probe's UDP payload as received)         |  MTUAck
 //	Type 7 nack:      | First (4) | Count (2) | Path (1)                                 |  Nack
+//	Type 8 gap nack:  | First (4) | Missing (8, bit 63 - i: number First + i)             |  GapNack
 //
 //	path feedback:    | Bytes (8) | Packets (4) | Lost (4) | ReorderPackets (4) | ReorderKiB (4) |
 //	                  | Time (4) | ReorderFreeKiB (4) |
@@ -70,6 +71,7 @@ const (
 	TypeMTUProbe      = 5
 	TypeMTUAck        = 6
 	TypeNack          = 7
+	TypeGapNack       = 8
 	TypeHandshakeInit = 16
 	TypeHandshakeResp = 17
 	TypeCookieReply   = 18
@@ -92,7 +94,7 @@ type Header struct {
 
 // Decode overwrites h with the header at the start of b and returns HeaderLen; the sealed
 // payload is b[HeaderLen:]. Errors, in the order checked: ErrTruncated, ErrType (a type other
-// than the nine defined), ErrUnknownFlags (a flag other than FlagClear and FlagSparse, or a flag
+// than the eleven defined), ErrUnknownFlags (a flag other than FlagClear and FlagSparse, or a flag
 // on another type than data).
 func (h *Header) Decode(b []byte) (n int, err error) {
 	*h = Header{}
@@ -101,7 +103,7 @@ func (h *Header) Decode(b []byte) (n int, err error) {
 	}
 	switch b[0] {
 	case TypeData, TypeProbe, TypeProbeReply, TypeFeedback, TypeMTUProbe, TypeMTUAck, TypeNack,
-		TypeHandshakeInit, TypeHandshakeResp, TypeCookieReply:
+		TypeGapNack, TypeHandshakeInit, TypeHandshakeResp, TypeCookieReply:
 	default:
 		return 0, ErrType
 	}

@@ -88,6 +88,7 @@ var (
 	dirtyReply    = ProbeReply{Seq: 5, Timestamp: 6, Hold: 7, Feedback: dirtyFeedback}
 	dirtyMTUAck   = MTUAck{Seq: 8, Size: 9}
 	dirtyNack     = Nack{First: 8, Count: 9, Path: 10}
+	dirtyGapNack  = GapNack{First: 11, Missing: 12}
 )
 
 var headerVectors = []vector[Header]{
@@ -100,6 +101,7 @@ var headerVectors = []vector[Header]{
 	{name: "mtu probe", in: "05 02 0000 0000000000000009 00", want: Header{Type: TypeMTUProbe, Path: 2, Counter: 9}, n: 12},
 	{name: "mtu ack", in: "06 03 0000 000000000000000a", want: Header{Type: TypeMTUAck, Path: 3, Counter: 10}, n: 12},
 	{name: "nack", in: "07 04 0000 000000000000000b", want: Header{Type: TypeNack, Path: 4, Counter: 11}, n: 12},
+	{name: "gap nack", in: "08 05 0000 000000000000000c", want: Header{Type: TypeGapNack, Path: 5, Counter: 12}, n: 12},
 	{name: "handshake init", in: "10 00 0000 0000000000000000 01", want: Header{Type: TypeHandshakeInit}, n: 12},
 	{name: "handshake response", in: "11 00 0000 0000000000000002", want: Header{Type: TypeHandshakeResp, Counter: 2}, n: 12},
 	{name: "cookie reply", in: "12 00 0000 0000000000000000", want: Header{Type: TypeCookieReply}, n: 12},
@@ -111,7 +113,8 @@ var headerErrors = []errVector{
 	{"11 bytes", "01 00 0000 00000000000000", ErrTruncated},
 	{"truncated before type", "00 00 0000 00000000000000", ErrTruncated},
 	{"type 0", "00 00 0000 0000000000000000", ErrType},
-	{"type 8", "08 00 0000 0000000000000000", ErrType},
+	{"type 9", "09 00 0000 0000000000000000", ErrType},
+	{"flag on a gap nack", "08 00 0001 0000000000000000", ErrUnknownFlags},
 	{"type 15", "0f 00 0000 0000000000000000", ErrType},
 	{"type 19", "13 00 0000 0000000000000000", ErrType},
 	{"type 255", "ff 00 0000 0000000000000000", ErrType},
@@ -216,6 +219,20 @@ var nackErrors = []errVector{
 }
 
 func TestNack(t *testing.T) { testVectors(t, dirtyNack, nackVectors, nackErrors) }
+
+var gapNackVectors = []vector[GapNack]{
+	{name: "first only", in: "00000007 8000000000000000", want: GapNack{First: 7, Missing: 1 << 63}, n: 12},
+	{name: "wraps", in: "fffffffe 4000000000000001", want: GapNack{First: 1<<32 - 2, Missing: 1<<62 | 1}, n: 12},
+	{name: "max", in: "ffffffff ffffffffffffffff", want: GapNack{First: 1<<32 - 1, Missing: 1<<64 - 1}, n: 12},
+}
+
+var gapNackErrors = []errVector{
+	{"empty", "", ErrTruncated},
+	{"11 bytes", "00000007 80000000000000", ErrTruncated},
+	{"13 bytes", "00000007 8000000000000000 00", ErrTrailing},
+}
+
+func TestGapNack(t *testing.T) { testVectors(t, dirtyGapNack, gapNackVectors, gapNackErrors) }
 
 var innerTests = []struct {
 	name string

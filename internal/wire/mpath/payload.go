@@ -12,6 +12,7 @@ const (
 	FeedbackLen   = 32
 	MTUAckLen     = 8
 	NackLen       = 7
+	GapNackLen    = 12
 )
 
 // DataPrefix is the start of a data plaintext (type 1); the inner packet follows it.
@@ -238,4 +239,39 @@ func (k *Nack) Encode(b []byte) int {
 	binary.BigEndian.PutUint16(b[4:], k.Count)
 	b[6] = k.Path
 	return NackLen
+}
+
+// GapNack reports data sequence numbers that the receiver's reorder buffer has waited for
+// longer than its gaps usually take to fill (type 8, sessions of protocol version 4): number
+// First+i is missing when bit 63-i of Missing is set (the first number is the most significant
+// bit). The sender sends those it still keeps again, each once, on its fastest path. Unlike a
+// Nack it names no path: a path that stalls delivers nothing, so no gap in its own numbering
+// shows, while the packets numbered after what it holds arrive on the others.
+type GapNack struct {
+	First   uint32 // the data sequence number of bit 63
+	Missing uint64 // bit 63-i: number First+i is missing
+}
+
+// Decode overwrites k with the gap nack b, exactly GapNackLen bytes, and returns GapNackLen.
+// Errors: ErrTruncated, ErrTrailing.
+func (k *GapNack) Decode(b []byte) (n int, err error) {
+	*k = GapNack{}
+	switch {
+	case len(b) < GapNackLen:
+		return 0, ErrTruncated
+	case len(b) > GapNackLen:
+		return 0, ErrTrailing
+	}
+	*k = GapNack{First: binary.BigEndian.Uint32(b), Missing: binary.BigEndian.Uint64(b[4:])}
+	return GapNackLen, nil
+}
+
+// Encode writes k into b[:GapNackLen] and returns GapNackLen, or 0 if b is shorter.
+func (k *GapNack) Encode(b []byte) int {
+	if len(b) < GapNackLen {
+		return 0
+	}
+	binary.BigEndian.PutUint32(b, k.First)
+	binary.BigEndian.PutUint64(b[4:], k.Missing)
+	return GapNackLen
 }
