@@ -457,6 +457,12 @@ func (p *peer) snapshotLocked(now int64) bool {
 			Capacity: float64(pp.capacity), SRTT: s.SRTT, RTTVar: s.RTTVar,
 			MinRTT: s.MinRTT, DeliveryRate: s.DeliveryRate, MSS: mss,
 		}
+		if _, _, sent, ok := pp.est.Stalled(); ok && now-sent > int64(s.SRTT) {
+			// A probe out for longer than the smoothed RTT, with none after it back: the
+			// path's round trip is at least that long now (a stall), and what the
+			// schedulers give it arrives that much later.
+			p.snap[i].SRTT = time.Duration(now - sent)
+		}
 		if p.flight {
 			sp := &p.snap[i]
 			sp.InFlight = pp.sent.inFlight(now, s.SRTT)

@@ -36,8 +36,9 @@ func stallTrace(t *testing.T) *topo.Trace {
 // arrives 300 ms late: the receiver's reorder buffer would give its gaps up (the inner TCP sees
 // losses) or hold the flow for them. The receiver asks for the numbers that waited longer than
 // its gaps usually take (gap nacks, recovery.go) and the sender resends them on the constant
-// path, so the flow gets at least what the constant path alone carries, measured in the same
-// lab.
+// path; the sender's schedulers, once a probe reply is overdue, give the stalled path nothing
+// new (snapshotLocked). So the flow gets at least what the constant path alone carries,
+// measured in the same lab.
 func TestTunnelStalledPath(t *testing.T) {
 	shapes := []topo.Shape{
 		{Rate: 20e6, Delay: 10 * time.Millisecond},

@@ -525,6 +525,28 @@ func (e *Estimator) OnReply(now int64, seq, echoedTS, holdMicros uint32, fb Feed
 	}
 }
 
+// Stalled reports the oldest probe still unanswered among those sent after the newest one
+// answered (after), and when it was sent. A path delivers in order, so a reply overdue while
+// no later probe has come back means that what was sent on the path since after is held up
+// (a cellular link's stall, a queue building under a drop of its capacity), not that one
+// probe was lost: a lost probe is followed by answered ones. ok is false when every probe
+// since the newest answered one has been answered, or none has been answered yet.
+func (e *Estimator) Stalled() (seq, after uint32, sent int64, ok bool) {
+	if !e.fbSeqHave || e.next-e.fbSeq > ringSize {
+		return 0, 0, 0, false
+	}
+	for s := e.fbSeq + 1; s != e.next; s++ {
+		if p := &e.ring[s&ringMask]; p.seq == s && (p.state == slotPending || p.state == slotLost) {
+			return s, e.fbSeq, p.sent, true
+		}
+	}
+	return 0, 0, 0, false
+}
+
+// ProbeRing is how many of a path's latest probes the Estimator keeps: Stalled's sequence
+// numbers are within ProbeRing of the newest probe sent.
+const ProbeRing = ringSize
+
 // runLength returns the length of the run of answered probes around seq, counting only
 // probes since runFloor and stopping once UpAfter is reached.
 func (e *Estimator) runLength(seq uint32) int {

@@ -833,3 +833,50 @@ func BenchmarkProbeRound(b *testing.B) {
 		e.NextDeadline()
 	}
 }
+
+// A probe overdue while no later one has come back is a stall; one followed by an answered
+// probe is a loss, not a stall.
+func TestStalled(t *testing.T) {
+	e := New(Config{}, 0)
+	var ts [20]uint32
+	var at [20]int64
+	send := func(i int) {
+		t.Helper()
+		now := int64(i) * 50 * ms
+		e.lastProbeAt = now - sec
+		seq, t2, due := e.NextProbe(now)
+		if !due || seq != uint32(i) {
+			t.Fatalf("probe %d: seq %d due %v", i, seq, due)
+		}
+		ts[i], at[i] = t2, now
+	}
+	answer := func(i int) { e.OnReply(at[i]+40*ms, uint32(i), ts[i], 0, Feedback{}) }
+	stalled := func(want bool, seq, after uint32) {
+		t.Helper()
+		s, a, sent, ok := e.Stalled()
+		if ok != want || (ok && (s != seq || a != after || sent != at[seq])) {
+			t.Fatalf("Stalled() = %d, %d, %v, %v; want %d, %d, %v", s, a, time.Duration(sent), ok, seq, after, want)
+		}
+	}
+	send(0)
+	stalled(false, 0, 0) // nothing answered yet: no reference
+	answer(0)
+	for i := 1; i < 10; i++ {
+		send(i)
+		answer(i)
+	}
+	stalled(false, 0, 0)
+	send(10) // lost
+	send(11)
+	answer(11)
+	stalled(false, 0, 0)
+	send(12)
+	send(13)
+	stalled(true, 12, 11)
+	answer(12)
+	stalled(true, 13, 12)
+	e.Tick(at[13] + 5*sec) // 13 times out: a stall still, nothing later came back
+	stalled(true, 13, 12)
+	answer(13) // late
+	stalled(false, 0, 0)
+}
