@@ -722,8 +722,8 @@ func (b *Buffer[T]) NextDeadline() (at int64, ok bool) {
 	if b.pending() {
 		at = e.at + max(b.hold, int64(b.cfg.MaxHold))
 	}
-	if b.rescuedAt(b.next, e.at) || b.rescuedAt(b.next, at) {
-		at = max(at, b.ring[b.next&b.mask].runtil)
+	if s := &b.ring[b.next&b.mask]; s.rseq == b.next && s.runtil > at {
+		at = s.runtil // the gap at next is held for its resend until then (Rescue)
 	}
 	return at, true
 }
