@@ -15,7 +15,7 @@ import (
 // TestProxyNewConnectionLatency runs braid proxy on the demo's topology (two sites, two
 // uplinks each, path A's base RTT 30 ms) and checks what a new connection costs: its
 // request/response (connecting included) at most one path RTT plus 2 ms above the persistent
-// connection's, medians of 20; and at most 2 of the 20 new connections 10 ms slower than the
+// connection's, medians of 20; and at most 4 of the 20 new connections 10 ms slower than the
 // persistent one.
 //
 // The lab delays packets in user space, so other work on the machine (make test runs packages
@@ -69,14 +69,16 @@ func proxyLatencyMisses(pr demo.ProxyResult) []string {
 	}
 	// A response (or request) with a part on the slower uplinks takes about 20 ms more (path B's
 	// one-way delay is 35 ms, A's 15): before the far side gathered the destination's first
-	// bytes, 8-10 of 20 new connections did.
+	// bytes, 8-10 of 20 new connections did. Without that fault, load alone made 3 of 20 slow
+	// in both measurements of one make test run (the machine 1.13-1.20 of 2 cores busy, the
+	// medians within their bound): at most 4 stays clear of both.
 	slow := 0
 	for _, d := range pr.NewConns {
 		if d > pr.RTT+10*time.Millisecond {
 			slow++
 		}
 	}
-	if slow > 2 {
+	if slow > 4 {
 		m = append(m, fmt.Sprintf("%d of %d new connections took over 10 ms more than the persistent connection's %v: part of the exchange crossed the slower uplinks",
 			slow, len(pr.NewConns), pr.RTT))
 	}

@@ -260,8 +260,9 @@ struct {
  * whose packets need nothing but forwarding (plain TCP flows, and MPTCP subflows whose token
  * is known, as long as their options ask for nothing), so that an established flow's packet
  * is found by an array index and a comparison: no hash-table call, nothing shared written.
- * An entry is valid while its epoch is the control plane's (bumped whenever flows are removed
- * or the configuration changes) and for CACHE_JIFFIES jiffies (at most a second) after it was
+ * The program looks here before anything else, the stateless table and the service filter
+ * included. An entry is valid while its epoch is the control plane's (bumped whenever flows are
+ * removed, a stateless entry is added, or the configuration changes) and for CACHE_JIFFIES jiffies (at most a second) after it was
  * filled: then a packet takes the full path again, which marks the connection table's entry
  * used for its LRU and refreshes the activity of the connection's token. */
 #define CACHE_SLOTS 4096
@@ -746,8 +747,8 @@ static __always_inline __u16 csum_fold(__u32 s)
 	return (__u16)~s;
 }
 
-static __always_inline int forward(struct xdp_md *ctx, const struct lb_config *cfg, __u32 idx,
-				   const struct backend *be, int inner6)
+static __always_inline int forward(struct xdp_md *ctx, struct counters_val *cv, const struct lb_config *cfg,
+				   __u32 idx, const struct backend *be, int inner6)
 {
 	if (!be)
 		be = bpf_map_lookup_elem(&backends, &idx);
@@ -817,7 +818,8 @@ static __always_inline int forward(struct xdp_md *ctx, const struct lb_config *c
 		__builtin_memcpy(eth->h_dest, be->mac, 6);
 		__builtin_memcpy(eth->h_source, cfg->src_mac, 6);
 	}
-	count(C_FWD);
+	if (cv)
+		cv->c[C_FWD] += 1;
 	if (be->ifindex)
 		return bpf_redirect(be->ifindex, 0);
 	return XDP_TX;
@@ -932,8 +934,13 @@ int braid_lb(struct xdp_md *ctx)
 	struct flow f __attribute__((aligned(8))) = {};
 	struct tcphdr *tcp;
 	__u32 l4;
+	/* the counters element, looked up once: every packet counts its arrival and most their
+	 * forwarding */
+	__u32 zero = 0;
+	struct counters_val *cv = bpf_map_lookup_elem(&counters, &zero);
 
-	count(C_RX);
+	if (cv)
+		cv->c[C_RX] += 1;
 	if ((void *)(eth + 1) > end) {
 		count(C_PASS_OTHER);
 		return XDP_PASS;
@@ -995,34 +1002,19 @@ int braid_lb(struct xdp_md *ctx)
 	__u8 tflags = tcp->flags;
 	int doff = (tcp->doff_res >> 4) * 4;
 
-	__u32 zero = 0;
 	struct lb_config *cfg = bpf_map_lookup_elem(&config, &zero);
 	if (!cfg)
 		return XDP_PASS;
 
-	if (cfg->flags & CFG_STATELESS) {
-		struct svc_key sk = {};
-		__builtin_memcpy(sk.addr, f.dst, 16);
-		sk.port = f.dport;
-		sk.family = f.family;
-		__u32 *sl = bpf_map_lookup_elem(&stateless, &sk);
-		if (sl) {
-			count(C_STATELESS_FWD);
-			return forward(ctx, cfg, *sl, 0, f.family == 6);
-		}
-	}
-	/* An established flow is found by its 5-tuple alone: one hash lookup. Its service was
-	 * known when it was placed, and DeleteService removes the flows of a service it deletes,
-	 * so the service table is read only for packets of no known flow. Traffic for no service
-	 * is told apart first by a bitmap (no hash lookup at all). */
-	if (!maybe_service(&f)) {
-		count(C_PASS_NOT_VIP);
-		return XDP_PASS;
-	}
 	int aware = cfg->flags & CFG_AWARE;
 	int syn = (tflags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
 	int optlen = doff - 20;
 	int wellformed = doff >= 20 && (void *)tcp + doff <= end;
+	/* An established flow whose packets need nothing but forwarding is found first, in this
+	 * CPU's flow cache: an array index and a comparison. Its service was known when it was
+	 * placed, and whatever could change that (a service deleted or made stateless, flows
+	 * dropped, the configuration) bumps the epoch, so neither the stateless table nor the
+	 * service filter is read for it. */
 	__u32 slot = cache_slot(&f);
 	struct fcache *fc = bpf_map_lookup_elem(&flow_cache, &slot);
 	__u32 *ep = bpf_map_lookup_elem(&epoch, &zero);
@@ -1033,8 +1025,28 @@ int braid_lb(struct xdp_md *ctx)
 		if (!aware || optlen == 0 || (optlen <= 40 && quick_options((const void *)(tcp + 1), end, optlen, &qb) && !qb)) {
 			struct backend *cb = bpf_map_lookup_elem(&backends, &fc->backend);
 			if (cb && (cb->flags & BE_PRESENT))
-				return forward(ctx, cfg, fc->backend, cb, f.family == 6);
+				return forward(ctx, cv, cfg, fc->backend, cb, f.family == 6);
 		}
+	}
+
+	if (cfg->flags & CFG_STATELESS) {
+		struct svc_key sk = {};
+		__builtin_memcpy(sk.addr, f.dst, 16);
+		sk.port = f.dport;
+		sk.family = f.family;
+		__u32 *sl = bpf_map_lookup_elem(&stateless, &sk);
+		if (sl) {
+			count(C_STATELESS_FWD);
+			return forward(ctx, cv, cfg, *sl, 0, f.family == 6);
+		}
+	}
+	/* Any other established flow is found by its 5-tuple alone: one hash lookup. Its service
+	 * was known when it was placed, and DeleteService removes the flows of a service it
+	 * deletes, so the service table is read only for packets of no known flow. Traffic for no
+	 * service is told apart first by a bitmap (no hash lookup at all). */
+	if (!maybe_service(&f)) {
+		count(C_PASS_NOT_VIP);
+		return XDP_PASS;
 	}
 	struct conn *c = bpf_map_lookup_elem(&conns, &f);
 	struct svc *s = 0;
@@ -1146,7 +1158,7 @@ int braid_lb(struct xdp_md *ctx)
 			fc->epoch = *ep;
 			fc->since = bpf_jiffies64();
 		}
-		return forward(ctx, cfg, c->backend, be, f.family == 6);
+		return forward(ctx, cv, cfg, c->backend, be, f.family == 6);
 	}
 
 	if (!s) {
@@ -1232,7 +1244,7 @@ int braid_lb(struct xdp_md *ctx)
 	/* new flows start embryonic; a flow placed mid-flow stays there (Maglev places it
 	 * again the same way if a flood pushes it out, unless the table changed) */
 	bpf_map_update_elem(&embryonic, &f, &nc, BPF_ANY);
-	return forward(ctx, cfg, nc.backend, 0, f.family == 6);
+	return forward(ctx, cv, cfg, nc.backend, 0, f.family == 6);
 }
 
 /* ---- programs for benchmarks and labs (not part of the balancer) ---- */

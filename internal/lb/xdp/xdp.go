@@ -17,7 +17,8 @@
 //	vips           the services' addresses: fragments and extension headers to them are dropped
 //	flow_cache     per-CPU direct-mapped copies of connection table entries of flows that
 //	               need nothing but forwarding, valid in one epoch and for at most a second
-//	epoch          the flow cache's epoch, bumped when flows are removed or the config changes
+//	epoch          the flow cache's epoch, bumped when flows are removed, a stateless entry is
+//	               added, or the config changes
 //	svc_filter     bitmap of the services' (address, port, family): other traffic is passed
 //	               without a hash lookup
 //	learn_limit    LRU: token buckets per client /24 or /64 (learning, promotion)
@@ -594,6 +595,9 @@ func (d *Dataplane) SetStateless(vip netip.AddrPort, backend uint32) error {
 		if d.stateless == 1 {
 			return d.writeConfigLocked()
 		}
+		// The program looks in its flow cache before the stateless table: a flow to vip
+		// cached before now must take the stateless entry from its next packet.
+		return d.bumpEpoch()
 	}
 	return nil
 }

@@ -1075,3 +1075,34 @@ func TestFlowCacheDroppedFlowsPlacedAgain(t *testing.T) {
 		t.Fatalf("a dropped flow went to %d, want %d (placed again)", got, other)
 	}
 }
+
+// TestFlowCacheStatelessTakesOver: the program looks in its flow cache before the stateless
+// table, so a stateless entry added for a service's address and port must end the cached
+// copies of its flows: the flow's next packet goes to the stateless backend. Another stateless
+// entry exists already, so the configuration (and its flag) does not change with this one.
+func TestFlowCacheStatelessTakesOver(t *testing.T) {
+	pinToOneCPU(t) // the cache is per CPU: the packets must find the copy they made
+	r := newRig(t, 3, nil)
+	if err := r.d.SetStateless(netip.AddrPortFrom(vip4.Addr(), 5002), 2); err != nil {
+		t.Fatal(err)
+	}
+	p := packet{Src: client(1, false, 1), Dst: vip4, Flags: tcpSYN}
+	be := r.backend(r.run(p))
+	p.Flags = tcpACK
+	for i := 0; i < 3; i++ { // established, then served from the cache
+		if got := r.backend(r.run(p)); got != be {
+			t.Fatalf("established packet %d went to %d, want %d", i, got, be)
+		}
+	}
+	other := (be + 1) % 3
+	if err := r.d.SetStateless(vip4, uint32(other)); err != nil {
+		t.Fatal(err)
+	}
+	before := r.counters()[CounterStateless]
+	if got := r.backend(r.run(p)); got != other {
+		t.Fatalf("after a stateless entry for the service, its cached flow went to %d, want %d", got, other)
+	}
+	if n := r.counters()[CounterStateless] - before; n != 1 {
+		t.Fatalf("stateless forwards counted %d, want 1", n)
+	}
+}
