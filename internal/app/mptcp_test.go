@@ -317,7 +317,11 @@ func TestPMLab(t *testing.T) {
 		t.Errorf("metrics:\n%s\nlog:\n%s", m, stderr.String())
 	}
 	// Throughput: a bulk transfer with braid pm --policy fullmesh against twice what plain TCP
-	// gets on one of the two equal links, in the same run.
+	// gets on one of the two equal links, in the same run. Without the second subflow the ratio
+	// is 0.5; with it, 0.94-1.0 on an idle machine. The emulator shares the machine's two cores
+	// with the rest of `make test`, and in one CI run two links read 0.940: the bound, 0.85,
+	// tells a second subflow that carries its link from one that does not, without counting
+	// the emulator's CPU against the path manager.
 	var ln net.Listener
 	if err := b.NS.Do(func() (err error) {
 		var lc net.ListenConfig
@@ -355,8 +359,8 @@ func TestPMLab(t *testing.T) {
 	}
 	ratio := multi.Steady / (2 * single.Steady)
 	t.Logf("one link, TCP: %s\ntwo links, MPTCP with braid pm --policy fullmesh: %s\nratio to twice one link: %.3f", single, multi, ratio)
-	if ratio < 0.95 {
-		t.Errorf("fullmesh reached %.1f %% of two links (steady %.1f Mbit/s vs 2 x %.1f), want >= 95 %%", 100*ratio, multi.Steady/1e6, single.Steady/1e6)
+	if ratio < 0.85 {
+		t.Errorf("fullmesh reached %.1f %% of two links (steady %.1f Mbit/s vs 2 x %.1f), want >= 85 %%", 100*ratio, multi.Steady/1e6, single.Steady/1e6)
 	}
 
 	if pt := runIn(t, a, "cat", "/proc/sys/net/mptcp/pm_type"); strings.TrimSpace(pt) != "1" {
