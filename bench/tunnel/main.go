@@ -50,6 +50,7 @@ func main() {
 	uruns := flag.Int("unequal-runs", 3, "runs per figure of the unequal-paths table")
 	hruns := flag.Int("hub-runs", 3, "runs per figure of the hub table")
 	hubOnly := flag.Bool("hub-only", false, "run only the hub table")
+	unequalOnly := flag.String("unequal-only", "", "run only these cases of the unequal-paths table (numbers from 1, comma-separated)")
 	out := flag.String("out", "bench/out/tunnel.md", "where to write this section (Markdown)")
 	flag.Parse()
 	log.SetFlags(0)
@@ -68,6 +69,15 @@ func main() {
 	drive.Section(w, "Multipath tunnel")
 	if *hubOnly {
 		hubTable(ctx, w, *braid, *hruns, dur)
+		writeOut(*out, md.Bytes())
+		return
+	}
+	if *unequalOnly != "" {
+		cases, err := pickCases(*unequalOnly)
+		if err != nil {
+			drive.Fatalf("-unequal-only: %v", err)
+		}
+		unequal(ctx, w, *braid, *uruns, *quick, cases)
 		writeOut(*out, md.Bytes())
 		return
 	}
@@ -107,7 +117,7 @@ func main() {
 	fmt.Fprintf(w, "\nGoodput is TCP payload at the receiver (steady state); rates count IP bytes, so one path alone\n"+
 		"reaches at most 0.965 of its rate, and the tunnel's 72 bytes of overhead per packet take another 5 %%.\n"+
 		"Links emulated by: %s.\n\n", lab.EmulatorName)
-	unequal(ctx, w, *braid, *uruns, *quick)
+	unequal(ctx, w, *braid, *uruns, *quick, unequalCases)
 	hubTable(ctx, w, *braid, *hruns, dur)
 	writeOut(*out, md.Bytes())
 }
@@ -205,10 +215,23 @@ var unequalCases = []unequalCase{
 		{Rate: 40e6, Delay: 5 * time.Millisecond}, {Rate: 20e6, Delay: 25 * time.Millisecond}, {Rate: 10e6, Delay: 60 * time.Millisecond}}},
 }
 
+// pickCases returns the unequal cases numbered (from 1) in list, a comma-separated list.
+func pickCases(list string) ([]unequalCase, error) {
+	var cases []unequalCase
+	for _, f := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > len(unequalCases) {
+			return nil, fmt.Errorf("%q is not a case number from 1 to %d", f, len(unequalCases))
+		}
+		cases = append(cases, unequalCases[n-1])
+	}
+	return cases, nil
+}
+
 // unequal writes the unequal-paths table: per case and run, in one lab, one cubic flow over each
 // path alone (no tunnel), then through one braid tunnel with capacities measured a first cubic
 // flow, the next cubic flow, and a bbr flow.
-func unequal(ctx context.Context, w io.Writer, braid string, runs int, quick bool) {
+func unequal(ctx context.Context, w io.Writer, braid string, runs int, quick bool, cases []unequalCase) {
 	alone, flow := 10*time.Second, 20*time.Second
 	if quick {
 		alone, flow, runs = 3*time.Second, 4*time.Second, 1
@@ -221,7 +244,7 @@ func unequal(ctx context.Context, w io.Writer, braid string, runs int, quick boo
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	fmt.Fprintln(tw, "| paths\t| each path alone\t| sum\t| first flow\t| next flow\t| bbr flow\t| next / sum\t| next / best path\t|")
 	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
-	for _, c := range unequalCases {
+	for _, c := range cases {
 		paths := make([][]float64, len(c.shapes))
 		var sums, bests, first, next, bbr, rsum, rbest []float64
 		for range runs {
