@@ -164,6 +164,9 @@ type Capacity struct {
 	regrow  bool    // drain: the estimate collapsed; startup follows
 	// lastGain is the gain in force during the last sample's window (0 before the first).
 	lastGain float64
+	// suspect: the last sample looked like a fall in the path's capacity (a collapse); the
+	// next one confirms it, or shows a stall that has passed.
+	suspect bool
 }
 
 // NewCapacity returns an estimator; zero fields of c take their defaults.
@@ -188,6 +191,8 @@ func (c *Capacity) Measured() bool { return c.filled > 0 }
 // Gain is the current pacing gain.
 func (c *Capacity) Gain() float64 {
 	switch {
+	case c.suspect:
+		return c.cfg.DrainGain
 	case c.phase == PhaseStartup:
 		return c.cfg.StartupGain
 	case c.phase == PhaseDrain:
@@ -269,13 +274,28 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 	// delivered less than collapseShare of what it was sent (up to the estimate). A path the
 	// scheduler already sends less because its queue grows (the planner sees the queue in
 	// the path's RTT) still collapses when it delivers clearly less than that.
+	//
+	// A cellular link also stalls: for a few hundred milliseconds it delivers nothing, then
+	// what queued meanwhile, at about its rate before (the recorded LTE traces: after a gap of
+	// 150 ms or more the next 500 ms carry a median 0.8-1.4 of the 500 ms before). A window
+	// that holds such a stall looks like a fall, and collapsing on it sent the path back
+	// through startup after every stall. So a
+	// fall must show in two samples in a row: the first one drains below the estimate (the
+	// queue of a real fall stops growing) and keeps it; the second collapses, unless the path
+	// delivered again.
 	if (lossy || queued) && c.filled > 0 && delivered < collapseShare*min(sent, c.est) {
+		if !c.suspect {
+			c.suspect = true
+			return
+		}
+		c.suspect = false
 		clear(c.samples)
 		c.est = max(delivered, c.est/16)
 		c.samples[0], c.next, c.filled = c.est, 1%len(c.samples), 1
 		c.phase, c.drains, c.lossy, c.regrow = PhaseDrain, 0, 0, true
 		return
 	}
+	c.suspect = false
 	if busy || delivered > c.est {
 		c.samples[c.next] = delivered
 		c.next = (c.next + 1) % len(c.samples)

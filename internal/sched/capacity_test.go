@@ -81,22 +81,29 @@ func TestCapacityFollowsADrop(t *testing.T) {
 	for ; n < 100 && !within(c.Estimate(), 100e6, 0.01); n++ {
 		step(c, 100e6, math.Inf(1))
 	}
-	// The first sample at 100e6 lost two thirds of what it was sent: the estimate falls at
-	// once (before, it was the largest of the last 10 busy samples: 11 samples).
-	if n > 1 {
+	// The first sample at 100e6 lost two thirds of what it was sent, and so did the second
+	// (drained meanwhile): the estimate falls on the second (before the collapse, it was the
+	// largest of the last 10 busy samples: 11 samples).
+	if n > 2 {
 		t.Fatalf("estimate %.0f after %d samples at 100e6", c.Estimate(), n)
 	}
 }
 
 // A capacity that falls without loss, into a queue that grows (a cellular link's buffer): the
-// estimate falls to what the path delivered on the first such sample, and the pacing drains
-// below it while the queue stands, for at most 1+maxDrains samples.
+// first such sample drains below the estimate and keeps it; on the second the estimate falls to
+// what the path delivered, and the pacing drains below it while the queue stands, for at most
+// 1+maxDrains samples.
 func TestCapacityCollapsesIntoAQueue(t *testing.T) {
 	c := newCap(t)
 	for c.Phase() != PhaseCruise {
 		step(c, 50e6, math.Inf(1))
 	}
+	est := c.Estimate()
 	c.OnSample(10e6, 49e6, window, rtt+200*int64(1e6), rtt) // a fifth of the rate, 200 ms of queue
+	if c.Estimate() != est || c.Gain() >= 1 {
+		t.Fatalf("after one full sample at a fifth of the rate: estimate %.0f, gain %v; want %.0f kept, drained", c.Estimate(), c.Gain(), est)
+	}
+	c.OnSample(10e6, c.PacingRate(), window, rtt+250*int64(1e6), rtt) // the same again
 	if !within(c.Estimate(), 10e6, 0.01) || c.Phase() != PhaseDrain {
 		t.Fatalf("after a full sample at a fifth of the rate: estimate %.0f, %v", c.Estimate(), c.Phase())
 	}
@@ -116,6 +123,7 @@ func TestCapacityCollapsesIntoAQueue(t *testing.T) {
 		step(c, 50e6, math.Inf(1))
 	}
 	c.OnSample(10e6, 49e6, window, rtt+200*int64(1e6), rtt)
+	c.OnSample(10e6, 37e6, window, rtt+250*int64(1e6), rtt)
 	c.OnSample(10e6, 7.5e6, window, rtt, rtt)
 	if c.Phase() != PhaseStartup {
 		t.Errorf("%v after a collapse's drain without a queue, want startup", c.Phase())
@@ -130,6 +138,7 @@ func TestCapacityRegrowsAfterCollapse(t *testing.T) {
 		step(c, 40e6, math.Inf(1))
 	}
 	c.OnSample(4e6, 39e6, window, rtt+200*int64(1e6), rtt) // the link fell to a tenth
+	c.OnSample(4e6, 29e6, window, rtt+250*int64(1e6), rtt) // and stays there
 	if !within(c.Estimate(), 4e6, 0.01) {
 		t.Fatalf("estimate %.0f after the fall, want 4e6", c.Estimate())
 	}
@@ -149,7 +158,7 @@ func TestCapacityRegrowsAfterCollapse(t *testing.T) {
 }
 
 // A sample that was full but delivered nearly the estimate is noise on a steady path, and an
-// outage does not stop the path: the estimate falls at most to a sixteenth per sample.
+// outage does not stop the path: the estimate falls at most to a sixteenth.
 func TestCapacityCollapseBounds(t *testing.T) {
 	c := newCap(t)
 	for c.Phase() != PhaseCruise {
@@ -160,7 +169,8 @@ func TestCapacityCollapseBounds(t *testing.T) {
 	if c.Estimate() != est {
 		t.Fatalf("estimate %.0f after a queued sample at 85 %%, want %.0f kept", c.Estimate(), est)
 	}
-	c.OnSample(0, est, window, rtt, rtt) // nothing delivered
+	c.OnSample(0, est, window, rtt, rtt)      // nothing delivered
+	c.OnSample(0, 0.75*est, window, rtt, rtt) // twice
 	if !within(c.Estimate(), est/16, 0.01) {
 		t.Fatalf("estimate %.0f after an outage, want %.0f", c.Estimate(), est/16)
 	}
@@ -191,6 +201,7 @@ func TestCapacityOfferedLittleDoesNotCollapse(t *testing.T) {
 		}
 	}
 	c.OnSample(0.3*est, 0.98*est, 3*window, long+40*int64(1e6), long)
+	c.OnSample(0.3*est, 0.75*est, 3*window, long+60*int64(1e6), long)
 	if !within(c.Estimate(), 0.3*est, 0.01) || c.Phase() != PhaseDrain {
 		t.Fatalf("estimate %.0f (%v) after a queued sample offered the estimate that delivered 0.3 of it, want %.0f and drain",
 			c.Estimate(), c.Phase(), 0.3*est)
@@ -407,5 +418,31 @@ func TestCapacityProbesLessOverAStandingQueue(t *testing.T) {
 	}
 	if got, want := probeGain(5*int64(1e6)), 1+max((plain-1)/2, minProbe); got != want {
 		t.Errorf("probe gain %v over a 5 ms queue, want %v (half of %v)", got, want, plain)
+	}
+}
+
+// A cellular link that stalls: one sample window holds a few hundred milliseconds in which the
+// path delivered nothing, then the next delivers what queued meanwhile. That is no fall in
+// its capacity: the estimate stays, the pacing drains for that one window and returns, and the
+// path goes on in cruise rather than through startup again. A fall that lasts (two windows in
+// a row) still collapses.
+func TestCapacityHoldsThroughAStall(t *testing.T) {
+	c := newCap(t)
+	for c.Phase() != PhaseCruise {
+		step(c, 10e6, math.Inf(1))
+	}
+	for range 16 {
+		step(c, 10e6, math.Inf(1))
+	}
+	est := c.Estimate()
+	// a 300 ms window with a 250 ms stall: a sixth delivered, the rest queued
+	c.OnSample(0.17*est, est, 3*window, rtt+250*int64(1e6), rtt)
+	if c.Estimate() != est || c.Gain() != 0.75 {
+		t.Fatalf("in the stalled window: estimate %.0f, gain %v; want %.0f kept and the drain gain", c.Estimate(), c.Gain(), est)
+	}
+	// the next window delivers the queue and the path's rate
+	c.OnSample(1.4*est, 0.75*est, 3*window, rtt+20*int64(1e6), rtt)
+	if c.Estimate() < est || c.Phase() != PhaseCruise || c.Gain() < 0.9 {
+		t.Fatalf("after the stall: estimate %.0f (was %.0f), %v, gain %v; want the estimate kept, cruise", c.Estimate(), est, c.Phase(), c.Gain())
 	}
 }
