@@ -258,10 +258,11 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 	// The path's capacity fell: it was full (it lost or queued what it was sent) and delivered
 	// clearly less than the estimate. The estimate, the maximum of the last Window samples,
 	// would keep pacing above the path for seconds, and a cellular link whose capacity dropped
-	// fivefold would hold a full queue all that time (round trips of a second under load). The
-	// estimate falls at once to what the path delivered (no lower than a sixteenth of itself,
-	// so that a sample in an outage does not stop the path), and it drains the queue that
-	// built. Noise on a steady path stays far above collapseShare.
+	// fivefold would hold a full queue all that time (round trips of a second under load). On
+	// the second such sample in a row (below: a stall shows in one), the estimate falls to
+	// what the path delivered (no lower than a sixteenth of itself, so that a sample in an
+	// outage does not stop the path), and it drains the queue that built. Noise on a steady
+	// path stays far above collapseShare.
 	//
 	// Only a path that was offered about its estimate can show that: one the scheduler gave
 	// less (a slower path, given only what arrives in time, or a path that was idle for part
@@ -279,10 +280,9 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 	// what queued meanwhile, at about its rate before (the recorded LTE traces: after a gap of
 	// 150 ms or more the next 500 ms carry a median 0.8-1.4 of the 500 ms before). A window
 	// that holds such a stall looks like a fall, and collapsing on it sent the path back
-	// through startup after every stall. So a
-	// fall must show in two samples in a row: the first one drains below the estimate (the
-	// queue of a real fall stops growing) and keeps it; the second collapses, unless the path
-	// delivered again.
+	// through startup after every stall. So a fall must show in two samples in a row: the
+	// first one drains below the estimate (the queue of a real fall stops growing) and keeps
+	// it; the second collapses, unless the path delivered again.
 	if (lossy || queued) && c.filled > 0 && delivered < collapseShare*min(sent, c.est) {
 		if !c.suspect {
 			c.suspect = true
@@ -394,8 +394,8 @@ const (
 	queuedBits   = 64 << 13 // 64 KiB: the least sent over a window for a queue to count as busy
 	queuedGrowth = 1.03     // sent over delivered for a queue to count as growing
 	queueDrain   = 0.05
-	// collapseShare: a full sample that delivered less than this share of the estimate is a
-	// fall in the path's capacity, not noise. maxDrains: the most samples drained after the
+	// collapseShare: two full samples in a row that delivered less than this share of the
+	// estimate are a fall in the path's capacity, not noise or a stall. maxDrains: the most samples drained after the
 	// first while a queue stands.
 	collapseShare = 0.8
 	maxDrains     = 3
