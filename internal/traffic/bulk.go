@@ -50,6 +50,22 @@ func (r BulkResult) String() string {
 	return b.String()
 }
 
+// MeanAfter is the goodput of the samples after the first skip ones: their bytes over their time
+// (0 if there are none). Unlike Steady, a second that reads little because a lost segment held
+// the receiver's data back and the next second that reads it all cancel out, so a link's rate
+// is not exceeded by catching up; skip leaves out the start-up.
+func (r BulkResult) MeanAfter(skip int) float64 {
+	if skip >= len(r.Samples) {
+		return 0
+	}
+	var n int64
+	var d time.Duration
+	for _, s := range r.Samples[skip:] {
+		n, d = n+s.Bytes, d+s.Duration
+	}
+	return bitsPerSecond(n, d)
+}
+
 // bulkChunk is the size of one write of bulk payload.
 const bulkChunk = 128 << 10
 
@@ -215,7 +231,8 @@ func (r *bulkRun) upload() (BulkResult, error) {
 		}
 		switch rec.typ {
 		case recSample:
-			s := Sample{At: time.Duration(rec.v[1]), BitsPerSecond: bitsPerSecond(int64(rec.v[2]), time.Duration(rec.v[3]))}
+			n, d := int64(rec.v[2]), time.Duration(rec.v[3])
+			s := Sample{At: time.Duration(rec.v[1]), BitsPerSecond: bitsPerSecond(n, d), Bytes: n, Duration: d}
 			res.Samples = append(res.Samples, s)
 			if r.o.OnSample != nil {
 				r.o.OnSample(s)
@@ -291,7 +308,7 @@ func (r *bulkRun) download() (BulkResult, error) {
 			return BulkResult{}, r.failure(fmt.Errorf("control connection: %w", err))
 		}
 		now, elapsed := got.Load(), time.Since(r.start)
-		s := Sample{At: at, BitsPerSecond: bitsPerSecond(now-prev, elapsed-prevAt)}
+		s := Sample{At: at, BitsPerSecond: bitsPerSecond(now-prev, elapsed-prevAt), Bytes: now - prev, Duration: elapsed - prevAt}
 		res.Samples = append(res.Samples, s)
 		if r.o.OnSample != nil {
 			r.o.OnSample(s)

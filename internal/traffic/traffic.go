@@ -46,6 +46,8 @@ const (
 type Sample struct {
 	At            time.Duration `json:"at_ns"` // end of the interval, since the start of the test
 	BitsPerSecond float64       `json:"bits_per_second"`
+	Bytes         int64         `json:"bytes"`       // payload received in the interval
+	Duration      time.Duration `json:"duration_ns"` // measured length of the interval
 }
 
 // session holds the connections of one client call so that they can all be closed when the

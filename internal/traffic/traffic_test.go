@@ -45,6 +45,19 @@ func TestBulkLoopback(t *testing.T) {
 					t.Errorf("sample %d = %+v (live %+v), want At %v", i, s, live[i], want)
 				}
 			}
+			var n int64
+			for _, s := range res.Samples {
+				n += s.Bytes
+				if s.Bytes <= 0 || s.Duration <= 0 || math.Abs(bitsPerSecond(s.Bytes, s.Duration)-s.BitsPerSecond) > 1 {
+					t.Errorf("sample %+v: its bytes and duration do not give its rate", s)
+				}
+			}
+			if n > res.Bytes || n < res.Bytes*9/10 {
+				t.Errorf("samples hold %d bytes of the %d received", n, res.Bytes)
+			}
+			if res.MeanAfter(0) <= 0 {
+				t.Errorf("MeanAfter(0) = %v", res.MeanAfter(0))
+			}
 			if res.Duration < time.Second || res.Duration > 1200*time.Millisecond {
 				t.Errorf("measured duration %v", res.Duration)
 			}
@@ -381,4 +394,28 @@ func TestNoGoroutineLeak(t *testing.T) {
 	}
 	buf := make([]byte, 1<<20)
 	t.Errorf("goroutines: %d before, %d after\n%s", before, now, buf[:runtime.Stack(buf, true)])
+}
+
+// A second that reads short because a loss held the receiver's data back, followed by seconds
+// that catch up, lifts the median of the samples above the link's rate; the bytes over the time
+// of the samples after the start do not.
+func TestMeanAfterCancelsCatchUp(t *testing.T) {
+	var r BulkResult
+	for _, mbit := range []float64{13.8, 17.0, 20.1, 20.1, 19.6} {
+		n := int64(mbit * 1e6 / 8)
+		r.Samples = append(r.Samples, Sample{BitsPerSecond: mbit * 1e6, Bytes: n, Duration: time.Second})
+	}
+	if got, want := r.MeanAfter(1), 19.2e6; math.Abs(got-want) > 1 {
+		t.Errorf("MeanAfter(1) = %.0f bit/s, want %.0f", got, want)
+	}
+	v := []float64{17.0e6, 20.1e6, 20.1e6, 19.6e6}
+	if m := median(v); m <= r.MeanAfter(1) {
+		t.Errorf("the median %.0f should read above the mean %.0f here", m, r.MeanAfter(1))
+	}
+	if got := r.MeanAfter(5); got != 0 {
+		t.Errorf("MeanAfter past the samples = %v, want 0", got)
+	}
+	if got, want := r.MeanAfter(0), 18.12e6; math.Abs(got-want) > 1 {
+		t.Errorf("MeanAfter(0) = %.0f bit/s, want %.0f", got, want)
+	}
 }

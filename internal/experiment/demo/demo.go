@@ -105,10 +105,9 @@ func runDemo(ctx context.Context, w io.Writer, o kit.Options) error {
 	if err != nil {
 		return err
 	}
-	mesh := demoMeshCapacity(l)
 	printPaths(w, results, tr)
-	printProxy(w, pr, mesh)
-	c := DemoChecks(results, tr, pr, mesh)
+	printProxy(w, pr, results)
+	c := DemoChecks(results, tr, pr)
 	c.Print(w)
 	return c.Err()
 }
@@ -118,10 +117,11 @@ func runDemo(ctx context.Context, w io.Writer, o kit.Options) error {
 // rate, so the upper bound of 1.0 fails a shaper 4 % fast; the lower one, 0.6, a slow one on a
 // busy machine); request/response times sit on the links' delays; braid tunnel and braid proxy
 // carry more than the best single path (by 10 %) and no more than their paths' capacity; the
-// tunnel keeps a 10 ms ping going within 1 s of losing path A; the proxy's connection has a
-// subflow on each uplink. mesh is the proxy's capacity: the smaller of the two sites' uplinks'
-// sums.
-func DemoChecks(paths []PathResult, tr TunnelResult, pr ProxyResult, mesh uint64) *kit.Claims {
+// tunnel keeps a 10 ms ping going within 1 s of losing path A; the proxy's connection carries
+// data on at least two subflows. The proxy's capacity is the paths' too: each ISP reaches only
+// its own customers' uplinks, so the subflows between a fibre and the other site's DSL never
+// open.
+func DemoChecks(paths []PathResult, tr TunnelResult, pr ProxyResult) *kit.Claims {
 	c := &kit.Claims{}
 	var best float64
 	var sum uint64
@@ -139,33 +139,13 @@ func DemoChecks(paths []PathResult, tr TunnelResult, pr ProxyResult, mesh uint64
 	c.Within("braid tunnel: goodput over both paths", tr.Goodput/1e6, 1.1*best/1e6, float64(sum)/1e6, "%.1f Mbit/s")
 	c.AtMost("braid tunnel: longest ping gap when path A is cut", float64(tr.CutGap)/1e6, 1000, "%.0f ms")
 	c.Add("braid proxy: file intact", pr.FileIntact, "%d MiB, SHA-256 %s", pr.FileSize>>20, kit.Matched(pr.FileIntact))
-	c.Within("braid proxy: goodput over both uplinks", pr.Goodput/1e6, 1.1*best/1e6, float64(mesh)/1e6, "%.1f Mbit/s")
-	c.AtLeast("braid proxy: subflows on a connection", float64(pr.Subflows), 2, "%.0f")
+	c.Within("braid proxy: goodput over both uplinks", pr.Goodput/1e6, 1.1*best/1e6, float64(sum)/1e6, "%.1f Mbit/s")
+	c.AtLeast("braid proxy: subflows that carried data on a connection", float64(pr.Subflows), 2, "%.0f")
 	return c
 }
 
 // demoUplinks are the links of each site's two uplinks, by site.
 var demoUplinks = [2][2]string{{"site1-fibre", "site1-lte"}, {"site2-fibre", "site2-dsl"}}
-
-// demoMeshCapacity is what a full mesh of subflows between the sites can carry: the smaller of
-// the sites' sums of uplink rates (the slower direction of each link); 0 if a rate is unknown.
-func demoMeshCapacity(l *lab.Lab) uint64 {
-	var out uint64
-	for i, site := range demoUplinks {
-		var sum uint64
-		for _, name := range site {
-			lk := l.Link(name)
-			if lk == nil || lk.Shape(0).Rate == 0 || lk.Shape(1).Rate == 0 {
-				return 0
-			}
-			sum += min(lk.Shape(0).Rate, lk.Shape(1).Rate)
-		}
-		if i == 0 || sum < out {
-			out = sum
-		}
-	}
-	return out
-}
 
 // MeasurePaths pins h1<->h2 traffic to each path in turn and measures it.
 func MeasurePaths(ctx context.Context, l *lab.Lab, paths []Path, quick bool) ([]PathResult, error) {
@@ -183,10 +163,11 @@ func MeasurePaths(ctx context.Context, l *lab.Lab, paths []Path, quick bool) ([]
 		return nil, err
 	}
 	defer stop()
-	// In --quick the bulk runs 5 s: its steady goodput is the median of the 1 s samples after
-	// the first, and with only two of them (a 3 s run) one sample that catches a late read or a
-	// late delivery from the sample before it moves the figure by a few percent (20.04 Mbit/s
-	// through a 20 Mbit/s link, 1.002 of it, failed a CI run); the median of four does not move.
+	// In --quick the bulk runs 5 s. Its goodput is the bytes of the 1 s samples after the first
+	// over their time, not their median: a loss holds the receiver's data back until the
+	// retransmission arrives, so one second reads short and the next catches up, and with two
+	// catch-ups among four samples their median read 1.005-1.014 of a 20 Mbit/s link (three
+	// demo runs in a row) where the link carried its 0.965.
 	dur, fileSize := 8*time.Second, 8<<20
 	if quick {
 		dur, fileSize = 5*time.Second, 2<<20
@@ -227,7 +208,7 @@ func MeasurePaths(ctx context.Context, l *lab.Lab, paths []Path, quick bool) ([]
 		if err != nil {
 			return nil, fmt.Errorf("scenario: path %s: bulk: %w", p.Name, err)
 		}
-		r.Goodput, r.Retransmits = bulk.Steady, bulk.Retransmits
+		r.Goodput, r.Retransmits = bulk.MeanAfter(1), bulk.Retransmits
 		if r.Bottleneck > 0 {
 			r.GoodputShare = r.Goodput / float64(r.Bottleneck)
 		}
@@ -268,9 +249,9 @@ func printPaths(w io.Writer, rs []PathResult, tr TunnelResult) {
 	}
 	fmt.Fprintf(w, "path A cut during a transfer: longest gap in a 10 ms ping %.0f ms; transfer intact: %s\n",
 		float64(tr.CutGap)/1e6, kit.YesNo(tr.CutIntact))
-	fmt.Fprintf(w, "\ngoodput is TCP payload (steady state, median of 1 s samples); RTT is the median of 20\n"+
-		"request/response exchanges; file is a SHA-256-checked transfer h1 -> h2. The tunnel runs on\n"+
-		"r1 and r2 (encrypted, paced to each path's bottleneck, given as its capacity).\n"+
+	fmt.Fprintf(w, "\ngoodput is TCP payload (steady state: the bytes after the first second over their time); RTT\n"+
+		"is the median of 20 request/response exchanges; file is a SHA-256-checked transfer h1 -> h2.\n"+
+		"The tunnel runs on r1 and r2 (encrypted, paced to each path's bottleneck, given as its capacity).\n"+
 		"links emulated by: %s\n", lab.EmulatorName)
 }
 

@@ -104,7 +104,7 @@ func MeasureTunnel(ctx context.Context, l *lab.Lab, quick bool) (TunnelResult, e
 	if err != nil {
 		return r, fmt.Errorf("scenario: tunnel: bulk: %w", err)
 	}
-	r.Goodput, r.Retransmits = bulk.Steady, bulk.Retransmits
+	r.Goodput, r.Retransmits = bulk.MeanAfter(1), bulk.Retransmits
 	f, err := traffic.File(ctx, h1.Dial, srv, traffic.FileOptions{Size: int64(r.FileSize), Seed: 1})
 	if err != nil {
 		return r, fmt.Errorf("scenario: tunnel: file: %w", err)
