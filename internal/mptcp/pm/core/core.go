@@ -6,9 +6,18 @@
 // A subflow goes through these states:
 //
 //	(wanted, missing) --Create--> joining --SUB_ESTABLISHED--> up
-//	joining --no answer within JoinTimeout--> Destroy --> missing (retried after Retry)
+//	joining --no answer within JoinTimeout--> Destroy --> missing (retried after Retry, or
+//	  later if the pair never worked: see below)
 //	up --unacked data and no ack for DeadAfter--> Destroy --> missing
 //	any --SUB_CLOSED or a refused command--> missing
+//
+// A pair of an uplink and a remote endpoint that has never come up on a connection backs off:
+// its second failed join in a row waits 2 JoinTimeouts before the next, then 4, 8, up to
+// MaxJoinBackoff (JoinBackoffs). Where one site's uplinks cannot reach some of the other
+// site's addresses (an ISP that reaches only its own customers, a firewall), fullmesh's cross
+// pairs would otherwise send a SYN every JoinTimeout for the connection's life, on every
+// connection. A pair that worked once is retried at once, so that a path that comes back is
+// joined within a JoinTimeout.
 //
 // A retried subflow gets a fresh local port and address ID, because the kernel may still hold
 // the old port (FIN_WAIT on a dead path) and binds an ID to one (address, port).
@@ -211,6 +220,9 @@ type Config struct {
 	JoinAttempts    int
 	ReannounceAfter time.Duration
 	AllowLinkLocal  bool
+
+	// MaxJoinBackoff bounds the wait between joins of a pair that has never come up.
+	MaxJoinBackoff time.Duration
 }
 
 // Defaults fills in unset values.
@@ -239,6 +251,9 @@ func (c *Config) Defaults() {
 	}
 	if c.ReannounceAfter == 0 {
 		c.ReannounceAfter = 30 * time.Second
+	}
+	if c.MaxJoinBackoff == 0 {
+		c.MaxJoinBackoff = 30 * time.Second
 	}
 }
 
@@ -280,6 +295,21 @@ type conn struct {
 	// joins to announced endpoints, by endpoint (it outlives REMOVE_ADDR, so that cycling
 	// announcements does not reset it); at most MaxAnnounced entries
 	joins map[Endpoint]*joinRecord
+	// pairs are the joins of each uplink to each remote endpoint: at most one per uplink and
+	// remote the connection has had
+	pairs map[pairKey]*pairRecord
+}
+
+type pairKey struct {
+	uplink int
+	remote Endpoint
+}
+
+// pairRecord is what the manager knows of joins from one uplink to one remote endpoint.
+type pairRecord struct {
+	failures int       // joins that never came up, in a row
+	worked   bool      // a subflow of the pair came up on this connection
+	notUntil time.Time // no join of the pair before then
 }
 
 // joinRecord is what the manager knows of joins to one announced endpoint.
@@ -300,6 +330,7 @@ type Counters struct {
 	Established    uint64 // subflows that came up
 	PortsInUse     uint64 // creates refused because the local port was taken
 	Unwanted       uint64 // subflows destroyed because the policy no longer wants them
+	JoinBackoffs   uint64 // failed joins of a pair that never worked, after which it waits
 	// AnnounceRefused: ADD_ADDRs of an address no peer can have (or of the other family);
 	// AnnounceCapped: of a new endpoint beyond MaxAnnounced; JoinsAbandoned: announced
 	// endpoints given up after JoinAttempts failed joins.
@@ -343,7 +374,7 @@ func (m *Manager) Event(now time.Time, e Event) []Action {
 	switch e.Kind {
 	case Created, Established:
 		if c == nil {
-			c = &conn{token: e.Token, remotes: map[uint8]Endpoint{}, subflows: map[tuple]*subflow{}, lastTry: map[Slot]time.Time{}, joins: map[Endpoint]*joinRecord{}}
+			c = &conn{token: e.Token, remotes: map[uint8]Endpoint{}, subflows: map[tuple]*subflow{}, lastTry: map[Slot]time.Time{}, joins: map[Endpoint]*joinRecord{}, pairs: map[pairKey]*pairRecord{}}
 			m.conns[e.Token] = c
 		}
 		c.serverSide, c.v6, c.local, c.remote = e.ServerSide, e.V6, e.Local, e.Remote
@@ -406,6 +437,9 @@ func (m *Manager) Event(now time.Time, e Event) []Action {
 		if jr := c.joins[e.Remote]; jr != nil {
 			jr.worked, jr.failures, jr.gaveUp = true, 0, time.Time{}
 		}
+		if s.uplink >= 0 {
+			c.pairs[pairKey{s.uplink, e.Remote}] = &pairRecord{worked: true}
+		}
 		s.state, s.since, s.dead, s.peerBk = up, now, false, e.Backup
 		return m.plan(now, c)
 	case SubClosed:
@@ -416,7 +450,7 @@ func (m *Manager) Event(now time.Time, e Event) []Action {
 		if s := c.subflows[t]; s != nil {
 			delete(c.subflows, t)
 			if s.ours && s.state == joining {
-				m.joinFailed(now, c, s.remote)
+				m.joinFailed(now, c, s.uplink, s.remote)
 			}
 			if s.uplink >= 0 {
 				c.lastTry[Slot{Uplink: s.uplink, Remote: s.remote}] = now
@@ -453,7 +487,7 @@ func (m *Manager) Failed(now time.Time, a Action, gone bool) {
 	if a.Kind == Create {
 		m.Counters.CreateFailures++
 		delete(c.subflows, tuple{a.Local, a.Remote})
-		m.joinFailed(now, c, a.Remote)
+		m.joinFailed(now, c, m.uplinkOf(a.Local.Addr), a.Remote)
 	}
 }
 
@@ -571,7 +605,7 @@ func (m *Manager) plan(now time.Time, c *conn) []Action {
 		if stuck {
 			m.Counters.JoinTimeouts++
 			if s.ours {
-				m.joinFailed(now, c, s.remote)
+				m.joinFailed(now, c, s.uplink, s.remote)
 			}
 		}
 		if s.local.Port != 0 && s.remote.Port != 0 {
@@ -624,6 +658,9 @@ func (m *Manager) plan(now time.Time, c *conn) []Action {
 		if jr := c.joins[slot.Remote]; jr != nil && !jr.gaveUp.IsZero() {
 			continue // RFC 8684 3.4.1: no further attempts until announced again
 		}
+		if pr := c.pairs[pairKey{slot.Uplink, slot.Remote}]; pr != nil && now.Before(pr.notUntil) {
+			continue
+		}
 		port, ok := m.portFor(now, u.Addr, slot)
 		if !ok {
 			continue
@@ -666,9 +703,30 @@ func (m *Manager) plan(now time.Time, c *conn) []Action {
 	return out
 }
 
-// joinFailed records a join to remote that never came up; an announced endpoint is given up
-// after JoinAttempts of them, unless a join to it came up before.
-func (m *Manager) joinFailed(now time.Time, c *conn, remote Endpoint) {
+// joinFailed records a join from uplink to remote that never came up. A pair that never worked
+// waits before its next join from its second failure in a row on (2, 4, 8... JoinTimeouts, at
+// most MaxJoinBackoff); an announced endpoint is given up after JoinAttempts of them, unless a
+// join to it came up before.
+func (m *Manager) joinFailed(now time.Time, c *conn, uplink int, remote Endpoint) {
+	if uplink >= 0 {
+		k := pairKey{uplink, remote}
+		pr := c.pairs[k]
+		if pr == nil {
+			pr = &pairRecord{}
+			c.pairs[k] = pr
+		}
+		if !pr.worked {
+			pr.failures++
+			if pr.failures >= 2 {
+				wait := m.cfg.MaxJoinBackoff
+				if shift := pr.failures - 1; shift < 16 {
+					wait = min(wait, m.cfg.JoinTimeout<<shift)
+				}
+				pr.notUntil = now.Add(wait)
+				m.Counters.JoinBackoffs++
+			}
+		}
+	}
 	jr := c.joins[remote]
 	if jr == nil || jr.worked || !jr.gaveUp.IsZero() {
 		return

@@ -151,7 +151,8 @@ func TestFailedAndClosed(t *testing.T) {
 }
 
 func TestIDsNeverCollide(t *testing.T) {
-	m := newManager()
+	// a join every second for 600 s wraps the ID space: no backoff for the pair that never works
+	m := New(Config{Uplinks: uplinks, MaxJoinBackoff: time.Nanosecond}, Fullmesh{})
 	established(m, t0, 1)
 	now := t0
 	seen := map[uint8]bool{}
@@ -219,5 +220,71 @@ func TestBackupUplink(t *testing.T) {
 	// Established with the flag: nothing more to do.
 	if more := m2.Event(t0, Event{Kind: SubEstablished, Token: 2, Local: got[0].Local, Remote: got[0].Remote}); len(more) != 0 {
 		t.Errorf("after the join: %v", more)
+	}
+}
+
+// A pair of an uplink and a remote that never comes up (an ISP that does not reach the other
+// site's address) is joined again at once after its first failure, then after 2, 4, 8...
+// JoinTimeouts, at most MaxJoinBackoff; once it has come up, a lost subflow of it is joined
+// again without waiting, and so are its failed joins after that.
+func TestNeverWorkedPairBacksOff(t *testing.T) {
+	m := newManager()
+	first := established(m, t0, 1)[0]
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	var joining Action // the last join
+	creates := func(got []Action) (n int) {
+		for _, a := range got {
+			if a.Kind == Create {
+				n++
+				joining = a
+				if a.Local.Addr != first.Local.Addr || a.Remote != first.Remote {
+					t.Fatalf("create of another pair: %v", a)
+				}
+			}
+		}
+		return n
+	}
+	// First timeout: retried at once, as before.
+	if got := m.Tick(at(time.Second)); creates(got) != 1 {
+		t.Fatalf("first timeout:\n%s", actionsString(got))
+	}
+	// The second timeout in a row waits 2 JoinTimeouts, the third 4, the fourth 8, then 16,
+	// then MaxJoinBackoff (30 s).
+	now := at(2 * time.Second)
+	for i, wait := range []time.Duration{2, 4, 8, 16, 30, 30} {
+		wait *= time.Second
+		got := m.Tick(now)
+		if creates(got) != 0 || len(got) != 1 || got[0].Kind != Destroy {
+			t.Fatalf("timeout %d:\n%s", i+2, actionsString(got))
+		}
+		if got := m.Tick(now.Add(wait - time.Millisecond)); len(got) != 0 {
+			t.Fatalf("timeout %d: joined %v early:\n%s", i+2, time.Millisecond, actionsString(got))
+		}
+		if got := m.Tick(now.Add(wait)); creates(got) != 1 {
+			t.Fatalf("timeout %d: no join after %v:\n%s", i+2, wait, actionsString(got))
+		}
+		now = now.Add(wait + time.Second) // when that join times out
+	}
+	if m.Counters.JoinBackoffs != 6 || m.Counters.JoinTimeouts != 7 {
+		t.Errorf("counters %+v", m.Counters)
+	}
+	// The path comes back: the join made at the end of the last wait comes up.
+	up := now.Add(-500 * time.Millisecond)
+	m.Event(up, Event{Kind: SubEstablished, Token: 1, Local: joining.Local, Remote: joining.Remote})
+	// Lost again: joined after Retry, and its joins that time out now are retried at once.
+	closed := up.Add(10 * time.Second)
+	m.Event(closed, Event{Kind: SubClosed, Token: 1, Local: joining.Local, Remote: joining.Remote})
+	now = closed.Add(250 * time.Millisecond)
+	if got := m.Tick(now); creates(got) != 1 {
+		t.Fatalf("after the pair worked, lost subflow:\n%s", actionsString(got))
+	}
+	for i := range 3 {
+		now = now.Add(time.Second)
+		if got := m.Tick(now); creates(got) != 1 {
+			t.Fatalf("after the pair worked, timeout %d:\n%s", i+1, actionsString(got))
+		}
+	}
+	if m.Counters.JoinBackoffs != 6 {
+		t.Errorf("a pair that worked backed off: counters %+v", m.Counters)
 	}
 }
