@@ -9,6 +9,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"time"
 
 	"braid/internal/config"
 	"braid/internal/metrics"
@@ -34,7 +35,10 @@ Policies:
              address and those it announces), on the connections this host opened. A subflow
              whose path stops acknowledging data for 'dead_after' (1 s) is replaced; a join not
              established within 'join_timeout' (1 s) is retried with a fresh source port, so a
-             path that comes back carries a subflow again within about a second.
+             path that comes back carries a subflow again within about a second. A pair of an
+             uplink and a peer address that has never come up on the connection (an ISP that
+             reaches only its own customers) backs off instead: from its second failed join
+             in a row it waits 2, 4, 8... join timeouts, at most 'join_backoff_max' (30 s).
   amptcp     A-MPTCP (LISP-assisted subflows, docs/amptcp.md): when a connection is
              established, looks its local and remote EID up in the LISP mapping system
              (Map-Request to 'resolvers', cached for the mapping's TTL, asked again after
@@ -82,6 +86,9 @@ or, if there are none, of [[tunnel.uplink]]:
   poll = "100ms"                # statistics and timers (rbpm: 50ms)
   join_timeout = "1s"           # a join not up by then is retried (rbpm: 5s)
   dead_after = "1s"             # unacked data, no ack this long: dead (rbpm: 5s)
+  join_backoff_max = "30s"      # longest wait of a pair that never came up; 0: no backoff
+  max_announced = 8             # peer-announced endpoints taken per connection
+  join_attempts = 2             # failed joins before an announced endpoint is given up
   # amptcp only:
   resolvers = ["10.0.9.1:4342"] # map-resolvers
   routing = "any"               # or "bound"
@@ -99,7 +106,8 @@ logged and counted, and the daemon goes on with the other connections.
 
 'reload' (or SIGHUP to the daemon) re-reads the site file the daemon started with and applies
 the policy and its settings (fullmesh <-> rbpm; amptcp's routing, eid_prefixes, min_bytes,
-subflows), join_timeout, dead_after, retry, port_base, port_span and the uplinks' backup flags
+subflows), join_timeout, dead_after, retry, join_backoff_max, max_announced, join_attempts,
+port_base, port_span and the uplinks' backup flags
 (signalled to the peer with MP_PRIO on the next poll). The connections it manages keep their
 subflows; the next poll applies the new settings to them. A --policy given at start stays. A
 file with a mistake is refused with its file and line, as is a change only a restart applies
@@ -204,7 +212,15 @@ func pmUplinks(cfg *config.PM) ([]core.Uplink, error) {
 
 func pmCore(cfg *config.PM) core.Config {
 	return core.Config{JoinTimeout: cfg.JoinTimeout, DeadAfter: cfg.DeadAfter, Retry: cfg.Retry, PortBase: cfg.PortBase, PortSpan: cfg.PortSpan,
-		MaxAnnounced: cfg.MaxAnnounced, JoinAttempts: cfg.JoinAttempts, AllowLinkLocal: cfg.AllowLinkLocal}
+		MaxAnnounced: cfg.MaxAnnounced, JoinAttempts: cfg.JoinAttempts, AllowLinkLocal: cfg.AllowLinkLocal, MaxJoinBackoff: joinBackoff(cfg.JoinBackoffMax)}
+}
+
+// joinBackoff is core's MaxJoinBackoff for the file's join_backoff_max, where 0 means off.
+func joinBackoff(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 // servePM runs the path manager of cfg (policy: --policy, which a reload keeps) until ctx
@@ -343,7 +359,9 @@ func reloadPM(d *pm.Daemon, res *pm.Resolver, cur, next *config.PM, log *slog.Lo
 		name     string
 		old, new any
 	}{{"join_timeout", cur.JoinTimeout, next.JoinTimeout}, {"dead_after", cur.DeadAfter, next.DeadAfter},
-		{"retry", cur.Retry, next.Retry}, {"port_base", cur.PortBase, next.PortBase}, {"port_span", cur.PortSpan, next.PortSpan}} {
+		{"retry", cur.Retry, next.Retry}, {"join_backoff_max", cur.JoinBackoffMax, next.JoinBackoffMax},
+		{"max_announced", cur.MaxAnnounced, next.MaxAnnounced}, {"join_attempts", cur.JoinAttempts, next.JoinAttempts},
+		{"port_base", cur.PortBase, next.PortBase}, {"port_span", cur.PortSpan, next.PortSpan}} {
 		if t.old != t.new {
 			note("setting changed", "name", t.name, "from", t.old, "to", t.new)
 		}

@@ -31,6 +31,9 @@ type PM struct {
 	MaxAnnounced   int
 	JoinAttempts   int
 	AllowLinkLocal bool
+	// JoinBackoffMax bounds the wait between joins of an uplink-remote pair that never came up
+	// on a connection (core.Config.MaxJoinBackoff); 0 turns the backoff off.
+	JoinBackoffMax time.Duration
 	Uplinks        []PMUplink
 	AMPTCP         PMAMPTCP
 
@@ -66,7 +69,7 @@ var PMPolicies = []string{"fullmesh", "amptcp", "rbpm"}
 // PMDefaults returns the defaults, without uplinks, for the fullmesh policy.
 func PMDefaults() PM {
 	return PM{Policy: "fullmesh", Metrics: "127.0.0.1:9475", Control: DefaultPMControl, Poll: 100 * time.Millisecond, JoinTimeout: time.Second,
-		DeadAfter: time.Second, Retry: 250 * time.Millisecond, PortBase: 45000, PortSpan: 5000, MaxAnnounced: 8, JoinAttempts: 2,
+		DeadAfter: time.Second, Retry: 250 * time.Millisecond, PortBase: 45000, PortSpan: 5000, MaxAnnounced: 8, JoinAttempts: 2, JoinBackoffMax: 30 * time.Second,
 		AMPTCP: PMAMPTCP{Routing: "any", LookupTimeout: time.Second, LookupRetries: 2, MaxAge: time.Minute}}
 }
 
@@ -130,6 +133,7 @@ type filePM struct {
 	PortSpan       *int64       `toml:"port_span"`
 	MaxAnnounced   *int64       `toml:"max_announced"`
 	JoinAttempts   *int64       `toml:"join_attempts"`
+	JoinBackoffMax any          `toml:"join_backoff_max"`
 	AllowLinkLocal *bool        `toml:"allow_link_local"`
 	Backup         []string     `toml:"backup"` // names of uplinks whose subflows are backup
 	Uplink         []fileUplink `toml:"uplink"`
@@ -191,6 +195,7 @@ func LoadPM(filename string, data []byte, env Env) (*PM, error) {
 	l.duration("pm", "pm.join_timeout", "join_timeout", fp.JoinTimeout, &pm.JoinTimeout)
 	l.duration("pm", "pm.dead_after", "dead_after", fp.DeadAfter, &pm.DeadAfter)
 	l.duration("pm", "pm.retry", "retry", fp.Retry, &pm.Retry)
+	l.duration("pm", "pm.join_backoff_max", "join_backoff_max", fp.JoinBackoffMax, &pm.JoinBackoffMax)
 	if fp.PortBase != nil {
 		pm.PortBase = l.port("pm", "pm.port_base", "port_base", *fp.PortBase, 1)
 	}
@@ -313,6 +318,9 @@ func (pm *PM) check(c *checker, prefix string, env Env) {
 		if d.v <= 0 {
 			c.report("pm", d.key+" must be positive", "pm."+d.key, "pm")
 		}
+	}
+	if pm.JoinBackoffMax > 0 && pm.JoinBackoffMax < pm.JoinTimeout {
+		c.report("pm", fmt.Sprintf("join_backoff_max %v is shorter than join_timeout %v: give at least join_timeout, or 0 to turn the backoff off", pm.JoinBackoffMax, pm.JoinTimeout), "pm.join_backoff_max", "pm")
 	}
 	if int(pm.PortBase)+int(pm.PortSpan) > 65536 {
 		c.report("pm", fmt.Sprintf("port_base %d + port_span %d go past port 65535", pm.PortBase, pm.PortSpan), "pm.port_span", "pm")

@@ -172,3 +172,36 @@ func TestPMRBPMDefaults(t *testing.T) {
 	pm.UsePolicy("fullmesh")
 	want("--policy fullmesh with poll and dead_after in the file", pm, 200*time.Millisecond, time.Second, 3*time.Second)
 }
+
+// join_backoff_max: 30 s unless set, 0 turns the backoff off, and a wait shorter than one join
+// timeout, a negative one or one that is no duration is refused with its line.
+func TestLoadPMJoinBackoff(t *testing.T) {
+	const ups = "\n[[pm.uplink]]\nname = \"a\"\ninterface = \"wan0\"\naddress = \"192.0.2.1\"\n"
+	for _, c := range []struct {
+		set  string
+		want time.Duration
+		err  string
+	}{
+		{"", 30 * time.Second, ""},
+		{`join_backoff_max = "2m"`, 2 * time.Minute, ""},
+		{`join_backoff_max = "0s"`, 0, ""},
+		{`join_backoff_max = "500ms"`, 0, `site.toml:2: pm: join_backoff_max 500ms is shorter than join_timeout 1s`},
+		{`join_backoff_max = "-1s"`, 0, `site.toml:2: pm: negative join_backoff_max "-1s"`},
+		{`join_backoff_max = "soon"`, 0, `site.toml:2: pm:`},
+	} {
+		pm, err := LoadPM("site.toml", []byte("[pm]\n"+c.set+"\n"+ups), newEnv())
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%q: error %v, want %q", c.set, err, c.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q: %v", c.set, err)
+			continue
+		}
+		if pm.JoinBackoffMax != c.want {
+			t.Errorf("%q: join_backoff_max %v, want %v", c.set, pm.JoinBackoffMax, c.want)
+		}
+	}
+}

@@ -215,7 +215,7 @@ func isTimeout(err error) bool {
 // (issue 18 item 14), across the lab's links: braid pm joins at most max_announced (8) of them,
 // gives each up after join_attempts failed joins (RFC 8684 3.4.1), so that the MP_JOIN SYNs
 // that reach the peer stop growing within 5 s, and the connection's data keeps flowing. A
-// second run with the caps lifted (max_announced 255, join_attempts 1000) is the control: there
+// second run with the caps lifted (max_announced 255, join_attempts 1000, join_backoff_max 0) is the control: there
 // the same counts show all 24 addresses joined and the SYNs still growing, so the first run's
 // figures are the caps' doing and not the measurement's blindness.
 func TestPMHostilePeerLab(t *testing.T) {
@@ -251,8 +251,8 @@ func TestPMHostilePeerLab(t *testing.T) {
 		t.Error("the connection's data stopped flowing under the announcements")
 	}
 
-	open := runHostilePeer(t, "pmhoc", core.Config{MaxAnnounced: 255, JoinAttempts: 1000})
-	t.Logf("control, caps lifted: %d announced, SYNs to them %d at 5 s and %d at 9 s, to %d addresses; announce_capped %d, joins_abandoned %d",
+	open := runHostilePeer(t, "pmhoc", core.Config{MaxAnnounced: 255, JoinAttempts: 1000, MaxJoinBackoff: -1})
+	t.Logf("control, caps and backoff lifted: %d announced, SYNs to them %d at 5 s and %d at 9 s, to %d addresses; announce_capped %d, joins_abandoned %d",
 		open.announced, open.synsEarly, open.synsLate, open.distinct, open.counters.AnnounceCapped, open.counters.JoinsAbandoned)
 	if open.distinct <= maxAnnounced || open.synsLate <= open.synsEarly {
 		t.Errorf("control: without the caps the same measurement shows %d addresses joined and SYNs %d -> %d; it cannot tell the caps' effect",

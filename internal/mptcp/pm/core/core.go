@@ -221,7 +221,8 @@ type Config struct {
 	ReannounceAfter time.Duration
 	AllowLinkLocal  bool
 
-	// MaxJoinBackoff bounds the wait between joins of a pair that has never come up.
+	// MaxJoinBackoff bounds the wait between joins of a pair that has never come up; negative:
+	// no backoff (every pair is retried each Retry, as one that worked).
 	MaxJoinBackoff time.Duration
 }
 
@@ -715,7 +716,7 @@ func (m *Manager) joinFailed(now time.Time, c *conn, uplink int, remote Endpoint
 			pr = &pairRecord{}
 			c.pairs[k] = pr
 		}
-		if !pr.worked {
+		if !pr.worked && m.cfg.MaxJoinBackoff > 0 {
 			pr.failures++
 			if pr.failures >= 2 {
 				wait := m.cfg.MaxJoinBackoff

@@ -288,3 +288,25 @@ func TestNeverWorkedPairBacksOff(t *testing.T) {
 		t.Errorf("a pair that worked backed off: counters %+v", m.Counters)
 	}
 }
+
+// With MaxJoinBackoff negative (join_backoff_max = 0) a pair that never came up is joined again
+// at each JoinTimeout, as before the backoff.
+func TestJoinBackoffOff(t *testing.T) {
+	m := New(Config{Uplinks: uplinks, MaxJoinBackoff: -1}, Fullmesh{})
+	established(m, t0, 1)
+	for i := 1; i <= 8; i++ {
+		got := m.Tick(t0.Add(time.Duration(i) * time.Second))
+		n := 0
+		for _, a := range got {
+			if a.Kind == Create {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Fatalf("timeout %d: %d joins, want 1:\n%s", i, n, actionsString(got))
+		}
+	}
+	if m.Counters.JoinBackoffs != 0 {
+		t.Errorf("counters %+v", m.Counters)
+	}
+}
