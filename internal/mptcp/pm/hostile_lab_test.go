@@ -215,9 +215,10 @@ func isTimeout(err error) bool {
 // (issue 18 item 14), across the lab's links: braid pm joins at most max_announced (8) of them,
 // gives each up after join_attempts failed joins (RFC 8684 3.4.1), so that the MP_JOIN SYNs
 // that reach the peer stop growing within 5 s, and the connection's data keeps flowing. A
-// second run with the caps lifted (max_announced 255, join_attempts 1000, join_backoff_max 0) is the control: there
-// the same counts show all 24 addresses joined and the SYNs still growing, so the first run's
-// figures are the caps' doing and not the measurement's blindness.
+// second run with the caps and the join backoff lifted (max_announced 255, join_attempts 1000,
+// join_backoff_max 0) is the control: there the same counts show all 24 addresses joined and
+// the SYNs still growing, so the first run's figures are the caps' doing and not the
+// measurement's blindness.
 func TestPMHostilePeerLab(t *testing.T) {
 	capped := runHostilePeer(t, "pmhost", core.Config{})
 	t.Logf("defaults (max_announced 8, join_attempts 2): %d announced, SYNs to them %d at 5 s and %d at 9 s, to %d addresses; announce_capped %d, joins_abandoned %d, join_timeouts %d; %d bytes received from 5 to 9 s",

@@ -487,7 +487,7 @@ func (d *Daemon) WriteMetrics(w *metrics.Writer) {
 		{"braid_pm_announce_refused_total", "ADD_ADDRs refused: an address no peer can have (loopback, multicast, link-local...) or of the other family.", c.AnnounceRefused},
 		{"braid_pm_announce_capped_total", "ADD_ADDRs of a new endpoint beyond the connection's max_announced.", c.AnnounceCapped},
 		{"braid_pm_joins_abandoned_total", "Announced endpoints given up after join_attempts failed joins (RFC 8684 3.4.1).", c.JoinsAbandoned},
-		{"braid_pm_join_backoffs_total", "Failed joins of an uplink-remote pair that never came up, after which the pair waits (2, 4, 8... join timeouts, at most 30 s) before its next join.", c.JoinBackoffs},
+		{"braid_pm_join_backoffs_total", "Failed joins of an uplink-remote pair that never came up, after which the pair waits (2, 4, 8... join timeouts, at most join_backoff_max) before its next join.", c.JoinBackoffs},
 	} {
 		w.Sample(m.name, metrics.Counter, m.help, float64(m.v))
 	}
