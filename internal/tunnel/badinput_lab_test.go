@@ -76,9 +76,25 @@ func TestTunnelBadInput(t *testing.T) {
 	})
 	waitUp(t, eps)
 	addr := serve(t, eps[1].host, eps[1].inner4)
-	// Some real traffic, so that there is a data packet to tamper with and replay.
 	ctx := t.Context()
-	rec.swallowNext() // the SYN: never delivered, so its counter is fresh at b
+	// The held-back packet: a UDP datagram to a port where b has no listener, never delivered,
+	// so its counter is fresh at b. Delivered later, it makes b answer with an ICMP error, which
+	// a does not answer, so it is the only delivery it causes at b. (A held-back TCP SYN made b
+	// answer a SYN-ACK that a's TIME_WAIT socket acknowledged, a second delivery that came or
+	// not with timing.)
+	rec.swallowNext()
+	u, err := eps[0].host.Dial(ctx, "udp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := u.Write([]byte("held back")); err != nil {
+		t.Fatal(err)
+	}
+	u.Close()
+	for deadline := time.Now().Add(2 * time.Second); rec.swallowed() == nil && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Some real traffic, so that there is a data packet to replay.
 	conn, err := eps[0].host.Dial(ctx, "tcp", addr)
 	if err != nil {
 		t.Fatal(err)
