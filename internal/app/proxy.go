@@ -81,6 +81,12 @@ tenant's own networks; a request without a source is refused unless the tenant s
 'socks_clients'). Connections not yet authenticated are capped ('max_unauthenticated'), and
 ADD_ADDR announces the other uplinks only to authenticated peers.
 
+Subflows (path_manager = "braid", the default): one from every uplink to every address of the
+peer. A join not up within pm_join_timeout (1s) is tried again with a fresh port; a pair of an
+uplink and a peer address that has never carried a subflow on the connection is tried at
+doubling intervals up to pm_join_backoff_max (30s; "0" keeps retrying every pm_join_timeout).
+pm_policy = "rbpm" demotes to backup the subflows whose data would wait in the peer's buffer.
+
 'reload' (or SIGHUP) re-reads the site file the proxy started with and applies its tenants:
 tenants and peers added, removed or changed; what did not change keeps its connections. A
 file with a mistake, or a change only a restart applies (mode, key, uplinks, timeouts...), is
@@ -98,6 +104,14 @@ Example:
   braid status --addr 127.0.0.1:9478
   curl --socks5 10.1.0.254:1080 http://10.2.0.1/
 `
+
+// proxyPMCore is the core configuration of the proxy's path manager: the file's join timeout
+// and backoff, and a dead_after of 5 s, a backstop behind the failover monitor
+// (internal/proxy/failover.go), which handles dead subflows.
+func proxyPMCore(cfg *config.Proxy) core.Config {
+	return core.Config{JoinTimeout: cfg.PMJoinTimeout, DeadAfter: 5 * time.Second, Retry: 250 * time.Millisecond,
+		MaxJoinBackoff: joinBackoff(cfg.PMJoinBackoffMax)}
+}
 
 func runProxy(e env, args []string) int {
 	if len(args) > 0 {
@@ -346,7 +360,7 @@ func serveProxy(ctx context.Context, cfg *config.Proxy, log *slog.Logger) (err e
 		// from a pooled connection's first data after a pause, and with 500 ms it destroyed every
 		// subflow of such a connection as its download began. It stays as a backstop.
 		d, err := pm.New(pm.Options{Uplinks: cups, Policy: pol, Logger: log.With("part", "pm"), Poll: 50 * time.Millisecond,
-			Core: core.Config{JoinTimeout: time.Second, DeadAfter: 5 * time.Second, Retry: 250 * time.Millisecond}})
+			Core: proxyPMCore(cfg)})
 		if err != nil {
 			return fmt.Errorf("path manager: %w", err)
 		}

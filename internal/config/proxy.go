@@ -33,6 +33,11 @@ import (
 //	                            # --policy': fullmesh (default; every subflow active) or
 //	                            # rbpm (also demotes to backup the subflows whose data would
 //	                            # wait in the peer's buffer; see docs/proxy.md)
+//	pm_join_timeout = "1s"      # braid path manager: a subflow join not up within this is
+//	                            # given up and tried again (with a fresh port)
+//	pm_join_backoff_max = "30s" # an uplink and peer address that have never carried a
+//	                            # subflow on a connection are tried at growing intervals,
+//	                            # at most this far apart ("0": every pm_join_timeout)
 //	pool = 4                    # pre-established connections per peer (0: connect on demand)
 //	pool_idle = "60s"           # a pooled connection unused for this long is replaced
 //	connect_timeout = "5s"      # to a peer, and from the far proxy to the destination
@@ -85,17 +90,21 @@ type Proxy struct {
 	Plaintext      bool
 	PathManager    string // braid, kernel, none
 	PMPolicy       string // the braid path manager's policy: fullmesh, rbpm
-	Pool           int
-	PoolIdle       time.Duration
-	ConnectTimeout time.Duration
-	HeaderTimeout  time.Duration
-	DrainTimeout   time.Duration
-	SendBacklog    time.Duration // 0: no bound but the kernel's
-	ResetBacklog   time.Duration // 0: live subflows are not reset on a failover
-	FwMark         uint32
-	RouteTable     int
-	Metrics        string
-	Control        string // control socket; "" disables it
+	// PMJoinTimeout and PMJoinBackoffMax are the braid path manager's join timeout and the
+	// bound of its backoff for pairs that never came up (core.Config; 0: no backoff).
+	PMJoinTimeout    time.Duration
+	PMJoinBackoffMax time.Duration
+	Pool             int
+	PoolIdle         time.Duration
+	ConnectTimeout   time.Duration
+	HeaderTimeout    time.Duration
+	DrainTimeout     time.Duration
+	SendBacklog      time.Duration // 0: no bound but the kernel's
+	ResetBacklog     time.Duration // 0: live subflows are not reset on a failover
+	FwMark           uint32
+	RouteTable       int
+	Metrics          string
+	Control          string // control socket; "" disables it
 	// MaxUnauthenticated caps the connections from would-be peers not yet authenticated.
 	MaxUnauthenticated int
 	Uplinks            []PMUplink
@@ -140,7 +149,7 @@ var (
 
 // ProxyDefaults returns the defaults, without key, uplinks or tenants.
 func ProxyDefaults() Proxy {
-	return Proxy{Mode: "tproxy", PathManager: "braid", PMPolicy: "fullmesh", Pool: 4, PoolIdle: time.Minute, ConnectTimeout: 5 * time.Second,
+	return Proxy{Mode: "tproxy", PathManager: "braid", PMPolicy: "fullmesh", PMJoinTimeout: time.Second, PMJoinBackoffMax: 30 * time.Second, Pool: 4, PoolIdle: time.Minute, ConnectTimeout: 5 * time.Second,
 		HeaderTimeout: 5 * time.Second, DrainTimeout: 30 * time.Second, SendBacklog: 100 * time.Millisecond,
 		ResetBacklog: 100 * time.Millisecond, FwMark: 0x1b5, RouteTable: 4755, Metrics: DefaultProxyMetrics,
 		Control: DefaultProxyControl, MaxUnauthenticated: 256}
@@ -162,6 +171,8 @@ type fileProxy struct {
 	Plaintext      *bool        `toml:"plaintext"`
 	PathManager    *string      `toml:"path_manager"`
 	PMPolicy       *string      `toml:"pm_policy"`
+	PMJoinTimeout  any          `toml:"pm_join_timeout"`
+	PMJoinBackoff  any          `toml:"pm_join_backoff_max"`
 	Pool           *int64       `toml:"pool"`
 	PoolIdle       any          `toml:"pool_idle"`
 	ConnectTimeout any          `toml:"connect_timeout"`
@@ -275,6 +286,8 @@ func LoadProxy(filename string, data []byte, env Env) (*Proxy, error) {
 	l.duration(obj, "proxy.drain_timeout", "drain_timeout", fp.DrainTimeout, &p.DrainTimeout)
 	l.duration(obj, "proxy.send_backlog", "send_backlog", fp.SendBacklog, &p.SendBacklog)
 	l.duration(obj, "proxy.reset_backlog", "reset_backlog", fp.ResetBacklog, &p.ResetBacklog)
+	l.duration(obj, "proxy.pm_join_timeout", "pm_join_timeout", fp.PMJoinTimeout, &p.PMJoinTimeout)
+	l.duration(obj, "proxy.pm_join_backoff_max", "pm_join_backoff_max", fp.PMJoinBackoff, &p.PMJoinBackoffMax)
 	switch {
 	case fp.PrivateKey != nil && fp.PrivateKeyFile != nil:
 		l.fail(obj, "proxy.private_key", "give private_key or private_key_file, not both")
@@ -311,8 +324,18 @@ func LoadProxy(filename string, data []byte, env Env) (*Proxy, error) {
 		}
 	}
 	p.check(c, prefix, env, fp.PrivateKeyFile != nil && env == nil)
-	if fp.PMPolicy != nil && p.PathManager != "braid" && slices.Contains(ProxyPathManagers, p.PathManager) {
-		c.report(obj, fmt.Sprintf("pm_policy %q is a policy of path_manager \"braid\", not of %q", p.PMPolicy, p.PathManager), "proxy.pm_policy", "proxy")
+	if p.PathManager != "braid" && slices.Contains(ProxyPathManagers, p.PathManager) {
+		if fp.PMPolicy != nil {
+			c.report(obj, fmt.Sprintf("pm_policy %q is a policy of path_manager \"braid\", not of %q", p.PMPolicy, p.PathManager), "proxy.pm_policy", "proxy")
+		}
+		for _, k := range []struct {
+			key string
+			set bool
+		}{{"pm_join_timeout", fp.PMJoinTimeout != nil}, {"pm_join_backoff_max", fp.PMJoinBackoff != nil}} {
+			if k.set {
+				c.report(obj, fmt.Sprintf("%s is a setting of path_manager \"braid\", not of %q", k.key, p.PathManager), "proxy."+k.key, "proxy")
+			}
+		}
 	}
 	reported := map[string]bool{}
 	for _, is := range l.issues {
@@ -452,10 +475,14 @@ func (p *Proxy) check(c *checker, prefix string, env Env, keyUnread bool) {
 	for _, d := range []struct {
 		key string
 		v   time.Duration
-	}{{"pool_idle", p.PoolIdle}, {"connect_timeout", p.ConnectTimeout}, {"header_timeout", p.HeaderTimeout}, {"drain_timeout", p.DrainTimeout}} {
+	}{{"pool_idle", p.PoolIdle}, {"connect_timeout", p.ConnectTimeout}, {"header_timeout", p.HeaderTimeout}, {"drain_timeout", p.DrainTimeout},
+		{"pm_join_timeout", p.PMJoinTimeout}} {
 		if d.v <= 0 {
 			c.report(obj, d.key+" must be positive", "proxy."+d.key, "proxy")
 		}
+	}
+	if p.PMJoinBackoffMax > 0 && p.PMJoinBackoffMax < p.PMJoinTimeout {
+		c.report(obj, fmt.Sprintf("pm_join_backoff_max %v is shorter than pm_join_timeout %v: give at least pm_join_timeout, or 0 to turn the backoff off", p.PMJoinBackoffMax, p.PMJoinTimeout), "proxy.pm_join_backoff_max", "proxy")
 	}
 	for _, d := range []struct {
 		key string

@@ -147,9 +147,10 @@ socks = "127.0.0.1:1080"
 // pm_policy picks the policy of the proxy's own path manager: fullmesh unless the file says
 // otherwise; an unknown one, or one given to a path manager that has no policies, is reported
 // at its line.
-func TestLoadProxyPMPolicy(t *testing.T) {
-	site := func(lines string) []byte {
-		return []byte("[proxy]\nplaintext = true\n" + lines + `
+// proxySiteWith is a plaintext proxy site with one uplink and one tenant, lines at the top of [proxy]
+// (which are lines 3 and on).
+func proxySiteWith(lines string) []byte {
+	return []byte("[proxy]\nplaintext = true\n" + lines + `
 [[proxy.uplink]]
 name = "fibre"
 interface = "wan0"
@@ -164,13 +165,15 @@ peer_port = 7101
   address = "198.51.100.1:7101"
   networks = ["10.2.0.0/24"]
 `)
-	}
+}
+
+func TestLoadProxyPMPolicy(t *testing.T) {
 	for _, c := range []struct{ lines, want string }{
 		{"", "fullmesh"},
 		{"pm_policy = \"rbpm\"\n", "rbpm"},
 		{"path_manager = \"braid\"\npm_policy = \"rbpm\"\n", "rbpm"},
 	} {
-		p, err := LoadProxy("site.toml", site(c.lines), newEnv())
+		p, err := LoadProxy("site.toml", proxySiteWith(c.lines), newEnv())
 		if err != nil {
 			t.Errorf("%q: %v", c.lines, err)
 			continue
@@ -184,7 +187,7 @@ peer_port = 7101
 		{"path_manager = \"kernel\"\npm_policy = \"rbpm\"\n", `site.toml:4: proxy: pm_policy "rbpm" is a policy of path_manager "braid", not of "kernel"`},
 		{"path_manager = \"rbpm\"\n", `site.toml:3: proxy: path_manager "rbpm": known path managers are braid, kernel, none (braid's policy is pm_policy)`},
 	} {
-		_, err := LoadProxy("site.toml", site(c.lines), newEnv())
+		_, err := LoadProxy("site.toml", proxySiteWith(c.lines), newEnv())
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: error %v, want %q", c.lines, err, c.want)
 		}
@@ -259,4 +262,42 @@ func mustKey(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return k.String()
+}
+
+// pm_join_timeout and pm_join_backoff_max reach the proxy's path manager; a backoff shorter
+// than the join timeout, a join timeout of 0, and either key with another path manager are
+// refused with their line.
+func TestLoadProxyPMJoin(t *testing.T) {
+	for _, c := range []struct {
+		lines         string
+		join, backoff time.Duration
+	}{
+		{"", time.Second, 30 * time.Second},
+		{"pm_join_timeout = \"2s\"\npm_join_backoff_max = \"1m\"\n", 2 * time.Second, time.Minute},
+		{"pm_join_backoff_max = \"0\"\n", time.Second, 0},
+		{"pm_join_timeout = 500\npm_join_backoff_max = \"500ms\"\n", 500 * time.Millisecond, 500 * time.Millisecond},
+	} {
+		p, err := LoadProxy("site.toml", proxySiteWith(c.lines), newEnv())
+		if err != nil {
+			t.Errorf("%q: %v", c.lines, err)
+			continue
+		}
+		if p.PMJoinTimeout != c.join || p.PMJoinBackoffMax != c.backoff {
+			t.Errorf("%q: pm_join_timeout %v, pm_join_backoff_max %v; want %v and %v", c.lines, p.PMJoinTimeout, p.PMJoinBackoffMax, c.join, c.backoff)
+		}
+	}
+	for _, c := range []struct{ lines, want string }{
+		{"pm_join_timeout = \"2s\"\npm_join_backoff_max = \"1s\"\n", `site.toml:4: proxy: pm_join_backoff_max 1s is shorter than pm_join_timeout 2s`},
+		{"pm_join_backoff_max = \"500ms\"\n", `site.toml:3: proxy: pm_join_backoff_max 500ms is shorter than pm_join_timeout 1s`},
+		{"pm_join_timeout = \"0\"\n", `site.toml:3: proxy: pm_join_timeout must be positive`},
+		{"pm_join_backoff_max = \"-1s\"\n", `site.toml:3: proxy: negative pm_join_backoff_max "-1s"`},
+		{"pm_join_backoff_max = \"soon\"\n", `site.toml:3: proxy: invalid pm_join_backoff_max "soon"`},
+		{"path_manager = \"kernel\"\npm_join_backoff_max = \"1m\"\n", `site.toml:4: proxy: pm_join_backoff_max is a setting of path_manager "braid", not of "kernel"`},
+		{"path_manager = \"none\"\npm_join_timeout = \"2s\"\n", `site.toml:4: proxy: pm_join_timeout is a setting of path_manager "braid", not of "none"`},
+	} {
+		_, err := LoadProxy("site.toml", proxySiteWith(c.lines), newEnv())
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want %q", c.lines, err, c.want)
+		}
+	}
 }

@@ -27,11 +27,12 @@ type ProxyResult struct {
 	Subflows   int // most subflows seen carrying data on one connection
 }
 
-// demoSite is the [proxy] section for r1 (side 1) or r2 (side 2) of the demo topology: the
-// routers' two uplinks, tenant "demo" with the site's LAN, the other router as the peer.
-func demoSite(l *lab.Lab, side int, key, peer string) ([]byte, error) {
+// ProxySite is the [proxy] section for r1 (side 1) or r2 (side 2) of the demo topology: the
+// routers' two uplinks, tenant "demo" with the site's LAN, the other router as the peer; extra
+// (lines of keys) goes into [proxy].
+func ProxySite(l *lab.Lab, side int, key, peer, extra string) ([]byte, error) {
 	var b strings.Builder
-	fmt.Fprintf(&b, "[proxy]\nmode = \"tproxy\"\nprivate_key = %q\nmetrics = %q\n", key, roles.ProxyMetrics)
+	fmt.Fprintf(&b, "[proxy]\nmode = \"tproxy\"\nprivate_key = %q\nmetrics = %q\n%s", key, roles.ProxyMetrics, extra)
 	router := fmt.Sprintf("r%d", side)
 	for _, name := range demoUplinks[side-1] {
 		lk := l.Link(name)
@@ -78,11 +79,11 @@ func MeasureProxy(ctx context.Context, l *lab.Lab, quick bool) (ProxyResult, err
 		return r, err
 	}
 	defer os.RemoveAll(dir)
-	s1, err := demoSite(l, 1, k1.String(), k2.Public().String())
+	s1, err := ProxySite(l, 1, k1.String(), k2.Public().String(), "")
 	if err != nil {
 		return r, err
 	}
-	s2, err := demoSite(l, 2, k2.String(), k1.Public().String())
+	s2, err := ProxySite(l, 2, k2.String(), k1.Public().String(), "")
 	if err != nil {
 		return r, err
 	}
@@ -96,7 +97,7 @@ func MeasureProxy(ctx context.Context, l *lab.Lab, quick bool) (ProxyResult, err
 		return r, err
 	}
 	defer p2.Stop()
-	if err := waitPooled(ctx, p1, p2); err != nil {
+	if err := WaitPooled(ctx, p1, p2); err != nil {
 		return r, err
 	}
 	h1, h2 := l.Host("h1"), l.Host("h2")
@@ -153,7 +154,9 @@ func MeasureProxy(ctx context.Context, l *lab.Lab, quick bool) (ProxyResult, err
 	return r, nil
 }
 
-func waitPooled(ctx context.Context, a, b *roles.ProxyProc) error {
+// WaitPooled waits up to 15 s until each of the demo's proxies a and b has a pooled connection
+// to the other.
+func WaitPooled(ctx context.Context, a, b *roles.ProxyProc) error {
 	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		ready := 0
 		for _, p := range []*roles.ProxyProc{a, b} {
