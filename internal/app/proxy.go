@@ -88,8 +88,9 @@ doubling intervals up to pm_join_backoff_max (30s; "0" keeps retrying every pm_j
 pm_policy = "rbpm" demotes to backup the subflows whose data would wait in the peer's buffer.
 
 'reload' (or SIGHUP) re-reads the site file the proxy started with and applies its tenants:
-tenants and peers added, removed or changed; what did not change keeps its connections. A
-file with a mistake, or a change only a restart applies (mode, key, uplinks, timeouts...), is
+tenants and peers added, removed or changed; what did not change keeps its connections. It
+also gives the path manager its pm_policy, pm_join_timeout and pm_join_backoff_max. A file
+with a mistake, or a change only a restart applies (mode, key, uplinks, timeouts...), is
 refused with the reason and nothing changes.
 
 The proxy installs its nftables table (inet braid_proxy), a policy rule (fwmark -> route_table)
@@ -345,11 +346,11 @@ func serveProxy(ctx context.Context, cfg *config.Proxy, log *slog.Logger) (err e
 	var wg sync.WaitGroup
 	pmCtx, stopPM := context.WithCancel(context.Background())
 	defer func() { stopPM(); wg.Wait() }()
+	var pmUps []core.Uplink // the path manager's, when it is braid's
 	switch cfg.PathManager {
 	case "braid":
-		var cups []core.Uplink
 		for _, u := range ups {
-			cups = append(cups, core.Uplink{Name: u.Name, Addr: u.Addr.String(), IfIndex: u.IfIndex, Backup: u.Backup, V6: u.Addr.Is6()})
+			pmUps = append(pmUps, core.Uplink{Name: u.Name, Addr: u.Addr.String(), IfIndex: u.IfIndex, Backup: u.Backup, V6: u.Addr.Is6()})
 		}
 		pol, err := pm.NewPolicy(cfg.PMPolicy)
 		if err != nil {
@@ -359,7 +360,7 @@ func serveProxy(ctx context.Context, cfg *config.Proxy, log *slog.Logger) (err e
 		// rule (data unacknowledged, no acknowledgement for DeadAfter) cannot tell a dead path
 		// from a pooled connection's first data after a pause, and with 500 ms it destroyed every
 		// subflow of such a connection as its download began. It stays as a backstop.
-		d, err := pm.New(pm.Options{Uplinks: cups, Policy: pol, Logger: log.With("part", "pm"), Poll: 50 * time.Millisecond,
+		d, err := pm.New(pm.Options{Uplinks: pmUps, Policy: pol, Logger: log.With("part", "pm"), Poll: 50 * time.Millisecond,
 			Core: proxyPMCore(cfg)})
 		if err != nil {
 			return fmt.Errorf("path manager: %w", err)
@@ -438,7 +439,7 @@ func serveProxy(ctx context.Context, cfg *config.Proxy, log *slog.Logger) (err e
 		defer srv.Close()
 		log.Info("status and metrics", "addr", srv.Addr(), "page", srv.PageURL())
 	}
-	rl := &proxyReloader{p: p, ann: src.ann, log: log, cfg: cfg, load: loadProxyConfig, rules: installRules}
+	rl := &proxyReloader{p: p, ann: src.ann, pmd: src.pmd, pmUplinks: pmUps, log: log, cfg: cfg, load: loadProxyConfig, rules: installRules}
 	file := daemonFile(ctx)
 	onHangup(ctx, func(file string) {
 		log.Info("SIGHUP: reloading", "file", file)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/config"
 	"braid/internal/experiment/federation"
 	"braid/internal/proxy"
 	"braid/internal/proxy/ident"
@@ -68,6 +69,35 @@ func TestProxyStatusTable(t *testing.T) {
 	for _, want := range []string{"TLS 1.3", "auth_failed=4", "10.1.0.1:4000", "10.9.1.2:7101", "rtt 2.0 ms", "blue", "3/256 peer connections unauthenticated"} {
 		if !strings.Contains(o.String(), want) {
 			t.Errorf("missing %q in:\n%s", want, o.String())
+		}
+	}
+}
+
+// A reload refuses what only a restart applies and names the file's keys; the path manager's
+// pm_ settings reload while path_manager stays "braid".
+func TestProxyRestartOnly(t *testing.T) {
+	base := config.ProxyDefaults()
+	for _, c := range []struct {
+		name   string
+		change func(*config.Proxy)
+		want   string // "" for a change a reload applies
+	}{
+		{"tenants", func(p *config.Proxy) { p.Tenants = []config.ProxyTenant{{Name: "blue"}} }, ""},
+		{"pm_policy", func(p *config.Proxy) { p.PMPolicy = "rbpm" }, ""},
+		{"pm joins", func(p *config.Proxy) { p.PMJoinTimeout, p.PMJoinBackoffMax = 2*time.Second, 0 }, ""},
+		{"pool", func(p *config.Proxy) { p.Pool = 8 }, "pool changed"},
+		{"timeouts", func(p *config.Proxy) { p.ConnectTimeout, p.DrainTimeout = time.Second, time.Second }, "connect_timeout, drain_timeout changed"},
+		{"key", func(p *config.Proxy) { p.HasKey = true }, "private_key changed"},
+		{"path manager", func(p *config.Proxy) { p.PathManager, p.PMPolicy = "kernel", "rbpm" }, "path_manager, pm_policy changed"},
+	} {
+		cur := base
+		c.change(&cur)
+		err := proxyRestartOnly(&base, &cur)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: refused: %v", c.name, err)
+		case c.want != "" && (err == nil || !strings.HasPrefix(err.Error(), c.want+":")):
+			t.Errorf("%s: error %v, want it to begin %q", c.name, err, c.want)
 		}
 	}
 }

@@ -81,34 +81,35 @@ import (
 //	    sources = ["198.51.100.0/29"] # plaintext only: the addresses the peer connects from
 //	                            # (default: those of address); nothing else is served
 
-// Proxy is the configuration of `braid proxy`.
+// Proxy is the configuration of `braid proxy`. Each field's tag "key" names the file's key it
+// comes from, for messages such as a reload's refusal.
 type Proxy struct {
-	Mode           string // tproxy, redirect, socks
-	PrivateKey     ident.PrivateKey
-	PrivateKeyFile string // the file PrivateKey was read from, if any (KeyFileWarnings)
-	HasKey         bool
-	Plaintext      bool
-	PathManager    string // braid, kernel, none
-	PMPolicy       string // the braid path manager's policy: fullmesh, rbpm
+	Mode           string           `key:"mode"` // tproxy, redirect, socks
+	PrivateKey     ident.PrivateKey `key:"private_key"`
+	PrivateKeyFile string           `key:"private_key_file"` // the file PrivateKey was read from, if any (KeyFileWarnings)
+	HasKey         bool             `key:"private_key"`
+	Plaintext      bool             `key:"plaintext"`
+	PathManager    string           `key:"path_manager"` // braid, kernel, none
+	PMPolicy       string           `key:"pm_policy"`    // the braid path manager's policy: fullmesh, rbpm
 	// PMJoinTimeout and PMJoinBackoffMax are the braid path manager's join timeout and the
 	// bound of its backoff for pairs that never came up (core.Config; 0: no backoff).
-	PMJoinTimeout    time.Duration
-	PMJoinBackoffMax time.Duration
-	Pool             int
-	PoolIdle         time.Duration
-	ConnectTimeout   time.Duration
-	HeaderTimeout    time.Duration
-	DrainTimeout     time.Duration
-	SendBacklog      time.Duration // 0: no bound but the kernel's
-	ResetBacklog     time.Duration // 0: live subflows are not reset on a failover
-	FwMark           uint32
-	RouteTable       int
-	Metrics          string
-	Control          string // control socket; "" disables it
+	PMJoinTimeout    time.Duration `key:"pm_join_timeout"`
+	PMJoinBackoffMax time.Duration `key:"pm_join_backoff_max"`
+	Pool             int           `key:"pool"`
+	PoolIdle         time.Duration `key:"pool_idle"`
+	ConnectTimeout   time.Duration `key:"connect_timeout"`
+	HeaderTimeout    time.Duration `key:"header_timeout"`
+	DrainTimeout     time.Duration `key:"drain_timeout"`
+	SendBacklog      time.Duration `key:"send_backlog"`  // 0: no bound but the kernel's
+	ResetBacklog     time.Duration `key:"reset_backlog"` // 0: live subflows are not reset on a failover
+	FwMark           uint32        `key:"fwmark"`
+	RouteTable       int           `key:"route_table"`
+	Metrics          string        `key:"metrics"`
+	Control          string        `key:"control"` // control socket; "" disables it
 	// MaxUnauthenticated caps the connections from would-be peers not yet authenticated.
-	MaxUnauthenticated int
-	Uplinks            []PMUplink
-	Tenants            []ProxyTenant
+	MaxUnauthenticated int           `key:"max_unauthenticated"`
+	Uplinks            []PMUplink    `key:"uplink"`
+	Tenants            []ProxyTenant `key:"tenant"`
 }
 
 // ProxyTenant is one tenant of the proxy.

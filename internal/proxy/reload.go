@@ -28,11 +28,15 @@ import (
 type Change struct {
 	TenantsAdded, TenantsRemoved, TenantsChanged []string
 	PeersAdded, PeersRemoved, PeersChanged       []string
+	// PathManager says the path manager's new settings, when they changed (set by the caller,
+	// which runs the path manager).
+	PathManager string
 }
 
 // Empty reports whether the reload changed nothing.
 func (c Change) Empty() bool {
-	return len(c.TenantsAdded)+len(c.TenantsRemoved)+len(c.TenantsChanged)+len(c.PeersAdded)+len(c.PeersRemoved)+len(c.PeersChanged) == 0
+	return len(c.TenantsAdded)+len(c.TenantsRemoved)+len(c.TenantsChanged)+len(c.PeersAdded)+len(c.PeersRemoved)+len(c.PeersChanged) == 0 &&
+		c.PathManager == ""
 }
 
 func (c Change) String() string {
@@ -48,6 +52,9 @@ func (c Change) String() string {
 	add("peers added", c.PeersAdded)
 	add("peers removed", c.PeersRemoved)
 	add("peers changed", c.PeersChanged)
+	if c.PathManager != "" {
+		parts = append(parts, "path manager: "+c.PathManager)
+	}
 	if len(parts) == 0 {
 		return "nothing changed"
 	}

@@ -310,7 +310,22 @@ type pairKey struct {
 type pairRecord struct {
 	failures int       // joins that never came up, in a row
 	worked   bool      // a subflow of the pair came up on this connection
-	notUntil time.Time // no join of the pair before then
+	lastFail time.Time // when the last of them was found failed
+}
+
+// pairWait is how long after its last failed join a pair waits before the next: from its
+// second failure in a row, 2, 4, 8... join timeouts, at most MaxJoinBackoff; nothing for a pair
+// that came up, or with the backoff off. It is worked out from the configuration in force, so
+// that a reload that shortens or turns off the backoff applies to the pairs already waiting.
+func (m *Manager) pairWait(pr *pairRecord) time.Duration {
+	if pr.worked || pr.failures < 2 || m.cfg.MaxJoinBackoff <= 0 {
+		return 0
+	}
+	wait := m.cfg.MaxJoinBackoff
+	if shift := pr.failures - 1; shift < 16 {
+		wait = min(wait, m.cfg.JoinTimeout<<shift)
+	}
+	return wait
 }
 
 // joinRecord is what the manager knows of joins to one announced endpoint.
@@ -659,7 +674,7 @@ func (m *Manager) plan(now time.Time, c *conn) []Action {
 		if jr := c.joins[slot.Remote]; jr != nil && !jr.gaveUp.IsZero() {
 			continue // RFC 8684 3.4.1: no further attempts until announced again
 		}
-		if pr := c.pairs[pairKey{slot.Uplink, slot.Remote}]; pr != nil && now.Before(pr.notUntil) {
+		if pr := c.pairs[pairKey{slot.Uplink, slot.Remote}]; pr != nil && now.Before(pr.lastFail.Add(m.pairWait(pr))) {
 			continue
 		}
 		port, ok := m.portFor(now, u.Addr, slot)
@@ -716,14 +731,10 @@ func (m *Manager) joinFailed(now time.Time, c *conn, uplink int, remote Endpoint
 			pr = &pairRecord{}
 			c.pairs[k] = pr
 		}
-		if !pr.worked && m.cfg.MaxJoinBackoff > 0 {
+		if !pr.worked {
 			pr.failures++
-			if pr.failures >= 2 {
-				wait := m.cfg.MaxJoinBackoff
-				if shift := pr.failures - 1; shift < 16 {
-					wait = min(wait, m.cfg.JoinTimeout<<shift)
-				}
-				pr.notUntil = now.Add(wait)
+			pr.lastFail = now
+			if m.pairWait(pr) > 0 {
 				m.Counters.JoinBackoffs++
 			}
 		}

@@ -289,6 +289,58 @@ func TestNeverWorkedPairBacksOff(t *testing.T) {
 	}
 }
 
+// A reload that shortens the backoff or turns it off applies to a pair already waiting: with
+// MaxJoinBackoff cut from 30 s to 3 s, a pair 8 s into its wait is joined at once; with the
+// backoff then turned off, it is joined again at its next timeout.
+func TestReconfigureAppliesToWaitingPairs(t *testing.T) {
+	m := newManager()
+	established(m, t0, 1)
+	countCreates := func(got []Action) (n int) {
+		for _, a := range got {
+			if a.Kind == Create {
+				n++
+			}
+		}
+		return n
+	}
+	// Joins time out at 1 s (retried at once), 2 s (wait 2 s), 5 s (wait 4), 10 s (wait 8).
+	if got := m.Tick(t0.Add(time.Second)); countCreates(got) != 1 {
+		t.Fatalf("first timeout:\n%s", actionsString(got))
+	}
+	now := t0.Add(2 * time.Second)
+	for _, wait := range []time.Duration{2 * time.Second, 4 * time.Second} {
+		m.Tick(now)
+		if got := m.Tick(now.Add(wait)); countCreates(got) != 1 {
+			t.Fatalf("no join after %v:\n%s", wait, actionsString(got))
+		}
+		now = now.Add(wait + time.Second)
+	}
+	if got := m.Tick(now); countCreates(got) != 0 || m.Counters.JoinBackoffs != 3 {
+		t.Fatalf("at %v: counters %+v:\n%s", now.Sub(t0), m.Counters, actionsString(got))
+	}
+	waiting := now.Add(5 * time.Second) // 5 s into the 8 s wait
+	if got := m.Tick(waiting); countCreates(got) != 0 {
+		t.Fatalf("joined during the 8 s wait:\n%s", actionsString(got))
+	}
+	cfg := m.cfg
+	cfg.MaxJoinBackoff = 3 * time.Second
+	if err := m.Reconfigure(cfg, Fullmesh{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Tick(waiting.Add(time.Millisecond)); countCreates(got) != 1 {
+		t.Fatalf("after join_backoff_max 3 s, a pair 5 s into its wait was not joined:\n%s", actionsString(got))
+	}
+	// That join times out at 16 s; with the backoff off it is joined again at once.
+	cfg.MaxJoinBackoff = -1
+	if err := m.Reconfigure(cfg, Fullmesh{}); err != nil {
+		t.Fatal(err)
+	}
+	got := m.Tick(waiting.Add(time.Second + 2*time.Millisecond))
+	if countCreates(got) != 1 {
+		t.Fatalf("with the backoff off, a failed join was not retried at once:\n%s", actionsString(got))
+	}
+}
+
 // With MaxJoinBackoff negative (join_backoff_max = 0) a pair that never came up is joined again
 // at each JoinTimeout, as before the backoff.
 func TestJoinBackoffOff(t *testing.T) {
