@@ -24,8 +24,7 @@ import (
 // docs/proxy.md, "Reload"): it loads and checks the file, refuses changes only a restart
 // applies, gives the path manager its new settings, hands the proxy its new tenants
 // (proxy.Reload), then replaces the interception rules and tells the announcer the new peer
-// ports. A file with a mistake is refused with its
-// file:line and nothing changes.
+// ports. A file with a mistake is refused with its file:line and nothing changes.
 type proxyReloader struct {
 	p   *proxy.Proxy
 	ann *proxy.Announcer // nil unless path_manager is braid
