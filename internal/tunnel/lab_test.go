@@ -37,6 +37,9 @@ type endpoint struct {
 
 // newEndpoints gives hosts a and b of l a key each and their inner addresses: a 10.255.0.1 /
 // fd00:ff::1, b 10.255.0.2 / fd00:ff::2.
+// tunnelMTU is the MTU of the tunnels the lab tests start.
+const tunnelMTU = 1400
+
 func newEndpoints(t *testing.T, l *lab.Lab) [2]*endpoint {
 	t.Helper()
 	var eps [2]*endpoint
@@ -65,7 +68,7 @@ func startTunnels(t *testing.T, l *lab.Lab, outer int, mutate func(side int, o *
 		}
 		tn, stop, err := roles.StartTunnel(context.Background(), ep.host,
 			[]netip.Prefix{netip.PrefixFrom(ep.inner4, 24), netip.PrefixFrom(ep.inner6, 64)}, locals,
-			tunnel.Options{PrivateKey: ep.priv, MTU: 1400, Reorder: true, Recovery: true, Peers: []tunnel.PeerConfig{peer}}, adjust...)
+			tunnel.Options{PrivateKey: ep.priv, MTU: tunnelMTU, Reorder: true, Recovery: true, Peers: []tunnel.PeerConfig{peer}}, adjust...)
 		if err != nil {
 			t.Fatal(err)
 		}
