@@ -35,11 +35,11 @@ type endpoint struct {
 	inner6 netip.Addr
 }
 
-// newEndpoints gives hosts a and b of l a key each and their inner addresses: a 10.255.0.1 /
-// fd00:ff::1, b 10.255.0.2 / fd00:ff::2.
 // tunnelMTU is the MTU of the tunnels the lab tests start.
 const tunnelMTU = 1400
 
+// newEndpoints gives hosts a and b of l a key each and their inner addresses: a 10.255.0.1 /
+// fd00:ff::1, b 10.255.0.2 / fd00:ff::2.
 func newEndpoints(t *testing.T, l *lab.Lab) [2]*endpoint {
 	t.Helper()
 	var eps [2]*endpoint
