@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"braid/internal/config"
+	"braid/internal/gothreads"
 	"braid/internal/lb"
 	"braid/internal/lisp/mapserver"
 	"braid/internal/lisp/xtr"
@@ -199,6 +200,9 @@ func printStatus(e env, role string, body []byte, asJSON bool) int {
 			default:
 				err = errors.New("the tunnel's status is empty")
 			}
+			if err == nil && doc.Threads != nil {
+				printThreads(e.stdout, doc.Threads)
+			}
 		}
 	default:
 		err = fmt.Errorf("role %q is not one braid status knows", role)
@@ -211,6 +215,18 @@ func printStatus(e env, role string, body []byte, asJSON bool) int {
 }
 
 // printTunnelStatus prints a braid-mode tunnel's status as tables.
+// printThreads prints the Go thread controller's line.
+func printThreads(w io.Writer, st *gothreads.Status) {
+	how := "threads = " + st.Setting
+	switch st.Setting {
+	case "auto":
+		how = fmt.Sprintf("auto: one while a core suffices, up to %d; changed %d times", st.Max, st.Changes)
+	case "environment":
+		how = "GOMAXPROCS from the environment"
+	}
+	fmt.Fprintf(w, "\nGo threads: %d (%s); the process used %.2f cores over the last %v\n", st.Threads, how, st.Busy, gothreads.Interval)
+}
+
 func printTunnelStatus(w io.Writer, st *tunnel.Status) {
 	fmt.Fprintf(w, "tunnel, public key %s, up %s, mtu %d\n", st.PublicKey, st.Uptime.Round(time.Second), st.MTU)
 	if len(st.Uplinks) > 0 {

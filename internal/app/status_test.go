@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"braid/internal/gothreads"
 	"braid/internal/lb"
 	"braid/internal/lisp/mapserver"
 	"braid/internal/lisp/xtr"
@@ -157,5 +158,23 @@ func TestPrintMPTStatusReason(t *testing.T) {
 	out := b.String()
 	if !strings.Contains(out, "down (peer_down)") || strings.Contains(out, "up (ok)") {
 		t.Errorf("mpt status:\n%s", out)
+	}
+}
+
+// TestPrintThreads: braid status says how many Go threads the tunnel runs on and why.
+func TestPrintThreads(t *testing.T) {
+	for _, c := range []struct {
+		st   gothreads.Status
+		want string
+	}{
+		{gothreads.Status{Setting: "auto", Threads: 1, Max: 2, Busy: 0.42, Changes: 3}, "Go threads: 1 (auto: one while a core suffices, up to 2; changed 3 times); the process used 0.42 cores over the last 500ms"},
+		{gothreads.Status{Setting: "4", Threads: 4, Max: 2, Busy: 1.5}, "Go threads: 4 (threads = 4); the process used 1.50 cores"},
+		{gothreads.Status{Setting: "environment", Threads: 2, Max: 2}, "Go threads: 2 (GOMAXPROCS from the environment)"},
+	} {
+		var b bytes.Buffer
+		printThreads(&b, &c.st)
+		if !strings.Contains(b.String(), c.want) {
+			t.Errorf("%+v: printed %q, want %q in it", c.st, b.String(), c.want)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"strconv"
 
 	"braid/internal/config"
+	"braid/internal/gothreads"
 	"braid/internal/metrics"
 	"braid/internal/sock"
 	"braid/internal/tun"
@@ -59,6 +60,9 @@ it without flags; a change applies to the next packet.
 paths, uplinks, routes, capacities and the scheduler, while the peers that stay keep their
 sessions; a file with a mistake is refused with its file and line, and nothing changes
 (docs/tunnel.md, "Reload").
+The tunnel's Go code runs on one thread while it needs less than a core (fewer wake-ups
+and hand-offs between cores: docs/tunnel.md, "Go threads") and on one per CPU once that thread
+is saturated; 'threads' in [tunnel] fixes the count instead, and a reload applies it.
 --cpuprofile writes a Go CPU profile of the whole run to FILE when the tunnel stops (for 'go tool
 pprof'; docs/tunnel-profile.md shows how it was used).
 
@@ -257,6 +261,9 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 			}
 		}
 	}
+	// How many threads run the tunnel's Go code: one while a core suffices, by default.
+	threads := gothreads.New(cfg.Threads, log)
+	go threads.Run(ctx)
 	var (
 		run    func(context.Context) error
 		src    metrics.Source
@@ -280,7 +287,7 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 			closeAll()
 			return err
 		}
-		run, src = t.Run, mptSource{t}
+		run, src = t.Run, mptSource{t, threads}
 		onHangup(ctx, func(string) {
 			log.Warn("SIGHUP: mode mpt does not reload yet; still running with the site file it started with (restart to apply a change)")
 		})
@@ -300,7 +307,7 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 			closeAll()
 			return err
 		}
-		run, src = t.Run, tunnelSource{t}
+		run, src = t.Run, tunnelSource{t, threads}
 		// The uplinks named by interface alone follow it, also those a reload adds.
 		stop, err := followUplinks(ctx, t, shards(cfg), log)
 		if err != nil {
@@ -308,17 +315,17 @@ func serveTunnel(ctx context.Context, cfg *config.Tunnel, log *slog.Logger) erro
 			return err
 		}
 		defer stop()
-		rl := &tunnelReloader{t: t, nl: nl, log: log, load: loadTunnelConfig, listen: func(u config.Uplink, port uint16) (tunnel.Conn, error) {
+		rl := &tunnelReloader{t: t, threads: threads, nl: nl, log: log, load: loadTunnelConfig, listen: func(u config.Uplink, port uint16) (tunnel.Conn, error) {
 			return listenUplink(u, port, shards(cfg))
 		}, cfg: cfg, conns: socks}
 		file := daemonFile(ctx)
 		mutate = func(r pathRequest) error {
 			if r.Action == "reload" {
-				ch, err := rl.reload(file)
+				what, err := rl.reload(file)
 				if err != nil {
 					return err
 				}
-				return controlDone(file + ": " + ch.String())
+				return controlDone(file + ": " + what)
 			}
 			return applyPath(t, r)
 		}
@@ -477,15 +484,19 @@ func applyMPTPath(t *tunnel.MPTTunnel, peer string, r pathRequest) error {
 }
 
 // tunnelSource exposes a tunnel's status and metrics.
-type tunnelSource struct{ t *tunnel.Tunnel }
+type tunnelSource struct {
+	t       *tunnel.Tunnel
+	threads *gothreads.Controller
+}
 
 func (s tunnelSource) StatusJSON() any {
-	return statusReport{Role: "tunnel", Tunnel: ptr(s.t.Status())}
+	return statusReport{Role: "tunnel", Tunnel: ptr(s.t.Status()), Threads: ptr(s.threads.Status())}
 }
 
 func ptr[T any](v T) *T { return &v }
 
 func (s tunnelSource) WriteMetrics(w *metrics.Writer) {
+	writeThreadMetrics(w, s.threads)
 	st := s.t.Status()
 	for _, k := range metrics.SortedKeys(st.Counters) {
 		w.Sample("braid_tunnel_"+k+"_total", metrics.Counter, "Tunnel counter "+k+".", float64(st.Counters[k]))
@@ -594,17 +605,32 @@ func b2f(b bool) float64 {
 
 // statusReport is what /status returns: the role and its status.
 type statusReport struct {
-	Role   string            `json:"role"`
-	Tunnel *tunnel.Status    `json:"tunnel,omitempty"`
-	MPT    *tunnel.MPTStatus `json:"mpt,omitempty"`
+	Role    string            `json:"role"`
+	Tunnel  *tunnel.Status    `json:"tunnel,omitempty"`
+	MPT     *tunnel.MPTStatus `json:"mpt,omitempty"`
+	Threads *gothreads.Status `json:"threads,omitempty"`
+}
+
+// writeThreadMetrics writes the Go thread controller's gauges.
+func writeThreadMetrics(w *metrics.Writer, c *gothreads.Controller) {
+	st := c.Status()
+	w.Sample("braid_tunnel_go_threads", metrics.Gauge, "Threads running the tunnel's Go code at once (GOMAXPROCS; the site file's threads).", float64(st.Threads))
+	w.Sample("braid_tunnel_go_threads_changes_total", metrics.Counter, "Times threads = 0 (auto) changed the count.", float64(st.Changes))
+	w.Sample("braid_tunnel_cpu_busy_cores", metrics.Gauge, "Cores the tunnel process used over the last half second.", st.Busy)
 }
 
 // mptSource exposes an mpt-mode tunnel's status and metrics.
-type mptSource struct{ t *tunnel.MPTTunnel }
+type mptSource struct {
+	t       *tunnel.MPTTunnel
+	threads *gothreads.Controller
+}
 
-func (s mptSource) StatusJSON() any { return statusReport{Role: "tunnel", MPT: ptr(s.t.Status())} }
+func (s mptSource) StatusJSON() any {
+	return statusReport{Role: "tunnel", MPT: ptr(s.t.Status()), Threads: ptr(s.threads.Status())}
+}
 
 func (s mptSource) WriteMetrics(w *metrics.Writer) {
+	writeThreadMetrics(w, s.threads)
 	st := s.t.Status()
 	for _, k := range metrics.SortedKeys(st.Counters) {
 		w.Sample("braid_tunnel_mpt_"+k+"_total", metrics.Counter, "MPT-mode tunnel counter "+k+".", float64(st.Counters[k]))

@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"braid/internal/config"
+	"braid/internal/gothreads"
 	"braid/internal/sock"
 	"braid/internal/tun"
 	"braid/internal/tunnel"
@@ -25,9 +26,11 @@ import (
 // into the TUN device. A file with a mistake, or with a change only a restart applies, is
 // refused and nothing changes.
 type tunnelReloader struct {
-	t   *tunnel.Tunnel
-	nl  *netlink.Handle
-	log *slog.Logger
+	t *tunnel.Tunnel
+	// threads takes the file's threads (nil in tests that start no controller)
+	threads *gothreads.Controller
+	nl      *netlink.Handle
+	log     *slog.Logger
 	// load reads a site file (loadTunnelConfig; a test's own)
 	load func(file string) (*config.Tunnel, error)
 	// listen opens an uplink's socket (sock.Listen with GRO)
@@ -50,20 +53,35 @@ type uplinkSock struct {
 // errReloadRefused wraps every refusal.
 var errReloadRefused = errors.New("reload refused, nothing changed")
 
-// reload applies file; the error says why nothing changed.
-func (r *tunnelReloader) reload(file string) (tunnel.Change, error) {
+// reload applies file and says what changed; the error says why nothing changed.
+func (r *tunnelReloader) reload(file string) (string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	old := r.cfg.Threads
 	ch, err := r.reloadLocked(file)
+	what := ch.String()
+	if err == nil || errors.Is(err, errRoutesLag) {
+		if cur := r.cfg.Threads; cur != old {
+			t := fmt.Sprintf("threads %d", cur)
+			if cur == 0 {
+				t = "threads auto"
+			}
+			if what == "nothing changed" {
+				what = t
+			} else {
+				what += "; " + t
+			}
+		}
+	}
 	switch {
 	case errors.Is(err, errRoutesLag):
-		r.log.Error("reloaded, but the kernel's routes into the tunnel did not all follow", "file", file, "change", ch.String(), "err", err)
-		return ch, fmt.Errorf("reloaded (%s), but: %w", ch, err)
+		r.log.Error("reloaded, but the kernel's routes into the tunnel did not all follow", "file", file, "change", what, "err", err)
+		return what, fmt.Errorf("reloaded (%s), but: %w", what, err)
 	case err != nil:
 		r.log.Error("reload refused: nothing changed", "file", file, "err", err)
-		return ch, fmt.Errorf("%w: %s", errReloadRefused, err)
+		return what, fmt.Errorf("%w: %s", errReloadRefused, err)
 	}
-	return ch, nil
+	return what, nil
 }
 
 // errRoutesLag: the tunnel runs the new file, but a route into the TUN device could not be
@@ -139,6 +157,9 @@ func (r *tunnelReloader) reloadLocked(file string) (tunnel.Change, error) {
 				routeErrs = append(routeErrs, err)
 			}
 		}
+	}
+	if r.threads != nil && cfg.Threads != r.cfg.Threads {
+		r.threads.Set(cfg.Threads)
 	}
 	r.cfg, r.conns = cfg, conns
 	if err := errors.Join(routeErrs...); err != nil {

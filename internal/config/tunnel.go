@@ -208,6 +208,10 @@ type Tunnel struct {
 	Scheduler Scheduler
 	Metrics   netip.AddrPort // status and Prometheus endpoint; the zero value disables it
 	Control   string         // runtime control socket; "" disables it
+	// Threads is how many threads run the tunnel's Go code at once (GOMAXPROCS); 0 (the
+	// default): one while the tunnel's work fits on one core, every CPU once it does not
+	// (internal/gothreads).
+	Threads int
 
 	// Braid holds what only braid mode has; it is nil in mpt mode.
 	Braid *BraidSettings
@@ -251,6 +255,9 @@ type BraidSettings struct {
 
 // maxShards bounds shards: sockets per uplink.
 const maxShards = 1024
+
+// maxThreads bounds threads (GOMAXPROCS).
+const maxThreads = 1024
 
 // Reorder bounds each peer's reorder buffer at the receiver.
 type Reorder struct {
@@ -502,6 +509,7 @@ type fileTunnel struct {
 	ReorderMaxBytes   any          `toml:"reorder_max_bytes"`
 	ReorderMaxHold    any          `toml:"reorder_max_hold"`
 	Shards            *int64       `toml:"shards"`
+	Threads           *int64       `toml:"threads"`
 	Metrics           *string      `toml:"metrics"`
 	Control           *string      `toml:"control"`
 	Uplink            []fileUplink `toml:"uplink"`
@@ -572,6 +580,9 @@ func (l *loader) tunnel(f *fileTunnel) *Tunnel {
 	}
 	if f.Port != nil {
 		t.Port = l.port(obj, p+"port", "port", *f.Port, 1)
+	}
+	if f.Threads != nil {
+		t.Threads = l.int(obj, p+"threads", "threads", *f.Threads)
 	}
 	switch {
 	case f.Scheduler != nil:
@@ -987,6 +998,9 @@ func (t *Tunnel) check(env Env) []issue {
 		c.report(obj, fmt.Sprintf("mtu %d outside %d..%d (or 0 to derive it from the paths)", t.MTU, minMTU, maxMTU), p+"mtu")
 	case hasIPv6 && t.MTU < minMTUIPv6:
 		c.report(obj, fmt.Sprintf("mtu %d is below the IPv6 minimum of %d, and the tunnel has an IPv6 address", t.MTU, minMTUIPv6), p+"mtu")
+	}
+	if t.Threads < 0 || t.Threads > maxThreads {
+		c.report(obj, fmt.Sprintf("threads %d outside 0..%d (0: one while a core suffices, then one per CPU)", t.Threads, maxThreads), p+"threads")
 	}
 	if t.Port == 0 {
 		c.report(obj, "port 0: the uplinks need a default port, such as 4754", p+"port")

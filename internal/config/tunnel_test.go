@@ -257,6 +257,19 @@ routes = ["10.2.0.0/16"]
   remote = "198.51.100.1:23456"
 `
 
+// TestLoadThreads: threads is read in both modes (it is the process's, not braid mode's).
+func TestLoadThreads(t *testing.T) {
+	for name, doc := range map[string]string{"braid": minimal, "mpt": minimalMPT} {
+		tun, err := LoadTunnel(name+".toml", []byte(strings.Replace(doc, "[tunnel]\n", "[tunnel]\nthreads = 3\n", 1)), newEnv())
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if tun.Threads != 3 {
+			t.Errorf("%s: threads %d, want 3", name, tun.Threads)
+		}
+	}
+}
+
 func TestLoadMPT(t *testing.T) {
 	tun, err := LoadTunnel("mpt.toml", []byte(minimalMPT+`
 [[tunnel.peer]]
@@ -455,6 +468,10 @@ path = [{ uplink = "fibre", remote = "198.51.100.1:4754" }]` + mark + `
 		`tunnel: negative reorder_max_hold "-5ms"`},
 	{"too many shards", edit(minimal, "[tunnel]\n", "[tunnel]\nshards = 5000"+mark+"\n"),
 		`tunnel: shards 5000 outside 0..1024 (0: one per CPU)`},
+	{"negative threads", edit(minimal, "[tunnel]\n", "[tunnel]\nthreads = -1"+mark+"\n"),
+		`tunnel: threads -1 outside 0..1024 (0: one while a core suffices, then one per CPU)`},
+	{"too many threads", edit(minimal, "[tunnel]\n", "[tunnel]\nthreads = 4096"+mark+"\n"),
+		`tunnel: threads 4096 outside 0..1024 (0: one while a core suffices, then one per CPU)`},
 	{"mtu too small", edit(minimal, "[tunnel]\n", "[tunnel]\nmtu = 500"+mark+"\n"),
 		`tunnel: mtu 500 outside 576..65535`},
 	{"mtu too large", edit(minimal, "[tunnel]\n", "[tunnel]\nmtu = 65536"+mark+"\n"),
