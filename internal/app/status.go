@@ -214,7 +214,6 @@ func printStatus(e env, role string, body []byte, asJSON bool) int {
 	return exitOK
 }
 
-// printTunnelStatus prints a braid-mode tunnel's status as tables.
 // printThreads prints the Go thread controller's line.
 func printThreads(w io.Writer, st *gothreads.Status) {
 	how := "threads = " + st.Setting
@@ -227,6 +226,7 @@ func printThreads(w io.Writer, st *gothreads.Status) {
 	fmt.Fprintf(w, "\nGo threads: %d (%s); the process used %.2f cores over the last %v\n", st.Threads, how, st.Busy, gothreads.Interval)
 }
 
+// printTunnelStatus prints a braid-mode tunnel's status as tables.
 func printTunnelStatus(w io.Writer, st *tunnel.Status) {
 	fmt.Fprintf(w, "tunnel, public key %s, up %s, mtu %d\n", st.PublicKey, st.Uptime.Round(time.Second), st.MTU)
 	if len(st.Uplinks) > 0 {

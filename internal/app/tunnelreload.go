@@ -66,7 +66,7 @@ func (r *tunnelReloader) reload(file string) (string, error) {
 			if cur == 0 {
 				t = "threads auto"
 			}
-			if what == "nothing changed" {
+			if ch.Empty() {
 				what = t
 			} else {
 				what += "; " + t

@@ -22,7 +22,7 @@ import (
 	"time"
 )
 
-// The auto rule (Auto.step): one thread until the process has used at least RaiseAt of a
+// The auto rule (Auto.Step): one thread until the process has used at least RaiseAt of a
 // core over RaiseAfter samples in a row, then every CPU; back to one once it has used less
 // than LowerAt for LowerAfter samples in a row. The gap between the two bounds keeps a load
 // near either from switching back and forth.
@@ -83,7 +83,8 @@ func (c *Controller) Set(setting int) {
 	case setting > 0:
 		c.apply(setting, "threads set in the site file")
 	case c.env:
-		c.log.Info("threads = 0 (auto), but GOMAXPROCS is set in the environment: it stays", "threads", c.threads)
+		// the environment's count (a count from the file before a reload goes)
+		c.apply(c.max, "threads = 0 (auto), but GOMAXPROCS is set in the environment: it stays")
 	default:
 		c.apply(1, "auto: one thread until the tunnel needs more than a core")
 	}

@@ -102,6 +102,12 @@ func TestThreadsAutoLeavesTheEnvironmentsCount(t *testing.T) {
 	if len(*calls) != 0 {
 		t.Fatalf("GOMAXPROCS changed to %v, want untouched", *calls)
 	}
+	// a count from the file wins; a reload without it goes back to the environment's
+	c.Set(1)
+	c.Set(0)
+	if st := c.Status(); st.Threads != 3 || st.Setting != "environment" || (*calls)[len(*calls)-1] != 3 {
+		t.Fatalf("threads = 1, then 0, with GOMAXPROCS=3 in the environment: %+v, GOMAXPROCS set to %v", st, *calls)
+	}
 }
 
 func TestThreadsAutoOnOneCPU(t *testing.T) {
