@@ -99,9 +99,11 @@ func (t *Tunnel) readDevice() error {
 				continue
 			}
 			if p.q.full() {
-				// One peer's queue is full while another's is not (allFull above): its
-				// packet is dropped rather than the device left unread, so that one peer
-				// (a flood, a path that stalled) cannot stall the others.
+				// The peer's queue reached its bound within this read (or is full while
+				// another's is not, allFull above): the packet is dropped rather than
+				// queued past the bound or the device left unread. The drop is the inner
+				// flow's congestion signal, and one peer (a flood, a path that stalled)
+				// cannot stall the others.
 				p.queueDrops.Add(1)
 				t.stats.DropQueueFull.Add(1)
 				continue

@@ -33,7 +33,7 @@ type Counters struct {
 	DropHandshake      atomic.Uint64 // handshake message refused
 	DropDevice         atomic.Uint64 // the device refused a write
 	DropTooBig         atomic.Uint64 // a packet from the device larger than the tunnel MTU
-	DropQueueFull      atomic.Uint64 // a peer's send queue was full while another's was not
+	DropQueueFull      atomic.Uint64 // a packet read past its peer's send-queue bound (the inner flows' congestion signal)
 
 	DropVersion atomic.Uint64 // handshake refused: no protocol version both sides speak
 	// DropHandshakeMAC: an initiation whose MAC is not that of this side's public key (junk,

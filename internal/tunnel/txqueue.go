@@ -21,12 +21,16 @@ import (
 // holds almost nothing (docs/scheduling.md, "Unequal paths").
 //
 // The queue is bounded in time: it takes packets while what it holds would drain, at the
-// paths' rates, within the spread of the paths' one-way delays plus queueSlack. When every
-// peer with packets queued is at its bound, the reader stops reading the device, whose own
-// queue then fills and drops (or, for a sender on this host, holds it back through TCP small
-// queues), which the inner flows see as congestion. When only some are, their packets are
-// dropped (drop_queue_full) and the reader reads on for the others: at a hub, one peer whose
-// paths stall or whose sites flood cannot stall the rest.
+// paths' rates, within the spread of the paths' one-way delays plus queueSlack. The bound is
+// checked before each read and for each packet a read returned. When every peer is at its
+// bound, the reader waits instead of reading. A read returns up to a super-packet's segments
+// (64), so it can cross the bound: what a peer's queue cannot take is dropped
+// (drop_queue_full), at a site with one peer as at a hub. Those drops are the inner flows'
+// congestion signal, and the bound works as an AQM through them: with the tail of a read
+// queued instead, a cubic flow's queue stood in the TUN device's ring (1000 packets), where a
+// sparse echo waits behind it, and TestTunnelSparseFlows' echo p95 went from 20 ms to 630 ms
+// (docs/scheduling.md, "The send queue's bound is a congestion signal"). At a hub the same
+// drop keeps one peer whose paths stall or whose sites flood from stalling the rest.
 
 // planner is a scheduler that plans a queue (sched.Paced).
 type planner interface {
