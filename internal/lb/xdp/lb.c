@@ -170,9 +170,8 @@ struct bucket {
 	__u64 credit; /* in nanosecond-units: one learning costs 1e9 */
 };
 
+/* a backend's new connections and steered joins (its packets and bytes are in counters_val) */
 struct be_stats {
-	__u64 packets;
-	__u64 bytes;
 	__u64 conns;
 	__u64 joins;
 };
@@ -268,11 +267,16 @@ struct {
 #define CACHE_SLOTS 4096
 #define CACHE_JIFFIES 100
 
+/* A slot carries what forwarding by MAC rewrite needs of its backend, so that a cached packet
+ * reads no backend element: SetBackend and RemoveBackend bump the epoch. 64 bytes. */
 struct fcache {
 	struct flow key;
 	__u32 backend;
 	__u32 epoch;
-	__u64 since; /* jiffies when filled */
+	__u32 since;   /* jiffies when filled, low 32 bits (compared by difference) */
+	__u32 ifindex; /* the backend's */
+	__u8 mac[6];   /* the backend's */
+	__u16 pad;
 };
 
 struct {
@@ -314,9 +318,17 @@ struct {
 } global_limit SEC(".maps");
 
 /* The counters, one per-CPU element holding them all: a packet's two counts (received, and
- * what became of it) read one element pointer and usually one cache line, not two of each. */
+ * what became of it) read one element pointer and usually one cache line, not two of each.
+ * Each backend's packets and bytes are here too, side by side (one line per backend), so that
+ * forwarding counts them through the pointer it already holds. */
+struct be_count {
+	__u64 packets;
+	__u64 bytes;
+};
+
 struct counters_val {
 	__u64 c[C_NUM];
+	struct be_count be[MAX_BACKENDS];
 };
 
 struct {
@@ -747,6 +759,33 @@ static __always_inline __u16 csum_fold(__u32 s)
 	return (__u16)~s;
 }
 
+/* count_backend: one more packet of this frame's length forwarded to backend idx */
+static __always_inline void count_backend(struct xdp_md *ctx, struct counters_val *cv, __u32 idx)
+{
+	if (cv && idx < MAX_BACKENDS) {
+		cv->be[idx].packets++;
+		cv->be[idx].bytes += ctx->data_end - ctx->data;
+	}
+}
+
+/* forward_mac: forwards the frame to a backend on this segment by rewriting its MACs, out of
+ * ifindex (0: the receiving interface). */
+static __always_inline int forward_mac(struct xdp_md *ctx, struct counters_val *cv, const struct lb_config *cfg,
+				       const __u8 *mac, __u32 ifindex)
+{
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return XDP_DROP;
+	__builtin_memcpy(eth->h_dest, mac, 6);
+	__builtin_memcpy(eth->h_source, cfg->src_mac, 6);
+	if (cv)
+		cv->c[C_FWD] += 1;
+	if (ifindex)
+		return bpf_redirect(ifindex, 0);
+	return XDP_TX;
+}
+
 static __always_inline int forward(struct xdp_md *ctx, struct counters_val *cv, const struct lb_config *cfg,
 				   __u32 idx, const struct backend *be, int inner6)
 {
@@ -756,11 +795,7 @@ static __always_inline int forward(struct xdp_md *ctx, struct counters_val *cv, 
 		count(C_DROP_NO_BACKEND);
 		return XDP_DROP;
 	}
-	struct be_stats *st = bpf_map_lookup_elem(&backend_stats, &idx);
-	if (st) {
-		st->packets++;
-		st->bytes += ctx->data_end - ctx->data;
-	}
+	count_backend(ctx, cv, idx);
 	if (cfg->mode == FWD_IPIP) {
 		__u32 inner_len = ctx->data_end - ctx->data - sizeof(struct ethhdr);
 		int outer6 = be->flags & BE_OUTER6;
@@ -810,19 +845,13 @@ static __always_inline int forward(struct xdp_md *ctx, struct counters_val *cv, 
 		}
 		__builtin_memcpy(eth->h_dest, be->mac, 6);
 		__builtin_memcpy(eth->h_source, cfg->src_mac, 6);
-	} else {
-		void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
-		struct ethhdr *eth = data;
-		if ((void *)(eth + 1) > end)
-			return XDP_DROP;
-		__builtin_memcpy(eth->h_dest, be->mac, 6);
-		__builtin_memcpy(eth->h_source, cfg->src_mac, 6);
+		if (cv)
+			cv->c[C_FWD] += 1;
+		if (be->ifindex)
+			return bpf_redirect(be->ifindex, 0);
+		return XDP_TX;
 	}
-	if (cv)
-		cv->c[C_FWD] += 1;
-	if (be->ifindex)
-		return bpf_redirect(be->ifindex, 0);
-	return XDP_TX;
+	return forward_mac(ctx, cv, cfg, be->mac, be->ifindex);
 }
 
 /* is_vip: is addr (4 or 16 bytes at a, by family) the address of a service? */
@@ -934,6 +963,7 @@ int braid_lb(struct xdp_md *ctx)
 	struct flow f __attribute__((aligned(8))) = {};
 	struct tcphdr *tcp;
 	__u32 l4;
+	__u8 fam;
 	/* the counters element, looked up once: every packet counts its arrival and most their
 	 * forwarding */
 	__u32 zero = 0;
@@ -965,9 +995,11 @@ int braid_lb(struct xdp_md *ctx)
 			return XDP_PASS;
 		}
 		l4 = sizeof(struct ethhdr) + (ip->ihl_version & 0xf) * 4;
-		__builtin_memcpy(f.src, &ip->saddr, 4);
-		__builtin_memcpy(f.dst, &ip->daddr, 4);
-		f.family = 4;
+		__u64 w = ip->saddr;
+		__builtin_memcpy(f.src, &w, 8);
+		w = ip->daddr;
+		__builtin_memcpy(f.dst, &w, 8);
+		fam = 4;
 	} else if (eth->h_proto == bswap16(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
 		if ((void *)(ip6 + 1) > end) {
@@ -984,9 +1016,16 @@ int braid_lb(struct xdp_md *ctx)
 			return XDP_PASS;
 		}
 		l4 = sizeof(struct ethhdr) + sizeof(struct ipv6hdr);
-		__builtin_memcpy(f.src, ip6->saddr, 16);
-		__builtin_memcpy(f.dst, ip6->daddr, 16);
-		f.family = 6;
+		const __u32 *a = (const __u32 *)ip6->saddr, *b = (const __u32 *)ip6->daddr;
+		__u64 w = a[0] | (__u64)a[1] << 32;
+		__builtin_memcpy(f.src, &w, 8);
+		w = a[2] | (__u64)a[3] << 32;
+		__builtin_memcpy(f.src + 8, &w, 8);
+		w = b[0] | (__u64)b[1] << 32;
+		__builtin_memcpy(f.dst, &w, 8);
+		w = b[2] | (__u64)b[3] << 32;
+		__builtin_memcpy(f.dst + 8, &w, 8);
+		fam = 6;
 	} else {
 		count(C_PASS_OTHER);
 		return XDP_PASS;
@@ -997,8 +1036,14 @@ int braid_lb(struct xdp_md *ctx)
 		count(C_PASS_OTHER);
 		return XDP_PASS;
 	}
-	f.sport = tcp->source;
-	f.dport = tcp->dest;
+	/* the ports and the family in one 8-byte store, the addresses in 8-byte stores above: the
+	 * flow cache's slot and comparison then read f back in words each contained in one store,
+	 * which the CPU forwards (a 4-byte read of two 2-byte stores stalled the packet for about
+	 * 4 ns: docs/lb.md) */
+	__u32 ports;
+	__builtin_memcpy(&ports, &tcp->source, 4);
+	__u64 w4 = ports | (__u64)fam << 32;
+	__builtin_memcpy(&f.sport, &w4, 8);
 	__u8 tflags = tcp->flags;
 	int doff = (tcp->doff_res >> 4) * 4;
 
@@ -1018,11 +1063,19 @@ int braid_lb(struct xdp_md *ctx)
 	__u32 slot = cache_slot(&f);
 	struct fcache *fc = bpf_map_lookup_elem(&flow_cache, &slot);
 	__u32 *ep = bpf_map_lookup_elem(&epoch, &zero);
-	if (fc && ep && !syn && wellformed && fc->epoch == *ep && same_flow(&fc->key, &f) &&
-	    bpf_jiffies64() - fc->since < CACHE_JIFFIES) {
+	/* the epoch as this packet found it: a slot filled below carries it, so that a slot filled
+	 * from state read before a bump is stale at once */
+	__u32 epv = ep ? *ep : 0;
+	if (fc && ep && !syn && wellformed && fc->epoch == epv && same_flow(&fc->key, &f) &&
+	    (__u32)bpf_jiffies64() - fc->since < CACHE_JIFFIES) {
 		/* a cached plain flow: forwarded if its options ask for nothing */
 		__u32 qb = 1;
 		if (!aware || optlen == 0 || (optlen <= 40 && quick_options((const void *)(tcp + 1), end, optlen, &qb) && !qb)) {
+			if (cfg->mode != FWD_IPIP) {
+				/* the slot carries the backend's MAC and interface: no backend read */
+				count_backend(ctx, cv, fc->backend);
+				return forward_mac(ctx, cv, cfg, fc->mac, fc->ifindex);
+			}
 			struct backend *cb = bpf_map_lookup_elem(&backends, &fc->backend);
 			if (cb && (cb->flags & BE_PRESENT))
 				return forward(ctx, cv, cfg, fc->backend, cb, f.family == 6);
@@ -1155,8 +1208,12 @@ int braid_lb(struct xdp_md *ctx)
 		    (!aware || !(c->flags & CONN_MPC) || (c->flags & (CONN_LEARNED | CONN_JOIN)))) {
 			__builtin_memcpy(&fc->key, &f, sizeof(f));
 			fc->backend = c->backend;
-			fc->epoch = *ep;
-			fc->since = bpf_jiffies64();
+			fc->epoch = epv;
+			fc->since = (__u32)bpf_jiffies64();
+			if (be) {
+				fc->ifindex = be->ifindex;
+				__builtin_memcpy(fc->mac, be->mac, 6);
+			}
 		}
 		return forward(ctx, cv, cfg, c->backend, be, f.family == 6);
 	}

@@ -23,11 +23,9 @@ type lbBackend struct {
 }
 
 type lbBeStats struct {
-	_       structs.HostLayout
-	Packets uint64
-	Bytes   uint64
-	Conns   uint64
-	Joins   uint64
+	_     structs.HostLayout
+	Conns uint64
+	Joins uint64
 }
 
 type lbBucket struct {
@@ -46,8 +44,13 @@ type lbConn struct {
 }
 
 type lbCountersVal struct {
-	_ structs.HostLayout
-	C [30]uint64
+	_  structs.HostLayout
+	C  [30]uint64
+	Be [256]struct {
+		_       structs.HostLayout
+		Packets uint64
+		Bytes   uint64
+	}
 }
 
 type lbFcache struct {
@@ -55,7 +58,10 @@ type lbFcache struct {
 	Key     lbFlow
 	Backend uint32
 	Epoch   uint32
-	Since   uint64
+	Since   uint32
+	Ifindex uint32
+	Mac     [6]uint8
+	Pad     uint16
 }
 
 type lbFlow struct {

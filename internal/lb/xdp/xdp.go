@@ -18,13 +18,14 @@
 //	flow_cache     per-CPU direct-mapped copies of connection table entries of flows that
 //	               need nothing but forwarding, valid in one epoch and for at most a second
 //	epoch          the flow cache's epoch, bumped when flows are removed, a stateless entry is
-//	               added, or the config changes
+//	               added, a backend is set or removed, or the config changes
 //	svc_filter     bitmap of the services' (address, port, family): other traffic is passed
 //	               without a hash lookup
 //	learn_limit    LRU: token buckets per client /24 or /64 (learning, promotion)
 //	global_limit   per-CPU token bucket of promotions
-//	counters       per-CPU counters: one element holding them all, indexed by Counter
-//	backend_stats  per-CPU per-backend packets, bytes, new connections, joins
+//	counters       per-CPU counters: one element holding them all, indexed by Counter, and
+//	               each backend's packets and bytes
+//	backend_stats  per-CPU per-backend new connections, joins
 package xdp
 
 import (
@@ -105,6 +106,12 @@ func (c Counter) String() string {
 
 // Counters are the program's counters summed over the CPUs.
 type Counters [NumCounters]uint64
+
+// The program's counters element holds exactly the counters named here.
+var (
+	_ [len(lbCountersVal{}.C) - int(NumCounters)]struct{}
+	_ [int(NumCounters) - len(lbCountersVal{}.C)]struct{}
+)
 
 // Mode is how packets reach a backend.
 type Mode uint32
@@ -637,7 +644,11 @@ func (d *Dataplane) SetBackend(i uint32, b Backend) error {
 			v.Flags |= beFlagOuter6
 		}
 	}
-	return d.objs.Backends.Put(i, &v)
+	if err := d.objs.Backends.Put(i, &v); err != nil {
+		return err
+	}
+	// the flow cache's slots carry their backend's MAC and interface
+	return d.bumpEpoch()
 }
 
 // RemoveBackend marks backend i absent: flows pinned to it are placed again.
@@ -645,36 +656,59 @@ func (d *Dataplane) RemoveBackend(i uint32) error {
 	if i >= MaxBackends {
 		return fmt.Errorf("%w: backend %d", ErrRange, i)
 	}
-	return d.objs.Backends.Put(i, &lbBackend{})
+	if err := d.objs.Backends.Put(i, &lbBackend{}); err != nil {
+		return err
+	}
+	// cached flows to it take the full path from their next packet, which places them again
+	return d.bumpEpoch()
 }
 
 // Counters reads the program's counters (one per-CPU element holding them all).
 func (d *Dataplane) Counters() (Counters, error) {
 	var c Counters
-	var per [][NumCounters]uint64
-	if err := d.objs.Counters.Lookup(uint32(0), &per); err != nil {
-		return c, fmt.Errorf("xdp: counters: %w", err)
+	per, err := d.counters()
+	if err != nil {
+		return c, err
 	}
 	for _, v := range per {
-		for i := range v {
-			c[i] += v[i]
+		for i := range c {
+			c[i] += v.C[i]
 		}
 	}
 	return c, nil
 }
 
+// counters reads every CPU's counters element.
+func (d *Dataplane) counters() ([]lbCountersVal, error) {
+	var per []lbCountersVal
+	if err := d.objs.Counters.Lookup(uint32(0), &per); err != nil {
+		return nil, fmt.Errorf("xdp: counters: %w", err)
+	}
+	return per, nil
+}
+
 // BackendStats reads backend i's counters.
 func (d *Dataplane) BackendStats(i uint32) (BackendStats, error) {
-	var per []lbBeStats
 	var s BackendStats
+	if i >= MaxBackends {
+		return s, fmt.Errorf("%w: backend %d", ErrRange, i)
+	}
+	var per []lbBeStats
 	if err := d.objs.BackendStats.Lookup(i, &per); err != nil {
 		return s, fmt.Errorf("xdp: backend stats: %w", err)
 	}
 	for _, v := range per {
-		s.Packets += v.Packets
-		s.Bytes += v.Bytes
 		s.Conns += v.Conns
 		s.Joins += v.Joins
+	}
+	// its packets and bytes are counted in the counters element, beside the others
+	cs, err := d.counters()
+	if err != nil {
+		return s, err
+	}
+	for _, v := range cs {
+		s.Packets += v.Be[i].Packets
+		s.Bytes += v.Be[i].Bytes
 	}
 	return s, nil
 }

@@ -1106,3 +1106,69 @@ func TestFlowCacheStatelessTakesOver(t *testing.T) {
 		t.Fatalf("stateless forwards counted %d, want 1", n)
 	}
 }
+
+// TestFlowCacheBackendChanges: a flow cache slot carries its backend's MAC and interface, so a
+// cached flow reads no backend element. A backend given a new MAC must be reached at the new
+// one from the flow's next packet, a removed backend must not be reached at all, and the
+// backend's packet and byte counts must count every cached packet.
+func TestFlowCacheBackendChanges(t *testing.T) {
+	pinToOneCPU(t) // the cache is per CPU: the packets must find the copy they made
+	r := newRig(t, 2, nil)
+	p := packet{Src: client(1, false, 1), Dst: vip4, Flags: tcpSYN}
+	be := r.backend(r.run(p))
+	other := 1 - be
+	p.Flags = tcpACK
+	before, err := r.d.BackendStats(uint32(be))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sent uint64
+	const n = 5
+	for i := 0; i < n; i++ { // established, then served from the cache
+		res := r.run(p)
+		if got := r.backend(res); got != be {
+			t.Fatalf("established packet %d went to %d, want %d", i, got, be)
+		}
+		sent += uint64(len(res.Out))
+	}
+	after, err := r.d.BackendStats(uint32(be))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := after.Packets - before.Packets; d != n {
+		t.Fatalf("backend %d counted %d packets of %d forwarded", be, d, n)
+	}
+	if d := after.Bytes - before.Bytes; d != sent {
+		t.Fatalf("backend %d counted %d bytes, %d forwarded", be, d, sent)
+	}
+
+	// the same backend at a new MAC (its server replaced)
+	moved := net.HardwareAddr{0x02, 0xbe, 0, 0, 0, 0x40 + byte(be)}
+	if err := r.d.SetBackend(uint32(be), Backend{MAC: moved}); err != nil {
+		t.Fatal(err)
+	}
+	res := r.run(p)
+	if res.Action != ActionTX || !bytes.Equal(res.Out[0:6], moved) {
+		t.Fatalf("after the backend's MAC changed, its cached flow went to %x (action %d), want %s", res.Out[:6], res.Action, moved)
+	}
+
+	// the backend removed: its flow is placed again, by the table, on the other
+	table := make([]uint32, TableSize)
+	for i := range table {
+		table[i] = uint32(other)
+	}
+	if err := r.d.SetTable(0, table); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ { // served from the cache again, at the new MAC
+		if res := r.run(p); !bytes.Equal(res.Out[0:6], moved) {
+			t.Fatalf("packet %d went to %x, want %s", i, res.Out[:6], moved)
+		}
+	}
+	if err := r.d.RemoveBackend(uint32(be)); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.backend(r.run(p)); got != other {
+		t.Fatalf("a cached flow of a removed backend went to %d, want %d", got, other)
+	}
+}
