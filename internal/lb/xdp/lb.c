@@ -44,7 +44,7 @@ enum {
 	C_RX = 0,
 	C_PASS_NOT_VIP,
 	C_PASS_OTHER,
-	C_FWD,
+	C_FWD, /* not counted here: the sum of the backends' packets (count_backend) */
 	C_NEW_CONN,
 	C_NEW_MIDFLOW,
 	C_JOIN_STEERED,
@@ -97,6 +97,9 @@ struct lb_config {
 	__u8 src_mac[6];   /* source MAC of forwarded frames */
 	__u8 pad[2];
 	__u64 unjoined_ns; /* a pending token older than this steers no join; 0: no limit */
+	__u32 epoch;       /* the flow cache's epoch (see flow_cache): every write of the
+			    * configuration bumps it */
+	__u32 pad2;
 };
 
 /* backend flags */
@@ -260,8 +263,10 @@ struct {
  * is known, as long as their options ask for nothing), so that an established flow's packet
  * is found by an array index and a comparison: no hash-table call, nothing shared written.
  * The program looks here before anything else, the stateless table and the service filter
- * included. An entry is valid while its epoch is the control plane's (bumped whenever flows are
- * removed, a stateless entry is added, or the configuration changes) and for CACHE_JIFFIES jiffies (at most a second) after it was
+ * included. An entry is valid while its epoch is the control plane's (lb_config.epoch, so that
+ * the configuration's element holds it and no other is read; bumped whenever flows are
+ * removed, a stateless entry is added, a backend is set or removed, or the configuration
+ * changes) and for CACHE_JIFFIES jiffies (at most a second) after it was
  * filled: then a packet takes the full path again, which marks the connection table's entry
  * used for its LRU and refreshes the activity of the connection's token. */
 #define CACHE_SLOTS 4096
@@ -285,13 +290,6 @@ struct {
 	__type(value, struct fcache);
 	__uint(max_entries, CACHE_SLOTS);
 } flow_cache SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__type(key, __u32);
-	__type(value, __u32);
-	__uint(max_entries, 1);
-} epoch SEC(".maps");
 
 /* A bitmap of the services' (address, port, family), by svc_bit: a packet whose bit is clear is
  * for no service, known without a hash lookup (the control plane sets the bits). */
@@ -759,28 +757,40 @@ static __always_inline __u16 csum_fold(__u32 s)
 	return (__u16)~s;
 }
 
-/* count_backend: one more packet of this frame's length forwarded to backend idx */
-static __always_inline void count_backend(struct xdp_md *ctx, struct counters_val *cv, __u32 idx)
+/* copy_mac: a MAC address in one 4-byte and one 2-byte move (a memcpy of a byte array is six
+ * byte moves on BPF); unaligned packet and map value access is allowed where it is efficient. The
+ * baseline program uses it too, so that the comparison is of the programs' other work. */
+static __always_inline void copy_mac(__u8 *dst, const __u8 *src)
+{
+	__u32 a = *(const __u32 *)src;
+	__u16 b = *(const __u16 *)(src + 4);
+	*(__u32 *)dst = a;
+	*(__u16 *)(dst + 4) = b;
+}
+
+/* count_backend: one more packet of len bytes forwarded to backend idx. The forwarded count
+ * (C_FWD) is the sum of these over the backends, summed by the control plane: a forwarded
+ * packet makes one count, not two. */
+static __always_inline void count_backend(struct counters_val *cv, __u32 idx, __u64 len)
 {
 	if (cv && idx < MAX_BACKENDS) {
 		cv->be[idx].packets++;
-		cv->be[idx].bytes += ctx->data_end - ctx->data;
+		cv->be[idx].bytes += len;
 	}
 }
 
 /* forward_mac: forwards the frame to a backend on this segment by rewriting its MACs, out of
  * ifindex (0: the receiving interface). */
 static __always_inline int forward_mac(struct xdp_md *ctx, struct counters_val *cv, const struct lb_config *cfg,
-				       const __u8 *mac, __u32 ifindex)
+				       __u32 idx, const __u8 *mac, __u32 ifindex)
 {
 	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > end)
 		return XDP_DROP;
-	__builtin_memcpy(eth->h_dest, mac, 6);
-	__builtin_memcpy(eth->h_source, cfg->src_mac, 6);
-	if (cv)
-		cv->c[C_FWD] += 1;
+	copy_mac(eth->h_dest, mac);
+	copy_mac(eth->h_source, cfg->src_mac);
+	count_backend(cv, idx, end - data);
 	if (ifindex)
 		return bpf_redirect(ifindex, 0);
 	return XDP_TX;
@@ -795,7 +805,6 @@ static __always_inline int forward(struct xdp_md *ctx, struct counters_val *cv, 
 		count(C_DROP_NO_BACKEND);
 		return XDP_DROP;
 	}
-	count_backend(ctx, cv, idx);
 	if (cfg->mode == FWD_IPIP) {
 		__u32 inner_len = ctx->data_end - ctx->data - sizeof(struct ethhdr);
 		int outer6 = be->flags & BE_OUTER6;
@@ -843,15 +852,15 @@ static __always_inline int forward(struct xdp_md *ctx, struct counters_val *cv, 
 				s += w[i];
 			ip->check = csum_fold(s);
 		}
-		__builtin_memcpy(eth->h_dest, be->mac, 6);
-		__builtin_memcpy(eth->h_source, cfg->src_mac, 6);
-		if (cv)
-			cv->c[C_FWD] += 1;
+		copy_mac(eth->h_dest, be->mac);
+		copy_mac(eth->h_source, cfg->src_mac);
+		/* counted at the frame's length as it arrived */
+		count_backend(cv, idx, inner_len + sizeof(struct ethhdr));
 		if (be->ifindex)
 			return bpf_redirect(be->ifindex, 0);
 		return XDP_TX;
 	}
-	return forward_mac(ctx, cv, cfg, be->mac, be->ifindex);
+	return forward_mac(ctx, cv, cfg, idx, be->mac, be->ifindex);
 }
 
 /* is_vip: is addr (4 or 16 bytes at a, by family) the address of a service? */
@@ -921,13 +930,17 @@ static __always_inline int maybe_service(const struct flow *f)
 	return v && (*v >> (bit & 63)) & 1;
 }
 
-/* cache_slot: f's slot in the flow cache (any spread will do: the key is compared whole). */
-static __always_inline __u32 cache_slot(const struct flow *f)
+/* A flow's slot in the flow cache (any spread will do: the key is compared whole):
+ * addr_mix(source words folded, destination words folded), then cache_slot(that, ports). The
+ * parse computes the first from the header words it has just read, not from f. */
+static __always_inline __u32 addr_mix(__u32 src, __u32 dst)
 {
-	const __u32 *a = (const __u32 *)f->src, *b = (const __u32 *)f->dst;
-	__u32 x = (a[0] ^ a[1] ^ a[2] ^ a[3]) * 0x9e3779b1;
-	x ^= (b[0] ^ b[1] ^ b[2] ^ b[3]) * 0x85ebca6b;
-	x ^= ((__u32)f->sport | ((__u32)f->dport << 16)) * 0xc2b2ae35;
+	return (src * 0x9e3779b1) ^ (dst * 0x85ebca6b);
+}
+
+static __always_inline __u32 cache_slot(__u32 mix, __u32 ports)
+{
+	__u32 x = mix ^ ports * 0xc2b2ae35;
 	return (x ^ (x >> 16)) & (CACHE_SLOTS - 1);
 }
 
@@ -960,9 +973,10 @@ int braid_lb(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
-	struct flow f __attribute__((aligned(8))) = {};
+	/* written whole below, in five 8-byte words */
+	struct flow f __attribute__((aligned(8)));
 	struct tcphdr *tcp;
-	__u32 l4;
+	__u32 l4, mix;
 	__u8 fam;
 	/* the counters element, looked up once: every packet counts its arrival and most their
 	 * forwarding */
@@ -995,10 +1009,14 @@ int braid_lb(struct xdp_md *ctx)
 			return XDP_PASS;
 		}
 		l4 = sizeof(struct ethhdr) + (ip->ihl_version & 0xf) * 4;
-		__u64 w = ip->saddr;
+		__u32 sa = ip->saddr, da = ip->daddr;
+		__u64 w = sa, z = 0;
 		__builtin_memcpy(f.src, &w, 8);
-		w = ip->daddr;
+		__builtin_memcpy(f.src + 8, &z, 8);
+		w = da;
 		__builtin_memcpy(f.dst, &w, 8);
+		__builtin_memcpy(f.dst + 8, &z, 8);
+		mix = addr_mix(sa, da);
 		fam = 4;
 	} else if (eth->h_proto == bswap16(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
@@ -1025,6 +1043,7 @@ int braid_lb(struct xdp_md *ctx)
 		__builtin_memcpy(f.dst, &w, 8);
 		w = b[2] | (__u64)b[3] << 32;
 		__builtin_memcpy(f.dst + 8, &w, 8);
+		mix = addr_mix(a[0] ^ a[1] ^ a[2] ^ a[3], b[0] ^ b[1] ^ b[2] ^ b[3]);
 		fam = 6;
 	} else {
 		count(C_PASS_OTHER);
@@ -1060,21 +1079,19 @@ int braid_lb(struct xdp_md *ctx)
 	 * placed, and whatever could change that (a service deleted or made stateless, flows
 	 * dropped, the configuration) bumps the epoch, so neither the stateless table nor the
 	 * service filter is read for it. */
-	__u32 slot = cache_slot(&f);
+	__u32 slot = cache_slot(mix, ports);
 	struct fcache *fc = bpf_map_lookup_elem(&flow_cache, &slot);
-	__u32 *ep = bpf_map_lookup_elem(&epoch, &zero);
 	/* the epoch as this packet found it: a slot filled below carries it, so that a slot filled
 	 * from state read before a bump is stale at once */
-	__u32 epv = ep ? *ep : 0;
-	if (fc && ep && !syn && wellformed && fc->epoch == epv && same_flow(&fc->key, &f) &&
+	__u32 epv = cfg->epoch;
+	if (fc && !syn && wellformed && fc->epoch == epv && same_flow(&fc->key, &f) &&
 	    (__u32)bpf_jiffies64() - fc->since < CACHE_JIFFIES) {
 		/* a cached plain flow: forwarded if its options ask for nothing */
 		__u32 qb = 1;
 		if (!aware || optlen == 0 || (optlen <= 40 && quick_options((const void *)(tcp + 1), end, optlen, &qb) && !qb)) {
 			if (cfg->mode != FWD_IPIP) {
 				/* the slot carries the backend's MAC and interface: no backend read */
-				count_backend(ctx, cv, fc->backend);
-				return forward_mac(ctx, cv, cfg, fc->mac, fc->ifindex);
+				return forward_mac(ctx, cv, cfg, fc->backend, fc->mac, fc->ifindex);
 			}
 			struct backend *cb = bpf_map_lookup_elem(&backends, &fc->backend);
 			if (cb && (cb->flags & BE_PRESENT))
@@ -1204,7 +1221,7 @@ int braid_lb(struct xdp_md *ctx)
 		}
 		/* into the flow cache if its next packets need nothing but forwarding (a flow
 		 * whose token may still be learned does not) */
-		if (fc && ep && !syn &&
+		if (fc && !syn &&
 		    (!aware || !(c->flags & CONN_MPC) || (c->flags & (CONN_LEARNED | CONN_JOIN)))) {
 			__builtin_memcpy(&fc->key, &f, sizeof(f));
 			fc->backend = c->backend;
@@ -1212,7 +1229,7 @@ int braid_lb(struct xdp_md *ctx)
 			fc->since = (__u32)bpf_jiffies64();
 			if (be) {
 				fc->ifindex = be->ifindex;
-				__builtin_memcpy(fc->mac, be->mac, 6);
+				copy_mac(fc->mac, be->mac);
 			}
 		}
 		return forward(ctx, cv, cfg, c->backend, be, f.family == 6);
@@ -1320,12 +1337,12 @@ int braid_baseline(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
-	__u8 tmp[6];
+	__u8 tmp[8] __attribute__((aligned(4)));
 	if ((void *)(eth + 1) > end)
 		return XDP_DROP;
-	__builtin_memcpy(tmp, eth->h_dest, 6);
-	__builtin_memcpy(eth->h_dest, eth->h_source, 6);
-	__builtin_memcpy(eth->h_source, tmp, 6);
+	copy_mac(tmp, eth->h_dest);
+	copy_mac(eth->h_dest, eth->h_source);
+	copy_mac(eth->h_source, tmp);
 	return XDP_TX;
 }
 

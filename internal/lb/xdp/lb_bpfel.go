@@ -88,6 +88,8 @@ type lbLbConfig struct {
 	SrcMac      [6]uint8
 	Pad         [2]uint8
 	UnjoinedNs  uint64
+	Epoch       uint32
+	Pad2        uint32
 }
 
 type lbSvc struct {
@@ -129,7 +131,6 @@ const (
 	lbMapCounters       = "counters"
 	lbMapDecapCount     = "decap_count"
 	lbMapEmbryonic      = "embryonic"
-	lbMapEpoch          = "epoch"
 	lbMapFlowCache      = "flow_cache"
 	lbMapGlobalLimit    = "global_limit"
 	lbMapLearnLimit     = "learn_limit"
@@ -206,7 +207,6 @@ type lbMapSpecs struct {
 	Counters     *ebpf.MapSpec `ebpf:"counters"`
 	DecapCount   *ebpf.MapSpec `ebpf:"decap_count"`
 	Embryonic    *ebpf.MapSpec `ebpf:"embryonic"`
-	Epoch        *ebpf.MapSpec `ebpf:"epoch"`
 	FlowCache    *ebpf.MapSpec `ebpf:"flow_cache"`
 	GlobalLimit  *ebpf.MapSpec `ebpf:"global_limit"`
 	LearnLimit   *ebpf.MapSpec `ebpf:"learn_limit"`
@@ -253,7 +253,6 @@ type lbMaps struct {
 	Counters     *ebpf.Map `ebpf:"counters"`
 	DecapCount   *ebpf.Map `ebpf:"decap_count"`
 	Embryonic    *ebpf.Map `ebpf:"embryonic"`
-	Epoch        *ebpf.Map `ebpf:"epoch"`
 	FlowCache    *ebpf.Map `ebpf:"flow_cache"`
 	GlobalLimit  *ebpf.Map `ebpf:"global_limit"`
 	LearnLimit   *ebpf.Map `ebpf:"learn_limit"`
@@ -276,7 +275,6 @@ func (m *lbMaps) Close() error {
 		m.Counters,
 		m.DecapCount,
 		m.Embryonic,
-		m.Epoch,
 		m.FlowCache,
 		m.GlobalLimit,
 		m.LearnLimit,

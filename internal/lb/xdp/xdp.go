@@ -5,7 +5,9 @@
 //
 // What the program does with a packet is described at the top of lb.c; the maps are:
 //
-//	config         one lb_config: mode, flags, hash seed, learning limits, encapsulation source
+//	config         one lb_config: mode, flags, hash seed, learning limits, encapsulation source,
+//	               the flow cache's epoch (bumped when flows are removed, a stateless entry
+//	               is added, a backend is set or removed, or the configuration changes)
 //	services       (VIP, port, family) -> service id; the Maglev table row and the token scope
 //	stateless      (VIP, port, family) -> backend, with no per-connection state
 //	maglev         MaxServices x TableSize backend indexes
@@ -17,8 +19,6 @@
 //	vips           the services' addresses: fragments and extension headers to them are dropped
 //	flow_cache     per-CPU direct-mapped copies of connection table entries of flows that
 //	               need nothing but forwarding, valid in one epoch and for at most a second
-//	epoch          the flow cache's epoch, bumped when flows are removed, a stateless entry is
-//	               added, a backend is set or removed, or the config changes
 //	svc_filter     bitmap of the services' (address, port, family): other traffic is passed
 //	               without a hash lookup
 //	learn_limit    LRU: token buckets per client /24 or /64 (learning, promotion)
@@ -208,7 +208,7 @@ type Dataplane struct {
 	stateless int              // entries of the stateless table
 	vips      map[lbSvcKey]int // references to each VIP address (services, stateless entries)
 	once      sync.Once
-	epoch     atomic.Uint32 // the flow cache's epoch, as last written
+	epoch     atomic.Uint32 // the flow cache's epoch, as last written (in the config element)
 }
 
 // Load loads the program and creates its maps (it needs CAP_BPF and CAP_NET_ADMIN).
@@ -438,16 +438,19 @@ func perCPU(total uint32) uint32 {
 }
 
 // writeConfigLocked writes the configuration, with the flag that makes the program look at
-// the stateless table only when it has entries.
+// the stateless table only when it has entries, and the flow cache's next epoch: every write
+// invalidates every CPU's flow cache (the epoch lives in the configuration's element, so that
+// a packet reads one element for both).
 func (d *Dataplane) writeConfigLocked() error {
 	v := d.cfg
 	if d.stateless > 0 {
 		v.Flags |= flagStateless
 	}
+	v.Epoch = d.epoch.Add(1)
 	if err := d.objs.Config.Put(uint32(0), &v); err != nil {
-		return err
+		return fmt.Errorf("xdp: config: %w", err)
 	}
-	return d.bumpEpoch()
+	return nil
 }
 
 func svcKey(vip netip.AddrPort) lbSvcKey {
@@ -505,7 +508,7 @@ func (d *Dataplane) DeleteService(vip netip.AddrPort) error {
 	if err := d.refVIPLocked(vip, -1); err != nil {
 		return err
 	}
-	return d.dropFlows(func(f *lbFlow, _ *lbConn) bool {
+	return d.dropFlowsLocked(func(f *lbFlow, _ *lbConn) bool {
 		return f.Family == k.Family && f.Dst == k.Addr && f.Dport == k.Port
 	})
 }
@@ -604,7 +607,7 @@ func (d *Dataplane) SetStateless(vip netip.AddrPort, backend uint32) error {
 		}
 		// The program looks in its flow cache before the stateless table: a flow to vip
 		// cached before now must take the stateless entry from its next packet.
-		return d.bumpEpoch()
+		return d.writeConfigLocked()
 	}
 	return nil
 }
@@ -673,6 +676,10 @@ func (d *Dataplane) Counters() (Counters, error) {
 	for _, v := range per {
 		for i := range c {
 			c[i] += v.C[i]
+		}
+		// the program counts a forwarded packet once, for its backend
+		for i := range v.Be {
+			c[CounterForwarded] += v.Be[i].Packets
 		}
 	}
 	return c, nil
@@ -852,11 +859,13 @@ func (d *Dataplane) ConnsPerBackend() (map[uint32]int, error) {
 
 // DropFlowsOf removes the flows pinned to backend i (a backend that was removed).
 func (d *Dataplane) DropFlowsOf(i uint32) error {
-	return d.dropFlows(func(_ *lbFlow, v *lbConn) bool { return v.Backend == i })
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.dropFlowsLocked(func(_ *lbFlow, v *lbConn) bool { return v.Backend == i })
 }
 
-// dropFlows removes the flows of both connection tables for which drop is true.
-func (d *Dataplane) dropFlows(drop func(k *lbFlow, v *lbConn) bool) error {
+// dropFlowsLocked removes the flows of both connection tables for which drop is true.
+func (d *Dataplane) dropFlowsLocked(drop func(k *lbFlow, v *lbConn) bool) error {
 	var del, delEmb []lbFlow
 	err := d.eachFlow(func(k *lbFlow, v *lbConn, emb bool) {
 		if drop(k, v) {
@@ -876,16 +885,15 @@ func (d *Dataplane) dropFlows(drop func(k *lbFlow, v *lbConn) bool) error {
 	for j := range delEmb {
 		d.objs.Embryonic.Delete(&delEmb[j])
 	}
-	return d.bumpEpoch()
+	return d.writeConfigLocked()
 }
 
 // bumpEpoch invalidates every CPU's flow cache: the program's cached copies of connection
-// table entries are valid only in the epoch they were made in.
+// table entries and backends are valid only in the epoch they were made in.
 func (d *Dataplane) bumpEpoch() error {
-	if err := d.objs.Epoch.Put(uint32(0), d.epoch.Add(1)); err != nil {
-		return fmt.Errorf("xdp: epoch: %w", err)
-	}
-	return nil
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.writeConfigLocked()
 }
 
 // Result is what the program did with one packet under BPF_PROG_RUN.
