@@ -131,6 +131,23 @@ func (r *rig) expect(p packet) int {
 	return int(r.table[h%TableSize])
 }
 
+// cachedFlow pins the test to one CPU (the flow cache is per CPU: the packets must find the
+// copy they made), places a flow by its SYN and sends three ACKs, established and then served
+// from the cache, each to the same backend; it returns the ACK packet and that backend.
+func (r *rig) cachedFlow() (packet, int) {
+	r.t.Helper()
+	pinToOneCPU(r.t)
+	p := packet{Src: client(1, false, 1), Dst: vip4, Flags: tcpSYN}
+	be := r.backend(r.run(p))
+	p.Flags = tcpACK
+	for i := 0; i < 3; i++ {
+		if got := r.backend(r.run(p)); got != be {
+			r.t.Fatalf("established packet %d went to %d, want %d", i, got, be)
+		}
+	}
+	return p, be
+}
+
 func (r *rig) counters() Counters {
 	r.t.Helper()
 	c, err := r.d.Counters()
@@ -1046,17 +1063,9 @@ func TestDataOptionsReadInPlace(t *testing.T) {
 // to another server, the cached copy must not keep sending the flow there: the next packet is
 // placed again by the (new) table, as for a flow the connection table no longer has.
 func TestFlowCacheDroppedFlowsPlacedAgain(t *testing.T) {
-	pinToOneCPU(t) // the cache is per CPU: the packets must find the copy they made
 	r := newRig(t, 2, nil)
-	p := packet{Src: client(1, false, 1), Dst: vip4, Flags: tcpSYN}
-	be := r.backend(r.run(p))
+	p, be := r.cachedFlow()
 	other := 1 - be
-	p.Flags = tcpACK
-	for i := 0; i < 3; i++ { // established, then served from the cache
-		if got := r.backend(r.run(p)); got != be {
-			t.Fatalf("established packet %d went to %d, want %d", i, got, be)
-		}
-	}
 	table := make([]uint32, TableSize)
 	for i := range table {
 		table[i] = uint32(other)
@@ -1081,19 +1090,11 @@ func TestFlowCacheDroppedFlowsPlacedAgain(t *testing.T) {
 // copies of its flows: the flow's next packet goes to the stateless backend. Another stateless
 // entry exists already, so the configuration (and its flag) does not change with this one.
 func TestFlowCacheStatelessTakesOver(t *testing.T) {
-	pinToOneCPU(t) // the cache is per CPU: the packets must find the copy they made
 	r := newRig(t, 3, nil)
 	if err := r.d.SetStateless(netip.AddrPortFrom(vip4.Addr(), 5002), 2); err != nil {
 		t.Fatal(err)
 	}
-	p := packet{Src: client(1, false, 1), Dst: vip4, Flags: tcpSYN}
-	be := r.backend(r.run(p))
-	p.Flags = tcpACK
-	for i := 0; i < 3; i++ { // established, then served from the cache
-		if got := r.backend(r.run(p)); got != be {
-			t.Fatalf("established packet %d went to %d, want %d", i, got, be)
-		}
-	}
+	p, be := r.cachedFlow()
 	other := (be + 1) % 3
 	if err := r.d.SetStateless(vip4, uint32(other)); err != nil {
 		t.Fatal(err)
@@ -1112,19 +1113,16 @@ func TestFlowCacheStatelessTakesOver(t *testing.T) {
 // one from the flow's next packet, a removed backend must not be reached at all, and the
 // backend's packet and byte counts must count every cached packet.
 func TestFlowCacheBackendChanges(t *testing.T) {
-	pinToOneCPU(t) // the cache is per CPU: the packets must find the copy they made
 	r := newRig(t, 2, nil)
-	p := packet{Src: client(1, false, 1), Dst: vip4, Flags: tcpSYN}
-	be := r.backend(r.run(p))
+	p, be := r.cachedFlow()
 	other := 1 - be
-	p.Flags = tcpACK
 	before, err := r.d.BackendStats(uint32(be))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var sent uint64
 	const n = 5
-	for i := 0; i < n; i++ { // established, then served from the cache
+	for i := 0; i < n; i++ { // served from the cache
 		res := r.run(p)
 		if got := r.backend(res); got != be {
 			t.Fatalf("established packet %d went to %d, want %d", i, got, be)
