@@ -44,6 +44,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -141,6 +142,7 @@ type result struct {
 	paths   [][]float64 // what each path delivered each second, IP bit/s
 	drops   []uint64    // by path, what its queue dropped during the flow
 	peaks   []uint64    // by path, the largest backlog its queue has held, bytes
+	failed  string      // why the flow failed ("" it did not): the row says so, and the driver exits 1
 }
 
 type options struct {
@@ -166,7 +168,7 @@ func main() {
 	withProxy := flag.Bool("proxy", true, "run the kernel MPTCP row (through braid proxy)")
 	withAlone := flag.Bool("alone", true, "run the paths-alone rows (and the sum); -alone=false leaves the ratios out: for comparing tunnel builds")
 	withConfigured := flag.Bool("configured", true, "run the default scheduler's row with the capacities configured")
-	status := flag.String("status", "", "write both tunnels' `braid status --json` after each tunnel flow into `DIR` (CASE-up|down-SCHEDULER[-configured]-a|b.json, last run), and each second of the flow (the same names, .jsonl; two braid status processes a second run beside the flow)")
+	status := flag.String("status", "", "write both tunnels' `braid status --json` after each tunnel flow into `DIR` (CASE-up|down-SCHEDULER[-configured]-a|b.json, last run), and each second of the flow (the same names, .jsonl; two braid status processes a second run beside the flow); and both proxies' `braid status` and `ss -tinM` each second of the kernel MPTCP row's flow (CASE-up|down-proxy-p1|p2.txt; without -status they are kept only when that flow fails)")
 	cc := flag.String("cc", "", "TCP congestion control of each flow's sender (TCP_CONGESTION: one of net.ipv4.tcp_available_congestion_control); default: the host's")
 	flag.Parse()
 	log.SetFlags(0)
@@ -234,6 +236,9 @@ func main() {
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err == nil {
 		os.WriteFile(*out, md.Bytes(), 0o644)
 	}
+	if n := failedRows.Load(); n > 0 {
+		drive.Fatalf("%d rows had a failed flow (their tables say why)", n)
+	}
 }
 
 // row is a table row: its name and its runs.
@@ -242,6 +247,28 @@ type row struct {
 	runs []result
 	sum  bool // the sum of the paths alone: only goodput
 }
+
+// failures says in how many runs the row's flow failed and why (the first failure), "" when
+// none did.
+func (r *row) failures() string {
+	n, first := 0, ""
+	for _, x := range r.runs {
+		if x.failed != "" {
+			if n++; n == 1 {
+				first = x.failed
+			}
+		}
+	}
+	if n == 0 {
+		return ""
+	}
+	failedRows.Add(1)
+	return fmt.Sprintf("failed in %d of %d runs: %s", n, len(r.runs), strings.ReplaceAll(first, "|", "/"))
+}
+
+// failedRows counts the rows that had a failed flow; the driver exits 1 when it is not 0, after
+// writing its section.
+var failedRows atomic.Int64
 
 func (r *row) med(f func(result) float64) float64 {
 	v := make([]float64, len(r.runs))
@@ -374,6 +401,10 @@ func printTable(w io.Writer, dir string, rows, alone []*row, sum *row) {
 		rows = append(rows, sum)
 	}
 	for _, r := range rows {
+		if why := r.failures(); why != "" {
+			fmt.Fprintf(tw, "| %s\t| %s\t| -\t| -\t| -\t| -\t| -\t| -\t|\n", r.name, why)
+			continue
+		}
 		g := r.med(gp)
 		if r.sum {
 			fmt.Fprintf(tw, "| %s\t| %.2f Mbit/s\t| 1.000\t| %s\t| -\t| -\t| -\t| -\t|\n", r.name, g/1e6, ratio(g, best))
@@ -555,13 +586,80 @@ func measureProxy(ctx context.Context, o options, c cellCase, reverse bool) resu
 	if err := f.Use(ctx, cfg); err != nil {
 		drive.Fatalf("proxy: %v\n%s", err, f.Logs())
 	}
-	return flow(f.L, wan, func() traffic.BulkResult {
-		res, err := f.Bulk(ctx, traffic.BulkOptions{Duration: o.dur, Reverse: reverse})
-		if err != nil {
-			drive.Fatalf("proxy bulk: %v\n%s", err, f.Logs())
+	// The proxies' state each second of the flow: kept in -status DIR, or, without it, in a
+	// temporary directory that is removed unless the flow fails (a stalled connection is then
+	// explained by what its subflows did).
+	dir, keep := o.status, true
+	if dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "braid-cellular-proxy-"); err != nil {
+			drive.Fatal(err)
 		}
+		keep = false
+	}
+	name := fmt.Sprintf("%s-%s-proxy", c.id, map[bool]string{false: "up", true: "down"}[reverse])
+	stop := sampleProxies(ctx, f, o.braid, filepath.Join(dir, name))
+	var failed error
+	r := flow(f.L, wan, func() traffic.BulkResult {
+		res, err := f.Bulk(ctx, traffic.BulkOptions{Duration: o.dur, Reverse: reverse})
+		failed = err
 		return res
 	}, "c", federation.FedServer4, reverse)
+	stop()
+	if failed != nil {
+		// The row says so and the driver fails at its end; the other rows still run.
+		r.failed = failed.Error()
+		log.Printf("case %s %s, proxy: the flow failed: %v\n%s\nboth proxies' status and sockets, each second of the flow: %s-p1.txt, %s-p2.txt",
+			c.id, direction(reverse), failed, f.Logs(), filepath.Join(dir, name), filepath.Join(dir, name))
+	} else if !keep {
+		os.RemoveAll(dir)
+	}
+	return r
+}
+
+// sampleProxies writes, each second of the flow, both proxies' `braid status` and their
+// sockets' `ss -tinM` (the client side's TCP, the MPTCP connections and their subflows) into
+// prefix-p1.txt and prefix-p2.txt, each sample under a line "== t=SECONDS", until the
+// returned function is called (more than once is fine).
+func sampleProxies(ctx context.Context, f *federation.FedLab, bin, prefix string) (stop func()) {
+	var files [2]*os.File
+	for i, h := range []string{"p1", "p2"} {
+		fh, err := os.Create(prefix + "-" + h + ".txt")
+		if err != nil {
+			drive.Fatal(err)
+		}
+		files[i] = fh
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	wg.Go(func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			for i, h := range []string{"p1", "p2"} {
+				host := f.L.Host(h)
+				st, _ := host.Run(ctx, bin, "status", "--addr", "127.0.0.1:9478")
+				ss, _ := host.Run(ctx, "ss", "-tinM")
+				fmt.Fprintf(files[i], "== t=%.3f\n%s\n%s\n", time.Since(t0).Seconds(), st, ss)
+			}
+		}
+	})
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(done)
+			wg.Wait()
+			for _, fh := range files {
+				fh.Close()
+			}
+		})
+	}
 }
 
 // plot writes the case's figure: each path's delivered rate and the flow's goodput, per second.
