@@ -555,6 +555,40 @@ func sampleStatus(ctx context.Context, pair *roles.TunnelPair, prefix string) (s
 	}
 }
 
+// tenants is the "tenants" array of a proxy's status document (its failover counters among
+// them), on one line; "" if st is not one.
+func tenants(st []byte) string {
+	var doc struct {
+		Proxy struct {
+			Tenants json.RawMessage `json:"tenants"`
+		} `json:"proxy"`
+	}
+	var line bytes.Buffer
+	if json.Unmarshal(st, &doc) != nil || json.Compact(&line, doc.Proxy.Tenants) != nil {
+		return ""
+	}
+	return "tenants: " + line.String()
+}
+
+// mptcpCounters is the MPTcpExt counters of a /proc/net/netstat that are not 0, on one line.
+func mptcpCounters(netstat []byte) string {
+	lines := strings.Split(string(netstat), "\n")
+	for i := 0; i+1 < len(lines); i++ {
+		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		if len(names) == 0 || names[0] != "MPTcpExt:" || len(values) != len(names) || values[0] != "MPTcpExt:" {
+			continue
+		}
+		var out []string
+		for j := 1; j < len(names); j++ {
+			if values[j] != "0" {
+				out = append(out, names[j]+"="+values[j])
+			}
+		}
+		return "MPTcpExt: " + strings.Join(out, " ")
+	}
+	return ""
+}
+
 func mean(v []float64) float64 {
 	if len(v) == 0 {
 		return 0
@@ -617,8 +651,9 @@ func measureProxy(ctx context.Context, o options, c cellCase, reverse bool) resu
 	return r
 }
 
-// sampleProxies writes, each second of the flow, both proxies' `braid status` and their
-// sockets' `ss -tinM` (the client side's TCP, the MPTCP connections and their subflows) into
+// sampleProxies writes, each second of the flow, both proxies' `braid status` (and their
+// tenants' counters from --json), their namespaces' MPTCP counters and their sockets'
+// `ss -tinM` (the client side's TCP, the MPTCP connections and their subflows) into
 // prefix-p1.txt and prefix-p2.txt, each sample under a line "== t=SECONDS", until the
 // returned function is called (more than once is fine).
 func sampleProxies(ctx context.Context, f *federation.FedLab, bin, prefix string) (stop func()) {
@@ -645,8 +680,12 @@ func sampleProxies(ctx context.Context, f *federation.FedLab, bin, prefix string
 			for i, h := range []string{"p1", "p2"} {
 				host := f.L.Host(h)
 				st, _ := host.Run(ctx, bin, "status", "--addr", "127.0.0.1:9478")
+				js, _ := host.Run(ctx, bin, "status", "--addr", "127.0.0.1:9478", "--json")
 				ss, _ := host.Run(ctx, "ss", "-tinM")
-				fmt.Fprintf(files[i], "== t=%.3f\n%s\n%s\n", time.Since(t0).Seconds(), st, ss)
+				// The namespace's MPTCP counters (MPTcpExt: joins, re-sends, data dropped
+				// above TCP), read by a process inside it.
+				netstat, _ := host.Run(ctx, "cat", "/proc/net/netstat")
+				fmt.Fprintf(files[i], "== t=%.3f\n%s\n%s\n%s\n%s\n", time.Since(t0).Seconds(), st, tenants(js), mptcpCounters(netstat), ss)
 			}
 		}
 	})

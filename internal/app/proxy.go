@@ -519,7 +519,7 @@ func printProxyStatus(e env, body []byte, asJSON bool) int {
 	}
 	fmt.Fprintln(e.stdout)
 	tw = tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONN\tTENANT\tROLE\tPEER\tSOURCE\tDESTINATION\tAGE\tUP\tDOWN\tSUBFLOWS")
+	fmt.Fprintln(tw, "CONN\tTENANT\tROLE\tPEER\tSOURCE\tDESTINATION\tAGE\tUP\tDOWN\tSUBFLOWS\tUNACKED")
 	for _, c := range st.Connections {
 		sub := "fell back to TCP"
 		if c.MPTCP {
@@ -529,9 +529,14 @@ func printProxyStatus(e env, body []byte, asJSON bool) int {
 		if c.Src.IsValid() {
 			src = c.Src.String()
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d B\t%d B\t%s\n", c.ID, c.Tenant, c.Role, c.Peer, src, c.Dst, c.Age.Round(time.Second), c.BytesUp, c.Down, sub)
+		unacked := "-"
+		if c.MPTCP {
+			unacked = fmt.Sprintf("%d B, last ack %s ago", c.Unacked, c.LastAck)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d B\t%d B\t%s\t%s\n", c.ID, c.Tenant, c.Role, c.Peer, src, c.Dst, c.Age.Round(time.Second), c.BytesUp, c.Down, sub, unacked)
 		for _, s := range c.Subflows {
-			fmt.Fprintf(tw, "\t\t\t\t  %s\t-> %s\trtt %.1f ms\tsent %d B\trecv %d B\tretrans %d B\n", s.Local, s.Remote, float64(s.RTT)/1e6, s.BytesSent, s.BytesRecv, s.Retrans)
+			fmt.Fprintf(tw, "\t\t\t\t  %s\t-> %s\trtt %.1f ms\tsent %d B\trecv %d B\tretrans %d B\tin flight %d, unsent %d B, last ack %s ago\n",
+				s.Local, s.Remote, float64(s.RTT)/1e6, s.BytesSent, s.BytesRecv, s.Retrans, s.Unacked, s.NotSent, s.LastAck)
 		}
 	}
 	tw.Flush()

@@ -217,7 +217,8 @@ func TestProxyLab(t *testing.T) {
 			done <- err
 		}()
 		var best int
-		for deadline := time.Now().Add(2500 * time.Millisecond); time.Now().Before(deadline) && best < 4; {
+		var unacked, inFlight bool // at the sender (p2), at the MPTCP level and on a subflow
+		for deadline := time.Now().Add(2500 * time.Millisecond); time.Now().Before(deadline) && (best < 4 || !unacked || !inFlight); {
 			time.Sleep(200 * time.Millisecond)
 			st, err := roles.ProxyStatus(ctx, p1h)
 			if err != nil {
@@ -228,12 +229,30 @@ func TestProxyLab(t *testing.T) {
 					best = max(best, len(cs.Subflows))
 				}
 			}
+			st, err = roles.ProxyStatus(ctx, p2h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, cs := range st.Proxy.Connections {
+				if cs.Role != "in" || !cs.MPTCP || max(cs.BytesUp, cs.Down) < 1<<20 {
+					continue // not the download's connection (a pooled one, the first bytes)
+				}
+				// A saturating sender has data not yet acknowledged, and acknowledgements
+				// keep coming.
+				unacked = unacked || cs.Unacked > 0 && cs.LastAck < time.Second
+				for _, s := range cs.Subflows {
+					inFlight = inFlight || s.Unacked > 0 && s.LastAck < time.Second
+				}
+			}
 		}
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
 		if best < 4 {
 			t.Errorf("at most %d subflows on a connection, want 4 (2 uplinks at each site)", best)
+		}
+		if !unacked || !inFlight {
+			t.Errorf("the sending proxy's status never showed the download's data in flight: MPTCP level %v, a subflow %v", unacked, inFlight)
 		}
 	})
 

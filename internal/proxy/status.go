@@ -87,17 +87,25 @@ type TenantStatus struct {
 
 // ConnStatus is one live connection.
 type ConnStatus struct {
-	ID       uint64          `json:"id"`
-	Tenant   string          `json:"tenant"`
-	Role     string          `json:"role"`
-	Peer     string          `json:"peer"`
-	Src      netip.AddrPort  `json:"src"`
-	Dst      netip.AddrPort  `json:"dst"`
-	Age      time.Duration   `json:"age_ns"`
-	BytesUp  uint64          `json:"bytes_up"`
-	Down     uint64          `json:"bytes_down"`
-	MPTCP    bool            `json:"mptcp"` // false: the connection fell back to TCP
-	Subflows []SubflowStatus `json:"subflows"`
+	ID      uint64         `json:"id"`
+	Tenant  string         `json:"tenant"`
+	Role    string         `json:"role"`
+	Peer    string         `json:"peer"`
+	Src     netip.AddrPort `json:"src"`
+	Dst     netip.AddrPort `json:"dst"`
+	Age     time.Duration  `json:"age_ns"`
+	BytesUp uint64         `json:"bytes_up"`
+	Down    uint64         `json:"bytes_down"`
+	MPTCP   bool           `json:"mptcp"` // false: the connection fell back to TCP
+	// The connection level (MPTCP_INFO): what this side has written and the peer has not
+	// acknowledged yet at the connection level, how long ago its last acknowledgement came,
+	// and what MPTCP re-sent at the connection level (after a subflow failed or its data was
+	// lost above TCP). Unacknowledged data that stays while every subflow is idle is a
+	// connection waiting on MPTCP's own retransmission timer.
+	Unacked      uint64          `json:"unacked_bytes"`
+	LastAck      time.Duration   `json:"last_ack_ns"`
+	BytesRetrans uint64          `json:"bytes_retrans"`
+	Subflows     []SubflowStatus `json:"subflows"`
 }
 
 // SubflowStatus is one subflow of a live connection.
@@ -108,6 +116,9 @@ type SubflowStatus struct {
 	BytesSent uint64         `json:"bytes_sent"`
 	BytesRecv uint64         `json:"bytes_received"`
 	Retrans   uint64         `json:"bytes_retrans"`
+	Unacked   uint32         `json:"unacked_segments"` // in flight on this subflow
+	NotSent   uint32         `json:"notsent_bytes"`    // queued on it and not sent yet
+	LastAck   time.Duration  `json:"last_ack_ns"`      // since its last acknowledgement
 }
 
 // Status returns the current state, with every live connection's subflows.
@@ -141,9 +152,15 @@ func (p *Proxy) Status() Status {
 			Age: time.Since(c.start), BytesUp: c.up.Load(), Down: c.down.Load()}
 		if full, err := info.Full(c.mp); err == nil {
 			cs.MPTCP = true
+			if full.Info.WriteSeq > full.Info.SndUna {
+				cs.Unacked = full.Info.WriteSeq - full.Info.SndUna
+			}
+			cs.LastAck = time.Duration(full.Info.LastAckRecv) * time.Millisecond
+			cs.BytesRetrans = full.Info.BytesRetrans
 			for _, s := range full.Subflows {
 				cs.Subflows = append(cs.Subflows, SubflowStatus{Local: s.Local, Remote: s.Remote, RTT: s.TCP.RTT,
-					BytesSent: s.TCP.BytesSent, BytesRecv: s.TCP.BytesReceived, Retrans: s.TCP.BytesRetrans})
+					BytesSent: s.TCP.BytesSent, BytesRecv: s.TCP.BytesReceived, Retrans: s.TCP.BytesRetrans,
+					Unacked: s.TCP.Unacked, NotSent: s.TCP.NotsentBytes, LastAck: s.TCP.LastAckRecv})
 			}
 		}
 		st.Connections = append(st.Connections, cs)
@@ -190,6 +207,10 @@ func (p *Proxy) WriteMetrics(w *metrics.Writer) {
 		w.Sample("braid_proxy_connection_bytes", metrics.Gauge, "Payload bytes of a live connection, by direction.", float64(c.BytesUp), "conn", id, "tenant", c.Tenant, "role", c.Role, "direction", "up")
 		w.Sample("braid_proxy_connection_bytes", metrics.Gauge, "Payload bytes of a live connection, by direction.", float64(c.Down), "conn", id, "tenant", c.Tenant, "role", c.Role, "direction", "down")
 		w.Sample("braid_proxy_connection_subflows", metrics.Gauge, "Subflows of a live connection's MPTCP connection.", float64(len(c.Subflows)), "conn", id, "tenant", c.Tenant)
+		if c.MPTCP {
+			w.Sample("braid_proxy_connection_unacked_bytes", metrics.Gauge, "Bytes a live connection has written and its peer has not acknowledged at the MPTCP level.", float64(c.Unacked), "conn", id, "tenant", c.Tenant)
+			w.Sample("braid_proxy_connection_last_ack_seconds", metrics.Gauge, "Time since a live connection's last MPTCP-level acknowledgement.", c.LastAck.Seconds(), "conn", id, "tenant", c.Tenant)
+		}
 		for _, s := range c.Subflows {
 			l, r := s.Local.String(), s.Remote.String()
 			w.Sample("braid_proxy_subflow_rtt_seconds", metrics.Gauge, "Smoothed RTT of a subflow.", s.RTT.Seconds(), "conn", id, "local", l, "remote", r)
