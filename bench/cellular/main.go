@@ -513,15 +513,45 @@ func measureTunnel(ctx context.Context, o options, c cellCase, sched string, cap
 // one line each: {"t": seconds since the start, "status": what braid status --json printed},
 // until the returned function is called.
 func sampleStatus(ctx context.Context, pair *roles.TunnelPair, prefix string) (stop func()) {
-	var files [2]*os.File
-	for i, side := range []string{"a", "b"} {
-		f, err := os.Create(prefix + "-" + side + ".jsonl")
+	files := createFiles(prefix, "-a.jsonl", "-b.jsonl")
+	return everySecond(func(t float64) {
+		for i, f := range files {
+			st, err := pair.Status(ctx, i)
+			if err != nil {
+				continue // the flow goes on; a missing sample shows as a gap in t
+			}
+			var line bytes.Buffer
+			if json.Compact(&line, st) != nil {
+				continue
+			}
+			fmt.Fprintf(f, "{\"t\": %.3f, \"status\": %s}\n", t, line.Bytes())
+		}
+	}, func() { closeFiles(files) })
+}
+
+// createFiles creates prefix+suffix for each suffix (the driver fails if one cannot be).
+func createFiles(prefix string, suffixes ...string) []*os.File {
+	var files []*os.File
+	for _, s := range suffixes {
+		f, err := os.Create(prefix + s)
 		if err != nil {
 			drive.Fatal(err)
 		}
-		files[i] = f
+		files = append(files, f)
 	}
-	done := make(chan struct{})
+	return files
+}
+
+func closeFiles(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}
+
+// everySecond calls sample once a second with the seconds since it started, until the
+// returned function is called (more than once is fine), which then calls done.
+func everySecond(sample func(t float64), done func()) (stop func()) {
+	quit := make(chan struct{})
 	var wg sync.WaitGroup
 	t0 := time.Now()
 	wg.Go(func() {
@@ -529,34 +559,23 @@ func sampleStatus(ctx context.Context, pair *roles.TunnelPair, prefix string) (s
 		defer tick.Stop()
 		for {
 			select {
-			case <-done:
+			case <-quit:
 				return
 			case <-tick.C:
 			}
-			for i, f := range files {
-				st, err := pair.Status(ctx, i)
-				if err != nil {
-					continue // the flow goes on; a missing sample shows as a gap in t
-				}
-				var line bytes.Buffer
-				if json.Compact(&line, st) != nil {
-					continue
-				}
-				fmt.Fprintf(f, "{\"t\": %.3f, \"status\": %s}\n", time.Since(t0).Seconds(), line.Bytes())
-			}
+			sample(time.Since(t0).Seconds())
 		}
 	})
+	var once sync.Once
 	return func() {
-		close(done)
-		wg.Wait()
-		for _, f := range files {
-			f.Close()
-		}
+		once.Do(func() {
+			close(quit)
+			wg.Wait()
+			done()
+		})
 	}
 }
 
-// tenants is the "tenants" array of a proxy's status document (its failover counters among
-// them), on one line; "" if st is not one.
 func tenants(st []byte) string {
 	var doc struct {
 		Proxy struct {
@@ -657,51 +676,21 @@ func measureProxy(ctx context.Context, o options, c cellCase, reverse bool) resu
 // prefix-p1.txt and prefix-p2.txt, each sample under a line "== t=SECONDS", until the
 // returned function is called (more than once is fine).
 func sampleProxies(ctx context.Context, f *federation.FedLab, bin, prefix string) (stop func()) {
-	var files [2]*os.File
-	for i, h := range []string{"p1", "p2"} {
-		fh, err := os.Create(prefix + "-" + h + ".txt")
-		if err != nil {
-			drive.Fatal(err)
+	files := createFiles(prefix, "-p1.txt", "-p2.txt")
+	return everySecond(func(t float64) {
+		for i, h := range []string{"p1", "p2"} {
+			host := f.L.Host(h)
+			st, _ := host.Run(ctx, bin, "status", "--addr", "127.0.0.1:9478")
+			js, _ := host.Run(ctx, bin, "status", "--addr", "127.0.0.1:9478", "--json")
+			ss, _ := host.Run(ctx, "ss", "-tinM")
+			// The namespace's MPTCP counters (MPTcpExt: joins, re-sends, data dropped above
+			// TCP), read by a process inside it.
+			netstat, _ := host.Run(ctx, "cat", "/proc/net/netstat")
+			fmt.Fprintf(files[i], "== t=%.3f\n%s\n%s\n%s\n%s\n", t, st, tenants(js), mptcpCounters(netstat), ss)
 		}
-		files[i] = fh
-	}
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	t0 := time.Now()
-	wg.Go(func() {
-		tick := time.NewTicker(time.Second)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-			}
-			for i, h := range []string{"p1", "p2"} {
-				host := f.L.Host(h)
-				st, _ := host.Run(ctx, bin, "status", "--addr", "127.0.0.1:9478")
-				js, _ := host.Run(ctx, bin, "status", "--addr", "127.0.0.1:9478", "--json")
-				ss, _ := host.Run(ctx, "ss", "-tinM")
-				// The namespace's MPTCP counters (MPTcpExt: joins, re-sends, data dropped
-				// above TCP), read by a process inside it.
-				netstat, _ := host.Run(ctx, "cat", "/proc/net/netstat")
-				fmt.Fprintf(files[i], "== t=%.3f\n%s\n%s\n%s\n%s\n", time.Since(t0).Seconds(), st, tenants(js), mptcpCounters(netstat), ss)
-			}
-		}
-	})
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			close(done)
-			wg.Wait()
-			for _, fh := range files {
-				fh.Close()
-			}
-		})
-	}
+	}, func() { closeFiles(files) })
 }
 
-// plot writes the case's figure: each path's delivered rate and the flow's goodput, per second.
 func plot(file string, c cellCase, r result) error {
 	ch := kit.Chart{Title: fmt.Sprintf("Case %s: upload through braid tunnel (%s)", strings.ToUpper(c.id), schedulers[0]), XLabel: "time (s)", YLabel: "rate per second (Mbit/s)"}
 	series := func(name string, v []float64) kit.Series {
