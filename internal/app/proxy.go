@@ -535,8 +535,12 @@ func printProxyStatus(e env, body []byte, asJSON bool) int {
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d B\t%d B\t%s\t%s\n", c.ID, c.Tenant, c.Role, c.Peer, src, c.Dst, c.Age.Round(time.Second), c.BytesUp, c.Down, sub, unacked)
 		for _, s := range c.Subflows {
-			fmt.Fprintf(tw, "\t\t\t\t  %s\t-> %s\trtt %.1f ms\tsent %d B\trecv %d B\tretrans %d B\tin flight %d, unsent %d B, last ack %s ago\n",
-				s.Local, s.Remote, float64(s.RTT)/1e6, s.BytesSent, s.BytesRecv, s.Retrans, s.Unacked, s.NotSent, s.LastAck)
+			state := fmt.Sprintf("in flight %d, unsent %d B, last ack %s ago", s.Unacked, s.NotSent, s.LastAck)
+			if s.TCPState != 1 { // TCP_ESTABLISHED
+				state = fmt.Sprintf("not established (TCP state %d)", s.TCPState)
+			}
+			fmt.Fprintf(tw, "\t\t\t\t  %s\t-> %s\trtt %.1f ms\tsent %d B\trecv %d B\tretrans %d B\t%s\n",
+				s.Local, s.Remote, float64(s.RTT)/1e6, s.BytesSent, s.BytesRecv, s.Retrans, state)
 		}
 	}
 	tw.Flush()

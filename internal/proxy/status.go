@@ -119,6 +119,9 @@ type SubflowStatus struct {
 	Unacked   uint32         `json:"unacked_segments"` // in flight on this subflow
 	NotSent   uint32         `json:"notsent_bytes"`    // queued on it and not sent yet
 	LastAck   time.Duration  `json:"last_ack_ns"`      // since its last acknowledgement
+	// TCPState is the subflow's TCP state (1: established). The connection's first subflow
+	// stays listed after it closed, with the counters it had.
+	TCPState uint8 `json:"tcp_state"`
 }
 
 // Status returns the current state, with every live connection's subflows.
@@ -160,7 +163,7 @@ func (p *Proxy) Status() Status {
 			for _, s := range full.Subflows {
 				cs.Subflows = append(cs.Subflows, SubflowStatus{Local: s.Local, Remote: s.Remote, RTT: s.TCP.RTT,
 					BytesSent: s.TCP.BytesSent, BytesRecv: s.TCP.BytesReceived, Retrans: s.TCP.BytesRetrans,
-					Unacked: s.TCP.Unacked, NotSent: s.TCP.NotsentBytes, LastAck: s.TCP.LastAckRecv})
+					Unacked: s.TCP.Unacked, NotSent: s.TCP.NotsentBytes, LastAck: s.TCP.LastAckRecv, TCPState: s.TCP.State})
 			}
 		}
 		st.Connections = append(st.Connections, cs)
