@@ -436,6 +436,11 @@ func (p *Proxy) Run(ctx context.Context) error {
 			go func() { defer p.wg.Done(); defer c.Close(); p.failover(p.ctx, c) }()
 		}
 	}
+	if size, err := mptcpRcvBuf(); err != nil {
+		p.log.Warn("MPTCP receive buffers left to the kernel's autotuning, which can stall a connection over paths of unequal delay (docs/proxy.md)", "err", err)
+	} else {
+		p.log.Debug("MPTCP receive buffer", "bytes", size)
+	}
 	p.log.Info("proxy running", "tenants", len(p.tenantList()), "encrypted", p.o.Cert != nil, "failover", p.o.Failover)
 	<-ctx.Done()
 	p.drain()

@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unsafe"
@@ -136,11 +140,65 @@ const mptcpCongestion = "cubic"
 // the subflow closes, and the path manager joins again. Five unanswered probes close it too.
 var mptcpKeepAlive = net.KeepAliveConfig{Enable: true, Idle: time.Second, Interval: time.Second, Count: 5}
 
+// The receive buffer of the proxies' MPTCP sockets. Linux's MPTCP receiver moves data from a
+// subflow into the connection only while the connection's receive memory is under its buffer;
+// data that arrived ahead of a gap counts against it. A connection starts with tcp_rmem's
+// default (128 KB) and grows it only as the application reads in order. On paths of unequal
+// delay the faster subflows filled those 128 KB with data ahead of the gap while the data of
+// the gap sat in the slower subflow's own queue, which was then never moved in (measured on
+// Linux 6.18, bench/cellular case A: a new connection's subflow holding 868 KB, the
+// connection 131 KB ahead of it, the proxy reading nothing; the connection-level
+// retransmissions of the gap went to the same subflow's queue: no progress for 10 s, and the
+// client's connection was given up; a 2 MiB upload of `braid lab demo` on a new pooled
+// connection that stalled for 10 s in CI fits the same cause, though it was not sampled). So every MPTCP socket of the proxies gets, from the start, the largest buffer the
+// kernel's autotuning would give it (tcp_rmem's maximum), through SO_RCVBUFFORCE (the proxy
+// has CAP_NET_ADMIN for its interception). It is a limit, not an allocation; it does turn
+// the autotuning off, which would only have grown it that far. Without the capability the
+// kernel's default stays (and the proxy says so when it starts).
+func mptcpRcvBuf() (int, error) { return rcvBufOnce() }
+
+var rcvBufOnce = sync.OnceValues(func() (int, error) {
+	limit, err := tcpRmemMax()
+	if err != nil {
+		return 0, err
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_TCP)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, limit/2); err != nil {
+		return 0, fmt.Errorf("SO_RCVBUFFORCE: %w", err)
+	}
+	return limit, nil
+})
+
+// tcpRmemMax is the third field of net.ipv4.tcp_rmem (of the proxy's network namespace).
+func tcpRmemMax() (int, error) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_rmem")
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 3 {
+		return 0, fmt.Errorf("net.ipv4.tcp_rmem: %q is not three numbers", strings.TrimSpace(string(b)))
+	}
+	v, err := strconv.Atoi(f[2])
+	if err != nil || v <= 0 {
+		return 0, fmt.Errorf("net.ipv4.tcp_rmem: bad maximum %q", f[2])
+	}
+	return v, nil
+}
+
 // mptcpControl sets the options of the proxies' MPTCP sockets before they connect or listen
-// (accepted connections inherit a listener's). A kernel without the algorithm keeps its
-// default: the option is an improvement, not a requirement.
+// (accepted connections inherit a listener's): the congestion control and the receive buffer.
+// A kernel without the algorithm keeps its default, and a proxy without the capability the
+// default buffer: the options are improvements, not requirements.
 func mptcpControl(_, _ string, rc syscall.RawConn) error {
 	return rc.Control(func(fd uintptr) {
 		unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, mptcpCongestion)
+		if size, err := mptcpRcvBuf(); err == nil {
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, size/2)
+		}
 	})
 }
