@@ -532,6 +532,9 @@ func printProxyStatus(e env, body []byte, asJSON bool) int {
 		unacked := "-"
 		if c.MPTCP {
 			unacked = fmt.Sprintf("%d B, last ack %s ago", c.Unacked, c.LastAck)
+			if c.Undelivered > 0 {
+				unacked = fmt.Sprintf("%d B (%d B delivered by subflows), last ack %s ago", c.Unacked, c.Undelivered, c.LastAck)
+			}
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d B\t%d B\t%s\t%s\n", c.ID, c.Tenant, c.Role, c.Peer, src, c.Dst, c.Age.Round(time.Second), c.BytesUp, c.Down, sub, unacked)
 		for _, s := range c.Subflows {

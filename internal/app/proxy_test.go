@@ -59,7 +59,7 @@ func TestProxyStatusTable(t *testing.T) {
 	st := proxy.Status{Uptime: 90 * time.Second, Encrypted: true, Unauthenticated: 3, MaxUnauthenticated: 256, Tenants: []proxy.TenantStatus{{Name: "blue", Out: 3, In: 1, Active: 1,
 		PoolReady: map[string]int{"site2": 2}, Refused: map[string]uint64{"auth_failed": 4}}},
 		Connections: []proxy.ConnStatus{{ID: 7, Tenant: "blue", Role: "out", Peer: "site2", Src: netip.MustParseAddrPort("10.1.0.1:4000"),
-			Dst: netip.MustParseAddrPort("10.2.0.1:80"), BytesUp: 10, Down: 20, MPTCP: true, Unacked: 2270000, LastAck: 16 * time.Millisecond,
+			Dst: netip.MustParseAddrPort("10.2.0.1:80"), BytesUp: 10, Down: 20, MPTCP: true, Unacked: 2270000, Undelivered: 2230000, LastAck: 16 * time.Millisecond,
 			Subflows: []proxy.SubflowStatus{{Local: netip.MustParseAddrPort("10.9.0.1:45000"), Remote: netip.MustParseAddrPort("10.9.1.2:7101"), RTT: 2 * time.Millisecond,
 				Unacked: 31, NotSent: 20016, LastAck: 236 * time.Millisecond, TCPState: 1},
 				{Local: netip.MustParseAddrPort("10.9.0.1:38034"), Remote: netip.MustParseAddrPort("10.9.0.2:7101"), NotSent: 18051634, TCPState: 7}}}}}
@@ -69,7 +69,7 @@ func TestProxyStatusTable(t *testing.T) {
 		t.Fatalf("code %d: %s", code, e.String())
 	}
 	for _, want := range []string{"TLS 1.3", "auth_failed=4", "10.1.0.1:4000", "10.9.1.2:7101", "rtt 2.0 ms", "blue", "3/256 peer connections unauthenticated",
-		"UNACKED", "2270000 B, last ack 16ms ago", "in flight 31, unsent 20016 B, last ack 236ms ago", "not established (TCP state 7)"} {
+		"UNACKED", "2270000 B (2230000 B delivered by subflows), last ack 16ms ago", "in flight 31, unsent 20016 B, last ack 236ms ago", "not established (TCP state 7)"} {
 		if !strings.Contains(o.String(), want) {
 			t.Errorf("missing %q in:\n%s", want, o.String())
 		}

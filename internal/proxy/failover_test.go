@@ -162,3 +162,24 @@ func TestFailoverBacklog(t *testing.T) {
 		t.Fatalf("one live subflow: %v", got)
 	}
 }
+
+func TestDeliveredUnacked(t *testing.T) {
+	busy := sub("10.9.0.1:45000", 10, 0, 50*time.Millisecond)
+	busy.TCP.SndMSS, busy.TCP.NotsentBytes = 1400, 6000
+	closed := sub("10.9.1.1:45001", 30, 0, 50*time.Millisecond)
+	closed.TCP.State, closed.TCP.SndMSS = 7, 1400 // a closed first subflow's stale counters
+	// 100 000 bytes sent and not acknowledged; the live subflow holds 14 000 in flight and 6 000
+	// queued: 80 000 were delivered by the subflows.
+	ci := info.ConnInfo{BytesSent: 1_100_000, BytesAcked: 1_000_000}
+	if got := deliveredUnacked(ci, []info.Subflow{busy, closed}); got != 80000 {
+		t.Errorf("delivered and unacknowledged: %d, want 80000", got)
+	}
+	// The subflows hold more than is outstanding (segments counted at a full MSS): none.
+	if got := deliveredUnacked(info.ConnInfo{BytesSent: 10_000, BytesAcked: 0}, []info.Subflow{busy}); got != 0 {
+		t.Errorf("all held: %d, want 0", got)
+	}
+	// A kernel without the byte counts: 0.
+	if got := deliveredUnacked(info.ConnInfo{}, []info.Subflow{busy}); got != 0 {
+		t.Errorf("no counts: %d", got)
+	}
+}

@@ -101,8 +101,12 @@ type ConnStatus struct {
 	// acknowledged yet at the connection level, how long ago its last acknowledgement came,
 	// and what MPTCP re-sent at the connection level (after a subflow failed or its data was
 	// lost above TCP). Unacknowledged data that stays while every subflow is idle is a
-	// connection waiting on MPTCP's own retransmission timer.
+	// connection waiting on MPTCP's own retransmission timer. Undelivered is the part of it
+	// that was sent and that no subflow holds any more (in flight or queued): its subflows
+	// delivered it, and the peer holds it ahead of a gap (normal on paths of unequal delay,
+	// for about the difference of their delays) or dropped it above TCP.
 	Unacked      uint64          `json:"unacked_bytes"`
+	Undelivered  uint64          `json:"undelivered_bytes"`
 	LastAck      time.Duration   `json:"last_ack_ns"`
 	BytesRetrans uint64          `json:"bytes_retrans"`
 	Subflows     []SubflowStatus `json:"subflows"`
@@ -158,6 +162,7 @@ func (p *Proxy) Status() Status {
 			if full.Info.WriteSeq > full.Info.SndUna {
 				cs.Unacked = full.Info.WriteSeq - full.Info.SndUna
 			}
+			cs.Undelivered = deliveredUnacked(full.Info, full.Subflows)
 			cs.LastAck = time.Duration(full.Info.LastAckRecv) * time.Millisecond
 			cs.BytesRetrans = full.Info.BytesRetrans
 			for _, s := range full.Subflows {
@@ -231,4 +236,21 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// deliveredUnacked is how much of what a connection sent at the MPTCP level (mptcpi_bytes_sent,
+// and not acknowledged there: mptcpi_bytes_acked) no established subflow holds any more, in
+// flight (tcpi_unacked segments) or queued (tcpi_notsent_bytes). 0 on kernels without the
+// connection's byte counts.
+func deliveredUnacked(ci info.ConnInfo, subs []info.Subflow) uint64 {
+	if ci.BytesSent <= ci.BytesAcked {
+		return 0
+	}
+	var held uint64
+	for _, s := range subs {
+		if s.TCP.State == tcpEstablished {
+			held += uint64(s.TCP.Unacked)*uint64(max(s.TCP.SndMSS, 1)) + uint64(s.TCP.NotsentBytes)
+		}
+	}
+	return (ci.BytesSent - ci.BytesAcked) - min(held, ci.BytesSent-ci.BytesAcked)
 }
