@@ -152,7 +152,7 @@ type options struct {
 	cc         string   // the flow's sender's congestion control; "" the host's default
 	alone      bool     // the paths-alone rows and their sum
 	configured bool     // the default scheduler with capacities configured
-	status     string   // a directory for the tunnels' status after each tunnel flow; "" none
+	status     string   // a directory kept for every flow's state each second; "" a temporary one, kept when the flow fails
 }
 
 func main() {
@@ -167,7 +167,7 @@ func main() {
 	withProxy := flag.Bool("proxy", true, "run the kernel MPTCP row (through braid proxy)")
 	withAlone := flag.Bool("alone", true, "run the paths-alone rows (and the sum); -alone=false leaves the ratios out: for comparing tunnel builds")
 	withConfigured := flag.Bool("configured", true, "run the default scheduler's row with the capacities configured")
-	status := flag.String("status", "", "write both tunnels' `braid status --json` after each tunnel flow into `DIR` (CASE-up|down-SCHEDULER[-configured]-a|b.json, last run), and each second of the flow (the same names, .jsonl; two braid status processes a second run beside the flow); and both proxies' `braid status` and `ss -tinM` each second of the kernel MPTCP row's flow (CASE-up|down-proxy-p1|p2.txt; without -status they are kept only when that flow fails)")
+	status := flag.String("status", "", "write both tunnels' `braid status --json` after each tunnel flow into `DIR` (CASE-up|down-SCHEDULER[-configured]-a|b.json, last run), and each second of the flow (the same names, .jsonl; two braid status processes a second run beside the flow); and both proxies' `braid status` and `ss -tinM` each second of the kernel MPTCP row's flow (CASE-up|down-proxy-p1|p2.txt); without -status every flow's samples go to a temporary directory, kept (and named in the log) only when the flow fails")
 	cc := flag.String("cc", "", "TCP congestion control of each flow's sender (TCP_CONGESTION: one of net.ipv4.tcp_available_congestion_control); default: the host's")
 	flag.Parse()
 	log.SetFlags(0)
@@ -485,16 +485,29 @@ func measureTunnel(ctx context.Context, o options, c cellCase, sched string, cap
 	if capacities != nil {
 		name += "-configured"
 	}
-	stop := func() {}
-	if o.status != "" {
-		stop = sampleStatus(ctx, pair, filepath.Join(o.status, name))
-	}
-	r := flow(l, l.Links(), func() traffic.BulkResult { return f.Run(ctx, l, o.braid) }, "a", "10.255.0.2", reverse)
+	dir, keep := stateDir(o)
+	stop := sampleStatus(ctx, pair, filepath.Join(dir, name))
+	var failed error
+	r := flow(l, l.Links(), func() traffic.BulkResult {
+		res, err := f.Try(ctx, l, o.braid)
+		failed = err
+		return res
+	}, "a", "10.255.0.2", reverse)
 	stop()
-	if o.status != "" {
-		if err := pair.SaveStatus(ctx, filepath.Join(o.status, name)+"-"); err != nil {
+	if keep || failed != nil {
+		if err := pair.SaveStatus(ctx, filepath.Join(dir, name)+"-"); err != nil {
 			drive.Fatal(err)
 		}
+	}
+	if failed != nil {
+		// The row says so and the driver fails at its end; the other rows still run.
+		r.failed = failed.Error()
+		log.Printf("case %s %s, tunnel %s: the flow failed: %v\n%s\nboth tunnels' status each second of the flow, and at its end: %s-a|b.jsonl, %s-a|b.json",
+			c.id, direction(reverse), sched, failed, pair.Logs(), filepath.Join(dir, name), filepath.Join(dir, name))
+		return r
+	}
+	if !keep {
+		os.RemoveAll(dir)
 	}
 	// What each path carried, in the log: where the aggregate's goodput came from.
 	var carried []string
@@ -515,6 +528,20 @@ func measureTunnel(ctx context.Context, o options, c cellCase, sched string, cap
 // sampleStatus writes both tunnels' status each second into prefix-a.jsonl and prefix-b.jsonl,
 // one line each: {"t": seconds since the start, "status": what braid status --json printed},
 // until the returned function is called.
+// stateDir is where a flow's state each second is written: -status DIR (keep), or a temporary
+// directory that the caller removes unless the flow fails, so that a stall is explained by what
+// the roles did during it.
+func stateDir(o options) (dir string, keep bool) {
+	if o.status != "" {
+		return o.status, true
+	}
+	dir, err := os.MkdirTemp("", "braid-cellular-")
+	if err != nil {
+		drive.Fatal(err)
+	}
+	return dir, false
+}
+
 func sampleStatus(ctx context.Context, pair *roles.TunnelPair, prefix string) (stop func()) {
 	files := createFiles(prefix, "-a.jsonl", "-b.jsonl")
 	return everySecond(func(t float64) {
@@ -645,14 +672,7 @@ func measureProxy(ctx context.Context, o options, c cellCase, reverse bool) resu
 	// The proxies' state each second of the flow: kept in -status DIR, or, without it, in a
 	// temporary directory that is removed unless the flow fails (a stalled connection is then
 	// explained by what its subflows did).
-	dir, keep := o.status, true
-	if dir == "" {
-		var err error
-		if dir, err = os.MkdirTemp("", "braid-cellular-proxy-"); err != nil {
-			drive.Fatal(err)
-		}
-		keep = false
-	}
+	dir, keep := stateDir(o)
 	name := fmt.Sprintf("%s-%s-proxy", c.id, map[bool]string{false: "up", true: "down"}[reverse])
 	stop := sampleProxies(ctx, f, o.braid, filepath.Join(dir, name))
 	var failed error

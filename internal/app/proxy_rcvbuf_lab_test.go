@@ -1,14 +1,10 @@
 package app
 
 import (
-	"context"
-	"os"
 	"testing"
 	"time"
 
 	"braid/internal/experiment/federation"
-	"braid/internal/experiment/kit"
-	"braid/internal/lab/labtest"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 )
@@ -22,19 +18,10 @@ import (
 // in: the file stops for good (sockopt.go, mptcpRcvBuf). Every file must arrive whole and
 // intact, none going 10 s without progress, in both directions.
 func TestProxyNewConnectionUnequalDelay(t *testing.T) {
-	labtest.Require(t)
-	self, _ := os.Executable()
-	t.Setenv("BRAID_TEST_MAIN", "1") // the proxies run this binary as braid
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
 	slow := topo.Shape{Rate: 10e6, Delay: 150 * time.Millisecond}
 	fast := topo.Shape{Rate: 30e6, Delay: 5 * time.Millisecond}
 	mid := topo.Shape{Rate: 30e6, Delay: 40 * time.Millisecond}
-	f, err := federation.StartFed(ctx, kit.Options{}, self, nil, false, slow, fast, mid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	ctx, f := startFedLab(t, 4*time.Minute, slow, fast, mid)
 	cfg := federation.FedMPTCP4
 	cfg.Uplinks = 3
 	if err := f.Use(ctx, cfg); err != nil {

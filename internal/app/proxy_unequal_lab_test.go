@@ -12,9 +12,7 @@ import (
 	"time"
 
 	"braid/internal/experiment/federation"
-	"braid/internal/experiment/kit"
 	"braid/internal/lab"
-	"braid/internal/lab/labtest"
 	"braid/internal/lab/topo"
 	"braid/internal/traffic"
 )
@@ -39,18 +37,9 @@ import (
 // Earlier, in about one run in ten the first download got no more than the wired path (38.5
 // against 38.6 Mbit/s), for a reason not yet found.
 func TestProxyRBPMUnequalPaths(t *testing.T) {
-	labtest.Require(t)
-	self, _ := os.Executable()
-	t.Setenv("BRAID_TEST_MAIN", "1") // the proxies run this binary as braid
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
 	wired := topo.Shape{Rate: 40e6, Delay: 60 * time.Millisecond}
 	lte := topo.Shape{Rate: 10e6, Delay: 80 * time.Millisecond}
-	f, err := federation.StartFed(ctx, kit.Options{}, self, nil, false, wired, lte)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	ctx, f := startFedLab(t, 4*time.Minute, wired, lte)
 
 	if err := f.Use(ctx, federation.FedPlainTCP); err != nil {
 		t.Fatal(err)

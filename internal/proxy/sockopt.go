@@ -150,14 +150,13 @@ var mptcpKeepAlive = net.KeepAliveConfig{Enable: true, Idle: time.Second, Interv
 // connection 131 KB ahead of it, the proxy reading nothing; the connection-level
 // retransmissions of the gap went to the same subflow's queue: no progress for 10 s, and the
 // client's connection was given up; a 2 MiB upload of `braid lab demo` on a new pooled
-// connection that stalled for 10 s in CI fits the same cause, though it was not sampled). So every MPTCP socket of the proxies gets, from the start, the largest buffer the
+// connection that stalled for 10 s in CI fits the same cause, though it was not sampled).
+// So every MPTCP socket of the proxies gets, from the start, the largest buffer the
 // kernel's autotuning would give it (tcp_rmem's maximum), through SO_RCVBUFFORCE (the proxy
 // has CAP_NET_ADMIN for its interception). It is a limit, not an allocation; it does turn
 // the autotuning off, which would only have grown it that far. Without the capability the
-// kernel's default stays (and the proxy says so when it starts).
-func mptcpRcvBuf() (int, error) { return rcvBufOnce() }
-
-var rcvBufOnce = sync.OnceValues(func() (int, error) {
+// kernel's default stays (and the proxy says so when it starts). Probed once, on first use.
+var mptcpRcvBuf = sync.OnceValues(func() (int, error) {
 	limit, err := tcpRmemMax()
 	if err != nil {
 		return 0, err

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os/exec"
 	"strings"
@@ -27,8 +28,18 @@ type Flow struct {
 	CC string
 }
 
-// Run runs the flow and decodes its result.
+// Run runs the flow and decodes its result; the driver fails if the flow does.
 func (f Flow) Run(ctx context.Context, l *lab.Lab, braid string) traffic.BulkResult {
+	res, err := f.Try(ctx, l, braid)
+	if err != nil {
+		Fatal(err)
+	}
+	return res
+}
+
+// Try runs the flow and decodes its result, or says why the flow failed (a stall, a broken
+// connection, an unreadable report), for drivers that record a failed flow as a row.
+func (f Flow) Try(ctx context.Context, l *lab.Lab, braid string) (traffic.BulkResult, error) {
 	from := f.From
 	if from == "" {
 		from = "a"
@@ -43,16 +54,16 @@ func (f Flow) Run(ctx context.Context, l *lab.Lab, braid string) traffic.BulkRes
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := l.Host(from).Start(cmd); err != nil {
-		Fatal(err)
-	}
-	if err := cmd.Wait(); err != nil {
-		Fatalf("braid %s: %v\n%s", strings.Join(args, " "), err, errb.String())
+		Fatal(err) // the lab itself is broken: no row can be measured
 	}
 	var res traffic.BulkResult
-	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-		Fatalf("braid %s: %v: %q", strings.Join(args, " "), err, out.String())
+	if err := cmd.Wait(); err != nil {
+		return res, fmt.Errorf("braid %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
 	}
-	return res
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		return res, fmt.Errorf("braid %s: %v: %q", strings.Join(args, " "), err, out.String())
+	}
+	return res, nil
 }
 
 // Pinger sends an ICMP echo request from a lab host every interval and keeps the round trips
