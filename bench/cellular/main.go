@@ -525,9 +525,6 @@ func measureTunnel(ctx context.Context, o options, c cellCase, sched string, cap
 	return r
 }
 
-// sampleStatus writes both tunnels' status each second into prefix-a.jsonl and prefix-b.jsonl,
-// one line each: {"t": seconds since the start, "status": what braid status --json printed},
-// until the returned function is called.
 // stateDir is where a flow's state each second is written: -status DIR (keep), or a temporary
 // directory that the caller removes unless the flow fails, so that a stall is explained by what
 // the roles did during it.
@@ -542,6 +539,9 @@ func stateDir(o options) (dir string, keep bool) {
 	return dir, false
 }
 
+// sampleStatus writes both tunnels' status each second into prefix-a.jsonl and prefix-b.jsonl,
+// one line each: {"t": seconds since the start, "status": what braid status --json printed},
+// until the returned function is called.
 func sampleStatus(ctx context.Context, pair *roles.TunnelPair, prefix string) (stop func()) {
 	files := createFiles(prefix, "-a.jsonl", "-b.jsonl")
 	return everySecond(func(t float64) {

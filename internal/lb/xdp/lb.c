@@ -179,12 +179,12 @@ struct be_stats {
 	__u64 joins;
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__type(key, __u32);
-	__type(value, struct lb_config);
-	__uint(max_entries, 1);
-} config SEC(".maps");
+/* The configuration is a global in a data section of its own: the loader makes it a one-element
+ * array map (".data.config") that the control plane writes whole, as it wrote the former config
+ * map, and the program reads it at a fixed address. A lookup of an array element costs a key on
+ * the stack, a bounds check and a NULL test, and the compiler treats it as a call, so values live
+ * across it are kept on the stack (docs/lb.md, "The configuration as a global"). */
+struct lb_config config SEC(".data.config");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -1066,9 +1066,7 @@ int braid_lb(struct xdp_md *ctx)
 	__u8 tflags = tcp->flags;
 	int doff = (tcp->doff_res >> 4) * 4;
 
-	struct lb_config *cfg = bpf_map_lookup_elem(&config, &zero);
-	if (!cfg)
-		return XDP_PASS;
+	const struct lb_config *cfg = &config;
 
 	int aware = cfg->flags & CFG_AWARE;
 	int syn = (tflags & (TCP_SYN | TCP_ACK)) == TCP_SYN;

@@ -126,7 +126,6 @@ type lbTokenVal struct {
 const (
 	lbMapBackendStats   = "backend_stats"
 	lbMapBackends       = "backends"
-	lbMapConfig         = "config"
 	lbMapConns          = "conns"
 	lbMapCounters       = "counters"
 	lbMapDecapCount     = "decap_count"
@@ -146,6 +145,7 @@ const (
 	lbProgBraidDecap    = "braid_decap"
 	lbProgBraidLb       = "braid_lb"
 	lbProgBraidSink     = "braid_sink"
+	lbVarConfig         = "config"
 )
 
 // loadLb returns the embedded CollectionSpec for lb.
@@ -202,7 +202,6 @@ type lbProgramSpecs struct {
 type lbMapSpecs struct {
 	BackendStats *ebpf.MapSpec `ebpf:"backend_stats"`
 	Backends     *ebpf.MapSpec `ebpf:"backends"`
-	Config       *ebpf.MapSpec `ebpf:"config"`
 	Conns        *ebpf.MapSpec `ebpf:"conns"`
 	Counters     *ebpf.MapSpec `ebpf:"counters"`
 	DecapCount   *ebpf.MapSpec `ebpf:"decap_count"`
@@ -224,6 +223,7 @@ type lbMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lbVariableSpecs struct {
+	Config *ebpf.VariableSpec `ebpf:"config"`
 }
 
 // lbObjects contains all objects after they have been loaded into the kernel.
@@ -248,7 +248,6 @@ func (o *lbObjects) Close() error {
 type lbMaps struct {
 	BackendStats *ebpf.Map `ebpf:"backend_stats"`
 	Backends     *ebpf.Map `ebpf:"backends"`
-	Config       *ebpf.Map `ebpf:"config"`
 	Conns        *ebpf.Map `ebpf:"conns"`
 	Counters     *ebpf.Map `ebpf:"counters"`
 	DecapCount   *ebpf.Map `ebpf:"decap_count"`
@@ -270,7 +269,6 @@ func (m *lbMaps) Close() error {
 	return _LbClose(
 		m.BackendStats,
 		m.Backends,
-		m.Config,
 		m.Conns,
 		m.Counters,
 		m.DecapCount,
@@ -293,6 +291,7 @@ func (m *lbMaps) Close() error {
 //
 // It can be passed to loadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lbVariables struct {
+	Config *ebpf.Variable `ebpf:"config"`
 }
 
 // lbPrograms contains all programs after they have been loaded into the kernel.

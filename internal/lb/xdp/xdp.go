@@ -5,7 +5,8 @@
 //
 // What the program does with a packet is described at the top of lb.c; the maps are:
 //
-//	config         one lb_config: mode, flags, hash seed, learning limits, encapsulation source,
+//	config         one lb_config, a global variable (the .data.config section's one-element
+//	               map, written through its mapping): mode, flags, hash seed, learning limits, encapsulation source,
 //	               the flow cache's epoch (bumped when flows are removed, a stateless entry
 //	               is added, a backend is set or removed, or the configuration changes)
 //	services       (VIP, port, family) -> service id; the Maglev table row and the token scope
@@ -439,15 +440,17 @@ func perCPU(total uint32) uint32 {
 
 // writeConfigLocked writes the configuration, with the flag that makes the program look at
 // the stateless table only when it has entries, and the flow cache's next epoch: every write
-// invalidates every CPU's flow cache (the epoch lives in the configuration's element, so that
-// a packet reads one element for both).
+// invalidates every CPU's flow cache (the epoch lives in the configuration, so that a packet
+// reads one value for both). The configuration is the program's global variable, written in
+// place through the data section's mapping, as a map update wrote the element before (neither
+// is atomic against a packet reading it).
 func (d *Dataplane) writeConfigLocked() error {
 	v := d.cfg
 	if d.stateless > 0 {
 		v.Flags |= flagStateless
 	}
 	v.Epoch = d.epoch.Add(1)
-	if err := d.objs.Config.Put(uint32(0), &v); err != nil {
+	if err := d.objs.Config.Set(&v); err != nil {
 		return fmt.Errorf("xdp: config: %w", err)
 	}
 	return nil
