@@ -146,7 +146,8 @@ func (p Phase) String() string {
 // when that one finds room too the path has grown by more than probing can follow: startup
 // again. A full sample far below the estimate (the path's capacity fell) drops the estimate
 // to it at once, drains, and starts up again, so that the rate is found again quickly when a
-// cellular link's capacity comes back.
+// cellular link's capacity comes back. A burst of losses reported between samples (OnOverflow:
+// the path's queue overflowed) ends a re-startup at once and drains cruise's current sample.
 type Capacity struct {
 	cfg     CapacityConfig
 	samples []float64 // ring of the last busy (or raising) samples
@@ -167,6 +168,8 @@ type Capacity struct {
 	// suspect: the last sample looked like a fall in the path's capacity (a collapse); the
 	// next one confirms it, or shows a stall that has passed.
 	suspect bool
+	// cruised: the estimator has reached cruise once (a startup since is a re-startup).
+	cruised bool
 }
 
 // NewCapacity returns an estimator; zero fields of c take their defaults.
@@ -346,7 +349,7 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 			c.phase, c.full, c.stalls, c.regrow = PhaseStartup, c.est, 0, false
 			return
 		}
-		c.phase, c.cycle, c.drains = PhaseCruise, c.cfg.CycleLength-1, 0
+		c.phase, c.cycle, c.drains, c.cruised = PhaseCruise, c.cfg.CycleLength-1, 0, true
 	case PhaseCruise:
 		// A queue that grows (the estimate a little above the path's rate: it is the maximum
 		// of noisy samples): drain in the next sample, and probe only a cycle later. A round
@@ -385,6 +388,33 @@ func (c *Capacity) OnSample(delivered, sent float64, window, rtt, minRTT int64) 
 			}
 		}
 	}
+}
+
+// OnOverflow tells the estimator that the path's queue overflowed: the peer reported a burst of
+// the path's packets lost within the current sample window (the caller decides what a burst is:
+// more than random loss explains). A sample window is several round trips long, and the
+// estimator learns of a full queue only from the window's sample, which comes a round trip
+// after the window ends: a re-startup (gain 2) on a path with a queue of a few tens of ms
+// overflows it for the whole window. Measured on the fast path of two unequal ones (50 Mbit/s,
+// 5 ms one way, a 96 KB queue), estimated at 44-46 Mbit/s and starting up again from cruise:
+// 185-243 packets dropped within one second (docs/scheduling.md, "Resends are charged to the
+// path; a burst of losses ends a re-startup").
+//
+// So a re-startup drains at once, and in cruise the current sample drains (the queue that
+// overflowed stands, and the packets resent for the losses join it). The first startup is
+// left alone: its estimate is still far below the path or the initial guess, and draining
+// below that would pace the path under its rate until cruise probes it back up. It reports
+// whether the gain changed.
+func (c *Capacity) OnOverflow() bool {
+	switch {
+	case c.phase == PhaseStartup && c.cruised:
+		c.phase, c.drains, c.stalls = PhaseDrain, 0, 0
+		return true
+	case c.phase == PhaseCruise && c.cycle != 1:
+		c.cycle, c.found, c.excess = 1, 0, max(c.excess, queueDrain)
+		return true
+	}
+	return false
 }
 
 // A round trip minQueue (or a quarter) above the minimum is a standing queue; the sample

@@ -446,3 +446,56 @@ func TestCapacityHoldsThroughAStall(t *testing.T) {
 		t.Fatalf("after the stall: estimate %.0f (was %.0f), %v, gain %v; want the estimate kept, cruise", c.Estimate(), est, c.Phase(), c.Gain())
 	}
 }
+
+// A queue that overflows (OnOverflow) ends a re-startup at once, and drains the current sample
+// in cruise; the first startup, whose estimate is not yet the path's, goes on.
+func TestCapacityOverflowEndsARestartup(t *testing.T) {
+	c := newCap(t)
+	step(c, 50e6, math.Inf(1))
+	if c.Phase() != PhaseStartup {
+		t.Fatalf("phase %v after one sample, want startup", c.Phase())
+	}
+	if c.OnOverflow() || c.Phase() != PhaseStartup || c.Gain() != c.cfg.StartupGain {
+		t.Fatalf("the first startup ended on an overflow: phase %v, gain %v", c.Phase(), c.Gain())
+	}
+	for range 30 {
+		step(c, 50e6, math.Inf(1))
+	}
+	if c.Phase() != PhaseCruise {
+		t.Fatalf("phase %v after 30 samples, want cruise", c.Phase())
+	}
+	est := c.Estimate()
+	// In cruise: the current sample drains, whatever the cycle's place.
+	if !c.OnOverflow() || c.Gain() >= 1 {
+		t.Fatalf("cruise after an overflow: gain %v, want below 1", c.Gain())
+	}
+	if c.OnOverflow() {
+		t.Fatal("a second overflow in the same draining sample changed the gain")
+	}
+	if c.Estimate() != est {
+		t.Fatalf("an overflow moved the estimate: %.0f, was %.0f", c.Estimate(), est)
+	}
+	// The path grows: probes find room and the estimator starts up again; an overflow ends
+	// that startup at once, with the estimate it had.
+	n := 0
+	for ; n < 40 && c.Phase() != PhaseStartup; n++ {
+		step(c, 200e6, math.Inf(1))
+	}
+	if c.Phase() != PhaseStartup {
+		t.Fatalf("no startup after %d samples on a path grown fourfold", n)
+	}
+	est = c.Estimate()
+	if !c.OnOverflow() || c.Phase() != PhaseDrain || c.Gain() >= 1 {
+		t.Fatalf("re-startup after an overflow: phase %v, gain %v, want drain", c.Phase(), c.Gain())
+	}
+	if c.Estimate() != est {
+		t.Fatalf("an overflow moved the estimate: %.0f, was %.0f", c.Estimate(), est)
+	}
+	// From there it finds the rate again, as after any drain.
+	for n = 0; n < 60 && !within(c.Estimate(), 200e6, 0.01); n++ {
+		step(c, 200e6, math.Inf(1))
+	}
+	if !within(c.Estimate(), 200e6, 0.01) {
+		t.Fatalf("estimate %.0f after %d more samples at 200e6", c.Estimate(), n)
+	}
+}

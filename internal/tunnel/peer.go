@@ -151,6 +151,9 @@ type peerPath struct {
 	capHist sendHistory
 	capBits float64       // delivered over the estimator's windows since the last sample
 	capWin  time.Duration // and their length
+	// packets the peer reported lost on the path since the last sample, and the path's
+	// txPackets when that sample was taken: a burst of losses is an overflow (noteLosses)
+	capLost, capPkts uint64
 
 	// loss recovery (recovery.go), guarded by the peer's rtx.mu: the PathSeq of the next data
 	// packet, and which data sequence number each recent one carried
@@ -158,7 +161,10 @@ type peerPath struct {
 	rtxLog    []rtxEntry
 
 	sent sentLog // what the scheduler gave the path lately, for its data in flight
-	base baseRTT // its propagation RTT over minutes, for the window-based schedulers
+	// owed: wire bytes resent on the path (loss recovery, on an uplink reader) that the queue
+	// planner has not charged to the path's pacing yet (dispatch does, before each plan)
+	owed, owedAt atomic.Int64 // and when the last of them was sent
+	base         baseRTT      // its propagation RTT over minutes, for the window-based schedulers
 
 	// receive counters reported to the peer in probe replies
 	rxBytes   uint64
@@ -388,7 +394,30 @@ func (pp *peerPath) sampleCapacityLocked(now int64, outer int) {
 			int64(pp.capWin), int64(s.SRTT), int64(s.MinRTT))
 	}
 	pp.capAt, pp.capBits, pp.capWin = now, 0, 0
+	pp.capLost, pp.capPkts = 0, pkts
 }
+
+// noteLossesLocked counts n packets the peer reported lost on the path (a nack) towards the
+// current capacity sample, and tells the estimator when they are a burst: at least
+// overflowLost, and more than overflowShare of the packets sent on the path since the sample
+// began. Random loss of 1 % reaches that within a window about once in 150; a queue overflowed
+// by a startup's pacing at twice its rate loses every other packet. It reports whether the
+// estimator changed its gain. p.mu is held.
+func (pp *peerPath) noteLossesLocked(n int) bool {
+	if pp.capEst == nil || n <= 0 {
+		return false
+	}
+	pp.capLost += uint64(n)
+	sent := pp.txPackets.Load() - pp.capPkts
+	return pp.capLost >= overflowLost && float64(pp.capLost) >= overflowShare*float64(sent) && pp.capEst.OnOverflow()
+}
+
+// overflowLost and overflowShare: what a burst of losses within a capacity sample is
+// (noteLossesLocked).
+const (
+	overflowLost  = 8
+	overflowShare = 0.03
+)
 
 // capacityWindow is the shortest span of one capacity sample once the path's rate is found:
 // the peer's delivery windows are timed by its clock, but when its receive loop runs late a

@@ -366,6 +366,11 @@ func (t *Tunnel) onNack(p *peer, k mpath.Nack) {
 		t.stats.DropBadHeader.Add(1)
 		return
 	}
+	p.mu.Lock()
+	if lost.noteLossesLocked(min(int(k.Count), maxNackRun)) {
+		t.stats.Overflows.Add(1)
+	}
+	p.mu.Unlock()
 	pp := p.fastest() // once per nack: every packet it names goes the same way
 	if pp == nil {
 		t.stats.DropNoPath.Add(1)
@@ -381,8 +386,19 @@ func (t *Tunnel) onNack(p *peer, k mpath.Nack) {
 	}
 }
 
+// owe counts a datagram of n bytes resent on the path at now for the queue planner to charge.
+func (pp *peerPath) owe(now int64, n int) {
+	pp.owed.Add(int64(n + pp.outer))
+	pp.owedAt.Store(now)
+}
+
 // resend seals the inner packet at b[headroom:headroom+n], number seq of the peer's sequence,
-// and sends it on pp alone.
+// and sends it on pp alone. It goes at once, outside the queue planner's pacing, and is owed
+// to it: the next plan charges it to the path (dispatch), as the copies of sparse packets are.
+// Uncharged, the resends for a burst of losses on a path paced at its rate came on top of that
+// rate, into the queue that had just overflowed: on the fast path of two unequal ones, 133
+// resends within one second of a startup's overflow, and 51 gaps the receiver gave up
+// (docs/scheduling.md, "Resends are charged to the path; a burst of losses ends a re-startup").
 func (t *Tunnel) resend(p *peer, pp *peerPath, b []byte, n int, seq uint32) bool {
 	ls := p.cur.Load()
 	if ls == nil {
@@ -409,10 +425,12 @@ func (t *Tunnel) resend(p *peer, pp *peerPath, b []byte, n int, seq uint32) bool
 		copy(out.b, b[:headroom+n])
 		tag := ls.s.Sign(out.b[headroom+n:headroom+n], out.b[greLen:aadLen], out.b[:headroom+n])
 		t.send(p, pp, out.b[:headroom+n+len(tag)])
+		pp.owe(t.now(), headroom+n+len(tag))
 		return true
 	}
 	copy(out.b[:aadLen], b[:aadLen])
 	sealed := ls.s.Seal(out.b[aadLen:aadLen], b[greLen:aadLen], b[:aadLen], b[aadLen:headroom+n])
 	t.send(p, pp, out.b[:aadLen+len(sealed)])
+	pp.owe(t.now(), aadLen+len(sealed))
 	return true
 }

@@ -63,7 +63,7 @@ func TestTunnelStalledPath(t *testing.T) {
 	var res traffic.BulkResult
 	var segments, retransmits int64
 	for flow := 1; flow <= 2; flow++ {
-		trace := traceEstimates(eps[0].tunnel, eps[1].tunnel)
+		trace := traceEstimates(eps[0].tunnel, eps[1].tunnel, nil)
 		res, err = traffic.Bulk(ctx, ccDial(eps[0].host, "cubic"), in, traffic.BulkOptions{Duration: 15 * time.Second})
 		t.Logf("flow %d, each second:%s", flow, trace())
 		if err != nil {

@@ -62,6 +62,9 @@ type Counters struct {
 	// Loss recovery (recovery.go): nacks sent and received, packets resent, and nacked
 	// packets not resent because they were no longer kept or the resend budget was spent.
 	NacksSent, NacksReceived, Resent, ResendMissed, ResendBudget atomic.Uint64
+	// Overflows counts the bursts of losses on a path that ended its estimator's startup or
+	// drained its cruise early (a queue the pacing overflowed).
+	Overflows atomic.Uint64
 	// Gap nacks (recovery.go, protocol version 4): sent and received, and the packets resent
 	// for them (counted in Resent too).
 	GapNacksSent, GapNacksReceived, GapResent atomic.Uint64
@@ -317,7 +320,7 @@ func (c *Counters) snapshot() map[string]uint64 {
 		"path_moves": c.PathMoves.Load(), "paths_learned": c.PathsLearned.Load(), "keepalives_sent": c.KeepalivesSent.Load(),
 		"uplink_rebinds": c.UplinkRebinds.Load(), "uplink_announces": c.UplinkAnnounces.Load(),
 		"nacks_sent": c.NacksSent.Load(), "nacks_received": c.NacksReceived.Load(), "resent": c.Resent.Load(),
-		"resend_missed": c.ResendMissed.Load(), "resend_budget": c.ResendBudget.Load(),
+		"resend_missed": c.ResendMissed.Load(), "resend_budget": c.ResendBudget.Load(), "overflows": c.Overflows.Load(),
 		"gap_nacks_sent": c.GapNacksSent.Load(), "gap_nacks_received": c.GapNacksReceived.Load(), "gap_resent": c.GapResent.Load(),
 		"sparse_copies": c.SparseCopies.Load(), "sparse_capped": c.SparseCapped.Load(),
 	}

@@ -1,6 +1,7 @@
 package tunnel
 
 import (
+	"cmp"
 	"errors"
 	"os"
 	"slices"
@@ -126,6 +127,9 @@ func (q *txQueue) sparse(t *Tunnel, p *peer, b []byte, n, wire int, now int64) b
 // paths' rates: enough for a round of bursts, not a standing queue.
 const queueSlack = 20 * time.Millisecond
 
+// owedFor is how long resent bytes stay owed to a path's pacing when its round trip is unknown.
+const owedFor = 100 * time.Millisecond
+
 // maxQueued bounds a peer's send queue in packets whatever the rates (the buffers it holds).
 const maxQueued = 4096
 
@@ -180,6 +184,15 @@ func (t *Tunnel) dispatch(tx *txState, p *peer, now int64, free *[][]byte) (wake
 	}
 	p.mu.Lock()
 	p.snapshotLocked(now)
+	for i, pp := range p.paths {
+		// What loss recovery resent on the path since the last plan takes its tokens, as
+		// the plan's own packets do, unless it was sent a round trip ago or more (the queue
+		// was empty meanwhile, and what was resent has left the path's queue).
+		if n := pp.owed.Swap(0); n > 0 && i < len(p.snap) && now-pp.owedAt.Load() < int64(cmp.Or(p.snap[i].SRTT, owedFor)) {
+			p.sch.(planner).Charge(p.snap, i, int(n))
+			pp.sent.add(now, int(n))
+		}
+	}
 	wake, ok := p.sch.(planner).Plan(now, p.snap, q.sizes, q.out)
 	q.limit = p.queueLimitLocked()
 	q.copyTo = q.copyTo[:0]
