@@ -6,9 +6,10 @@
 // What the program does with a packet is described at the top of lb.c; the maps are:
 //
 //	config         one lb_config, a global variable (the .data.config section's one-element
-//	               map, written through its mapping): mode, flags, hash seed, learning limits, encapsulation source,
-//	               the flow cache's epoch (bumped when flows are removed, a stateless entry
-//	               is added, a backend is set or removed, or the configuration changes)
+//	               map, written through its mapping): mode, flags, hash seed, learning
+//	               limits, encapsulation source, the flow cache's epoch (bumped when flows
+//	               are removed, a stateless entry is added, a backend is set or removed, or
+//	               the configuration changes)
 //	services       (VIP, port, family) -> service id; the Maglev table row and the token scope
 //	stateless      (VIP, port, family) -> backend, with no per-connection state
 //	maglev         MaxServices x TableSize backend indexes
