@@ -31,9 +31,10 @@ import (
 // into the send queue, some 10 s later. The planner gives the slow path, while it is still
 // unmeasured, what the fast one must wait for, so that it is measured in the first seconds
 // (docs/scheduling.md, "A path is measured from the first flow"; measured: first flow 0.70 and
-// 0.92 of the sum, was 0.60-0.64 in most runs; the next 0.94 and 0.94). Since loss recovery's
-// resends are charged to the path's pacing, the first flow stalls less often ("Resends are
-// charged to the path": with a core held busy, 0.65-0.92, median 0.91, against 0.61-0.67).
+// 0.92 of the sum, was 0.60-0.64 in most runs; the next 0.94 and 0.94; with a core held busy,
+// 13 runs before and after loss recovery's resends were charged to the path's pacing: first
+// flow 0.61-0.92 and 0.63-0.92, second 0.92-0.94 and 0.88-0.94, docs/scheduling.md, "Resends
+// are charged to the path").
 //
 // With 1 % loss, a flow over one path is limited by the loss: cubic's rate goes with
 // MSS/(RTT·√p). Through the tunnel the loss is recovered below TCP (recovery.go): the receiver
