@@ -421,16 +421,17 @@ func (t *Tunnel) resend(p *peer, pp *peerPath, b []byte, n int, seq uint32) bool
 	pre.Encode(b[aadLen:headroom])
 	out := t.getBuf()
 	defer t.putBuf(out)
+	var pkt []byte
 	if t.o.Cleartext {
 		copy(out.b, b[:headroom+n])
 		tag := ls.s.Sign(out.b[headroom+n:headroom+n], out.b[greLen:aadLen], out.b[:headroom+n])
-		t.send(p, pp, out.b[:headroom+n+len(tag)])
-		pp.owe(t.now(), headroom+n+len(tag))
-		return true
+		pkt = out.b[:headroom+n+len(tag)]
+	} else {
+		copy(out.b[:aadLen], b[:aadLen])
+		sealed := ls.s.Seal(out.b[aadLen:aadLen], b[greLen:aadLen], b[:aadLen], b[aadLen:headroom+n])
+		pkt = out.b[:aadLen+len(sealed)]
 	}
-	copy(out.b[:aadLen], b[:aadLen])
-	sealed := ls.s.Seal(out.b[aadLen:aadLen], b[greLen:aadLen], b[:aadLen], b[aadLen:headroom+n])
-	t.send(p, pp, out.b[:aadLen+len(sealed)])
-	pp.owe(t.now(), aadLen+len(sealed))
+	t.send(p, pp, pkt)
+	pp.owe(t.now(), len(pkt))
 	return true
 }
