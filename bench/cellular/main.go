@@ -153,6 +153,7 @@ type options struct {
 	alone      bool     // the paths-alone rows and their sum
 	configured bool     // the default scheduler with capacities configured
 	status     string   // a directory kept for every flow's state each second; "" a temporary one, kept when the flow fails
+	reorder    *bool    // the tunnels' reorder setting; nil the default (on)
 }
 
 func main() {
@@ -168,6 +169,7 @@ func main() {
 	withAlone := flag.Bool("alone", true, "run the paths-alone rows (and the sum); -alone=false leaves the ratios out: for comparing tunnel builds")
 	withConfigured := flag.Bool("configured", true, "run the default scheduler's row with the capacities configured")
 	status := flag.String("status", "", "write both tunnels' `braid status --json` after each tunnel flow into `DIR` (CASE-up|down-SCHEDULER[-configured]-a|b.json, last run), and each second of the flow (the same names, .jsonl; two braid status processes a second run beside the flow); and both proxies' `braid status` and `ss -tinM` each second of the kernel MPTCP row's flow (CASE-up|down-proxy-p1|p2.txt); without -status every flow's samples go to a temporary directory, kept (and named in the log) only when the flow fails")
+	reorder := flag.Bool("reorder", true, "the tunnels' reorder buffer (reorder = in the site files); -reorder=false compares the tunnel without it")
 	cc := flag.String("cc", "", "TCP congestion control of each flow's sender (TCP_CONGESTION: one of net.ipv4.tcp_available_congestion_control); default: the host's")
 	flag.Parse()
 	log.SetFlags(0)
@@ -193,6 +195,10 @@ func main() {
 	ccFlag := ""
 	if o.cc != "" {
 		ccFlag = " -cc " + o.cc
+	}
+	if !*reorder {
+		o.reorder = reorder
+		ccFlag += " -reorder=false"
 	}
 	for _, n := range strings.Split(*scheds, ",") {
 		if n = strings.TrimSpace(n); n == "" {
@@ -474,7 +480,7 @@ func measureAlone(ctx context.Context, o options, c cellCase, i int, reverse boo
 func measureTunnel(ctx context.Context, o options, c cellCase, sched string, capacities []uint64, reverse bool) result {
 	l := up(ctx, o, c)
 	defer l.Close()
-	pair, err := roles.StartTunnelPair(ctx, l, o.braid, roles.SiteSpec{Paths: len(c.paths), Outer: 4, Capacities: capacities, Scheduler: sched}, 4)
+	pair, err := roles.StartTunnelPair(ctx, l, o.braid, roles.SiteSpec{Paths: len(c.paths), Outer: 4, Capacities: capacities, Scheduler: sched, Reorder: o.reorder}, 4)
 	if err != nil {
 		drive.Fatalf("tunnel %s: %v", sched, err)
 	}

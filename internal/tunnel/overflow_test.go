@@ -7,7 +7,7 @@ import (
 )
 
 // A path's nacked losses end its estimator's probing only as a burst: at least overflowLost
-// packets, and more than overflowShare of what the path was sent since the capacity sample
+// packets, and at least overflowShare of what the path was sent since the capacity sample
 // began; a new sample starts the count again.
 func TestOverflowNeedsABurst(t *testing.T) {
 	c, err := sched.NewCapacity(sched.CapacityConfig{})
@@ -23,7 +23,7 @@ func TestOverflowNeedsABurst(t *testing.T) {
 		t.Fatalf("estimator in %v after 30 samples, want cruise", c.Phase())
 	}
 	pp := &peerPath{capEst: c}
-	pp.txPackets.Store(1000) // since the sample began: a burst is more than 30 of them
+	pp.txPackets.Store(1000) // since the sample began: a burst is at least 30 of them
 	for lost := 1; lost <= 29; lost++ {
 		if pp.noteLossesLocked(1) {
 			t.Fatalf("%d losses in 1000 packets counted as an overflow", lost)
@@ -33,7 +33,7 @@ func TestOverflowNeedsABurst(t *testing.T) {
 		t.Fatalf("30 losses in 1000 packets: no overflow (gain %v)", c.Gain())
 	}
 	// A new sample's window: the count starts again, from the packets sent by then.
-	pp.capLost, pp.capPkts = 0, pp.txPackets.Load()
+	pp.startLossWindowLocked(pp.txPackets.Load())
 	pp.txPackets.Add(10)
 	if pp.noteLossesLocked(7) {
 		t.Fatal("7 losses counted as an overflow (fewer than overflowLost)")

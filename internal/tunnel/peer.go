@@ -394,12 +394,18 @@ func (pp *peerPath) sampleCapacityLocked(now int64, outer int) {
 			int64(pp.capWin), int64(s.SRTT), int64(s.MinRTT))
 	}
 	pp.capAt, pp.capBits, pp.capWin = now, 0, 0
+	pp.startLossWindowLocked(pkts)
+}
+
+// startLossWindowLocked starts counting the path's losses afresh for a new capacity sample,
+// which begins when the path has been sent pkts packets. p.mu is held.
+func (pp *peerPath) startLossWindowLocked(pkts uint64) {
 	pp.capLost, pp.capPkts = 0, pkts
 }
 
 // noteLossesLocked counts n packets the peer reported lost on the path (a nack) towards the
 // current capacity sample, and tells the estimator when they are a burst: at least
-// overflowLost, and more than overflowShare of the packets sent on the path since the sample
+// overflowLost, and at least overflowShare of the packets sent on the path since the sample
 // began. Random loss of 1 % reaches that within a window about once in 150; a queue overflowed
 // by a startup's pacing at twice its rate loses every other packet. It reports whether the
 // estimator changed its gain. p.mu is held.
