@@ -230,20 +230,23 @@ func pickCases(list string) ([]unequalCase, error) {
 
 // unequal writes the unequal-paths table: per case and run, in one lab, one cubic flow over each
 // path alone (no tunnel), then through one braid tunnel with capacities measured a first cubic
-// flow, the next cubic flow, and a bbr flow; then a bbr flow through a tunnel on the first (the
-// fastest) path only, so that the bbr flow over every path compares with one that differs from
-// it in nothing but the other paths (the paths alone have no tunnel header).
+// flow, the next cubic flow, and a bbr flow; then, through a tunnel on the first (the fastest)
+// path only, a cubic flow of warmUp that lets its estimator find the path's rate, and a bbr
+// flow: the bbr flow over every path compares with one that differs from it in nothing but the
+// other paths (the paths alone have no tunnel header, and a new tunnel starts from its
+// estimator's guess).
 func unequal(ctx context.Context, w io.Writer, braid string, runs int, quick bool, cases []unequalCase) {
-	alone, flow := 10*time.Second, 20*time.Second
+	alone, flow, warmUp := 10*time.Second, 20*time.Second, 5*time.Second
 	if quick {
-		alone, flow, runs = 3*time.Second, 4*time.Second, 1
+		alone, flow, warmUp, runs = 3*time.Second, 4*time.Second, 2*time.Second, 1
 	}
 	fmt.Fprintf(w, "\n### Paths of unequal delay\n\n"+
 		"One TCP flow per figure, cubic unless said (set with `braid traffic bulk --cc`): each path alone for %v\n"+
 		"without a tunnel, then through one `braid tunnel` (default configuration: capacities measured, the\n"+
-		"queue planner) three flows of %v in a row, the first through the new tunnel; then a bbr flow through a\n"+
-		"tunnel on the first path only, the same but for the other paths. Steady goodput\n"+
-		"(the median of the 1 s samples after the first); medians of %d runs, each in its own lab.\n\n", alone, flow, runs)
+		"queue planner) three flows of %v in a row, the first through the new tunnel; then, through a tunnel on\n"+
+		"the first path only, a cubic flow of %v (its estimator finds the path's rate) and a bbr flow of %v,\n"+
+		"which differs from the bbr flow over every path only in the other paths. Steady goodput\n"+
+		"(the median of the 1 s samples after the first); medians of %d runs, each in its own lab.\n\n", alone, flow, warmUp, flow, runs)
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	fmt.Fprintln(tw, "| paths\t| each path alone\t| sum\t| first flow\t| next flow\t| bbr flow\t| bbr, first path only\t| next / sum\t| next / best path\t|")
 	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
@@ -274,6 +277,7 @@ func unequal(ctx context.Context, w io.Writer, braid string, runs int, quick boo
 			if err != nil {
 				drive.Fatal(err)
 			}
+			ccBulk(ctx, l, braid, "10.255.0.2:5201", warmUp, "cubic")
 			fb1 := ccBulk(ctx, l, braid, "10.255.0.2:5201", flow, "bbr")
 			one.Close()
 			srv.Stop()
