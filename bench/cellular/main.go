@@ -22,6 +22,9 @@
 // alone. One PNG per case plots, for the upload through the tunnel with the default scheduler,
 // what each path delivered each second and the flow's goodput.
 //
+// -paths keeps only some of each case's paths (-paths 1: case B over T-Mobile alone), to compare
+// the tunnel with a plain flow path by path.
+//
 // About 46 minutes a run with 60 s flows (42 flows); -quick makes them 5 s. The log gives, for
 // each flow through the tunnel, what each path carried on average, what its queue dropped
 // during the flow and the largest backlog it has held. To compare two builds of the
@@ -42,6 +45,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -101,6 +105,19 @@ func cases() []cellCase {
 			lte("Verizon LTE", "Verizon-LTE-short", 80*ms, 0.5),
 		}},
 	}
+}
+
+// pick keeps the paths that list names by their 1-based index, in the list's order.
+func pick(paths []path, list string) ([]path, error) {
+	var kept []path
+	for _, f := range strings.Split(list, ",") {
+		i, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || i < 1 || i > len(paths) {
+			return nil, fmt.Errorf("%q is not a path's index (1 to %d)", f, len(paths))
+		}
+		kept = append(kept, paths[i-1])
+	}
+	return kept, nil
 }
 
 func (p path) describe() string {
@@ -170,6 +187,7 @@ func main() {
 	withConfigured := flag.Bool("configured", true, "run the default scheduler's row with the capacities configured")
 	status := flag.String("status", "", "write both tunnels' `braid status --json` after each tunnel flow into `DIR` (CASE-up|down-SCHEDULER[-configured]-a|b.json, last run), and each second of the flow (the same names, .jsonl; two braid status processes a second run beside the flow); and both proxies' `braid status` and `ss -tinM` each second of the kernel MPTCP row's flow (CASE-up|down-proxy-p1|p2.txt); without -status every flow's samples go to a temporary directory, kept (and named in the log) only when the flow fails")
 	reorder := flag.Bool("reorder", true, "the tunnels' reorder buffer (reorder = in the site files); -reorder=false compares the tunnel without it")
+	keep := flag.String("paths", "", "keep only these paths of each case: 1-based indices in the case's order, comma-separated (-paths 1 runs case B over T-Mobile alone); default: every path")
 	cc := flag.String("cc", "", "TCP congestion control of each flow's sender (TCP_CONGESTION: one of net.ipv4.tcp_available_congestion_control); default: the host's")
 	flag.Parse()
 	log.SetFlags(0)
@@ -231,6 +249,12 @@ func main() {
 	for _, c := range cases() {
 		if *only != "" && !strings.EqualFold(*only, c.id) {
 			continue
+		}
+		if *keep != "" {
+			var err error
+			if c.paths, err = pick(c.paths, *keep); err != nil {
+				drive.Fatalf("-paths: case %s: %v", c.id, err)
+			}
 		}
 		runCase(ctx, w, o, c, *runs, *figures)
 		ran = true

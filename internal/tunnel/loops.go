@@ -644,6 +644,9 @@ func (t *Tunnel) deliver(p *peer, from uint8, now int64, pb *packetBuf, off int,
 	if !rp.started {
 		p.rxIDs = append(p.rxIDs, from)
 	}
+	// A packet numbered below one its path already delivered was sent after it: a resend
+	// (loss recovery), not a packet the path delays held up (reorder.Buffer.PushResent).
+	resent := !sparse && rp.started && rp.lastAt != 0 && int32(pre.Seq-rp.lastSeq) < 0
 	first, lost := rp.onData(pre.PathSeq, pre.Seq, now, !sparse)
 	if !sparse && meter && t.o.SparseFlows && p.rb != nil && !p.rb.Seen(pre.Seq) {
 		sparse = p.rxSparse.Sparse(now, inner)
@@ -661,6 +664,10 @@ func (t *Tunnel) deliver(p *peer, from uint8, now int64, pb *packetBuf, off int,
 		} else {
 			ob.add(pb)
 		}
+		p.rxq.add(p, out, ob)
+	case resent:
+		out := p.rb.PushResent(now, pre.Seq, len(inner), pb, p.released[:0])
+		p.released = out[:0]
 		p.rxq.add(p, out, ob)
 	default:
 		out := p.rb.Push(now, pre.Seq, len(inner), pb, p.released[:0])
@@ -910,12 +917,19 @@ func (t *Tunnel) timers(ctx context.Context) {
 			}
 			hold := t.o.ReorderCfg.HoldFor(rtts)
 			rtx := fastestRTT(rtts) + recoveryMargin
-			if t.o.Recovery {
+			if t.o.Recovery && rtx <= t.o.ReorderCfg.Defaults().MaxHold {
 				// A lost packet, resent on the fastest path, comes about that path's round
 				// trip after the packets behind it: hold gaps at least that long, and as
 				// long again as the paths' spread where the loss was on the slowest.
 				hold += rtx
 				p.rb.SetFloor(rtx)
+			} else {
+				// The resend cannot come within the longest hold (an LTE path's round
+				// trip under load): holding a gap for it stalls the flows inside and
+				// still shows them the loss. Hold only for the paths' reordering; the
+				// resend, when it comes, is delivered late (docs/scheduling.md, "One
+				// path: a gap is a loss").
+				p.rb.SetFloor(0)
 			}
 			p.rb.SetHold(hold)
 			p.rb.SetInFlight(p.inFlightLocked(now, int64(t.o.ReorderCfg.MaxHold)))

@@ -5,6 +5,38 @@ import (
 	"time"
 )
 
+// shortGaps pushes ten seconds of traffic into b in which every tenth packet comes 2 ms after the
+// one behind it, and checks that each pair is delivered in order; it returns the output slice,
+// the next sequence number and the time after it.
+func shortGaps(t *testing.T, b *Buffer[int]) (out []int, seq uint32, now int64) {
+	t.Helper()
+	out = b.Push(0, 0, 100, 0, nil)
+	seq, now = 1, 10*ms
+	for now < 10_000*ms {
+		out = b.Push(now, seq+1, 100, 1, out[:0])
+		out = b.Push(now+2*ms, seq, 100, 0, out)
+		if len(out) != 2 || out[0] != 0 || out[1] != 1 {
+			t.Fatalf("at %d ms delivered %v, want both in order", now/ms, out)
+		}
+		seq += 2
+		now += 10 * ms
+		b.Expire(now, out[:0])
+	}
+	return out, seq, now
+}
+
+// giveUp pushes seq+1 at now, with seq missing, and checks that Expire gives seq up 10 ms later
+// (the hold is short, as shortGaps left it).
+func giveUp(t *testing.T, b *Buffer[int], out []int, seq uint32, now int64) []int {
+	t.Helper()
+	out = b.Push(now, seq+1, 100, 1, out[:0])
+	out = b.Expire(now+10*ms, out[:0])
+	if len(out) != 1 || b.Stats().Lost != 1 {
+		t.Fatalf("the gap was not given up after the short hold: out %v, stats %+v", out, b.Stats())
+	}
+	return out
+}
+
 // With Learn, gaps that fill within 2 ms bring the hold down from the ceiling to about what they
 // need, a packet that comes after its gap was given up on puts it back to the ceiling, and without
 // Learn the hold stays what SetHold set.
@@ -18,20 +50,7 @@ func TestLearnHoldFollowsReordering(t *testing.T) {
 		if b.Hold() != 100*time.Millisecond {
 			t.Fatalf("learn %v: hold %v before any packet, want the ceiling", learn, b.Hold())
 		}
-		out := b.Push(0, 0, 100, 0, nil)
-		seq := uint32(1)
-		now := int64(10 * ms)
-		// Ten seconds of traffic in which every tenth packet comes 2 ms after the one behind it.
-		for now < 10_000*ms {
-			out = b.Push(now, seq+1, 100, 1, out[:0])
-			out = b.Push(now+2*ms, seq, 100, 0, out)
-			if len(out) != 2 || out[0] != 0 || out[1] != 1 {
-				t.Fatalf("learn %v: at %d ms delivered %v, want both in order", learn, now/ms, out)
-			}
-			seq += 2
-			now += 10 * ms
-			b.Expire(now, out[:0])
-		}
+		out, seq, now := shortGaps(t, b)
 		if !learn {
 			if b.Hold() != 100*time.Millisecond {
 				t.Errorf("without Learn the hold moved to %v", b.Hold())
@@ -42,11 +61,7 @@ func TestLearnHoldFollowsReordering(t *testing.T) {
 			t.Errorf("hold %v after gaps that needed 2 ms, want 3.5 ms (5/4 of it and the margin)", h)
 		}
 		// A gap given up on (seq is lost, or so it seems) and its packet after all: late.
-		out = b.Push(now, seq+1, 100, 1, out[:0])
-		out = b.Expire(now+10*ms, out[:0])
-		if len(out) != 1 || b.Stats().Lost != 1 {
-			t.Fatalf("the gap was not given up after the short hold: out %v, stats %+v", out, b.Stats())
-		}
+		out = giveUp(t, b, out, seq, now)
 		out = b.Push(now+20*ms, seq, 100, 0, out[:0])
 		if len(out) != 1 || b.Stats().Late != 1 {
 			t.Fatalf("late packet: out %v, stats %+v", out, b.Stats())
@@ -108,5 +123,48 @@ func TestLearnLateBeyondCeiling(t *testing.T) {
 	}
 	if h := b.Hold(); h != 4*time.Millisecond {
 		t.Errorf("hold %v after a late packet of an overflow, want the ceiling 4ms", h)
+	}
+}
+
+// A resend (PushResent) that comes after its gap was given up on is delivered late like any
+// packet, but leaves the learnt hold where the reordering put it; one that fills its gap in time
+// does not teach its wait either. A plain late packet in the same place raises the hold (see
+// TestLearnLateBeyondCeiling): the difference is the point.
+func TestLearnIgnoresResends(t *testing.T) {
+	b, err := New[int](Config{Learn: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.SetHold(100 * time.Millisecond)
+	out, seq, now := shortGaps(t, b) // the hold settles near 3.5 ms
+	settled := b.Hold()
+	if settled > 5*time.Millisecond {
+		t.Fatalf("hold %v after gaps that needed 2 ms, want about 3.5 ms", settled)
+	}
+	// A loss: the gap is given up after the short hold, and the resend comes a round trip
+	// (120 ms) later.
+	out = giveUp(t, b, out, seq, now)
+	out = b.PushResent(now+120*ms, seq, 100, 0, out[:0])
+	if len(out) != 1 || b.Stats().Late != 1 {
+		t.Fatalf("late resend: out %v, stats %+v", out, b.Stats())
+	}
+	if h := b.Hold(); h > settled+time.Millisecond {
+		t.Errorf("hold %v after a late resend, want it left near %v", h, settled)
+	}
+	// A resend that fills its gap in time (held 60 ms behind it) teaches nothing either.
+	seq += 2
+	now += 200 * ms
+	b.SetHold(100 * time.Millisecond)
+	b.SetFloor(80 * time.Millisecond)
+	b.SetHold(100 * time.Millisecond)
+	out = b.Push(now, seq+1, 100, 1, out[:0])
+	out = b.PushResent(now+60*ms, seq, 100, 0, out[:0])
+	if len(out) != 2 || out[0] != 0 || out[1] != 1 {
+		t.Fatalf("resend in time: delivered %v, want both in order", out)
+	}
+	b.SetFloor(0)
+	b.SetHold(100 * time.Millisecond)
+	if h := b.Hold(); h > settled+time.Millisecond {
+		t.Errorf("hold %v after a resend that waited 60 ms, want it left near %v", h, settled)
 	}
 }

@@ -132,6 +132,12 @@ const holdMargin = time.Millisecond
 //
 //	hold = max_i(srtt_i + 4·rttvar_i) − min_i(srtt_i) + 1 ms
 //
+// and 1 ms for a single path: its packets leave and arrive in order, so its jitter delays
+// them but does not permute them, and a gap on it is a loss (or a resend on its way, which
+// the tunnel's floor covers: SetFloor). Holding its gaps 4·rttvar (100 ms on an LTE link)
+// stalled the flow inside on every loss and carried 0.75-0.8 of a plain TCP flow over the
+// same link (docs/scheduling.md, "One path: a gap is a loss").
+//
 // A packet is worth waiting for only as long as a packet sent at the same moment on another
 // path can still be on its way, which is the spread of the path delays, not their size. The
 // full RTT spread is used rather than half of it because one-way delays are unknown without
@@ -159,8 +165,11 @@ func (c Config) HoldFor(paths []PathRTT) time.Duration {
 		}
 		n++
 	}
-	if n == 0 {
+	switch n {
+	case 0:
 		return clamp(c.Hold, c.MinHold, c.MaxHold)
+	case 1:
+		return clamp(holdMargin, c.MinHold, c.MaxHold)
 	}
 	return clamp(hi-lo+holdMargin, c.MinHold, c.MaxHold)
 }
@@ -261,6 +270,7 @@ type Buffer[T any] struct {
 	fifoLen    int
 	count, byt int
 	placing    bool // within Place: the packet pushed is not to be delivered
+	resending  bool // within PushResent: the packet pushed does not teach Learn
 
 	// Restart detection: the current run of arrivals behind next or outside the window.
 	cand     uint32 // highest number of the run
@@ -426,7 +436,7 @@ func (b *Buffer[T]) Push(now int64, seq uint32, size int, v T, out []T) []T {
 		if b.count > 0 {
 			// A gap filled by a resend (Rescue) waited for a stall or a loss, not for
 			// reordering: its wait says nothing of how long gaps need.
-			if b.cfg.Learn && !rescued {
+			if b.cfg.Learn && !rescued && !b.resending {
 				if e, ok := b.oldest(); ok {
 					b.learn(now, now-e.at)
 				}
@@ -476,7 +486,7 @@ func (b *Buffer[T]) Push(now int64, seq uint32, size int, v T, out []T) []T {
 		// neither starts nor breaks a restart run, but it does end a row of look-alikes.
 		b.candDups = 0
 		b.st.Late++
-		if b.cfg.Learn {
+		if b.cfg.Learn && !b.resending {
 			var late int64
 			if b.timedOut && now >= b.lostAt {
 				late = b.lostWait + now - b.lostAt
@@ -488,6 +498,19 @@ func (b *Buffer[T]) Push(now int64, seq uint32, size int, v T, out []T) []T {
 	b.extendRun(now, seq)
 	b.st.Stray++
 	return b.maybeRestart(now, b.give(out, v))
+}
+
+// PushResent is Push for a packet that its path sent after a higher-numbered one: a resend
+// of a packet reported lost (or, rarely, one the sender's plan moved back). It fills its gap,
+// or is delivered late, like any packet, but with Config.Learn its wait is not taken as the
+// reordering the hold must cover: it waited for a loss to be reported and sent again, a round
+// trip, and learning from it held every later gap that long (on a single LTE path, every
+// random loss stalled the flow inside for the whole MaxHold).
+func (b *Buffer[T]) PushResent(now int64, seq uint32, size int, v T, out []T) []T {
+	b.resending = true
+	out = b.Push(now, seq, size, v, out)
+	b.resending = false
+	return out
 }
 
 // give appends v, the packet being pushed, to out, unless the caller delivered it (Place).

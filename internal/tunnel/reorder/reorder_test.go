@@ -377,7 +377,8 @@ func TestHoldFor(t *testing.T) {
 		want  time.Duration
 	}{
 		{"no estimate: initial hold", nil, 10 * d},
-		{"one path: jitter only", []PathRTT{{SRTT: 20 * d, RTTVar: d}}, 5 * d},
+		{"one path: its jitter does not reorder", []PathRTT{{SRTT: 20 * d, RTTVar: d}}, d},
+		{"one path of an LTE link's jitter", []PathRTT{{SRTT: 120 * d, RTTVar: 30 * d}}, d},
 		{"equal paths", []PathRTT{{20 * d, 0}, {20 * d, 0}}, 1 * d},
 		{"spread", []PathRTT{{10 * d, d}, {40 * d, 2 * d}, {0, 0}}, 40*d + 8*d - 10*d + d},
 		{"clamped", []PathRTT{{10 * d, 0}, {600 * d, 0}}, 100 * d},
