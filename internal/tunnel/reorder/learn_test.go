@@ -127,44 +127,63 @@ func TestLearnLateBeyondCeiling(t *testing.T) {
 }
 
 // A resend (PushResent) that comes after its gap was given up on is delivered late like any
-// packet, but leaves the learnt hold where the reordering put it; one that fills its gap in time
-// does not teach its wait either. A plain late packet in the same place raises the hold (see
-// TestLearnLateBeyondCeiling): the difference is the point.
+// packet. Without a floor (the tunnel does not wait for resends: they cannot come within the
+// longest hold) it leaves the learnt hold where the reordering put it; a plain late packet in
+// the same place raises the hold (TestLearnHoldFollowsReordering). With a floor (resends can
+// come in time) a late resend teaches like any late packet.
 func TestLearnIgnoresResends(t *testing.T) {
+	for _, floor := range []time.Duration{0, 2 * time.Millisecond} {
+		b, err := New[int](Config{Learn: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.SetFloor(floor)
+		b.SetHold(100 * time.Millisecond)
+		out, seq, now := shortGaps(t, b) // the hold settles near 3.5 ms
+		settled := b.Hold()
+		if settled > 5*time.Millisecond {
+			t.Fatalf("floor %v: hold %v after gaps that needed 2 ms, want about 3.5 ms", floor, settled)
+		}
+		// A loss: the gap is given up after the short hold, and the resend comes a round
+		// trip (120 ms) later.
+		out = giveUp(t, b, out, seq, now)
+		out = b.PushResent(now+120*ms, seq, 100, 0, out[:0])
+		if len(out) != 1 || b.Stats().Late != 1 {
+			t.Fatalf("floor %v: late resend: out %v, stats %+v", floor, out, b.Stats())
+		}
+		switch h := b.Hold(); {
+		case floor == 0 && h > settled+time.Millisecond:
+			t.Errorf("without a floor: hold %v after a late resend, want it left near %v", h, settled)
+		case floor > 0 && h != 100*time.Millisecond:
+			t.Errorf("with a floor: hold %v after a late resend, want the ceiling back", h)
+		}
+	}
+}
+
+// After a stall, resends (PushResent) fill the stalled path's gaps, and then the path brings its
+// originals: a run of look-alikes of consecutive numbers, all duplicates. None is delivered
+// (taken as a restarted peer, the third of them was).
+func TestResentOriginalsAreDuplicates(t *testing.T) {
 	b, err := New[int](Config{Learn: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	b.SetHold(100 * time.Millisecond)
-	out, seq, now := shortGaps(t, b) // the hold settles near 3.5 ms
-	settled := b.Hold()
-	if settled > 5*time.Millisecond {
-		t.Fatalf("hold %v after gaps that needed 2 ms, want about 3.5 ms", settled)
+	out := b.Push(0, 0, 100, 0, nil)
+	out = b.Push(1*ms, 9, 100, 9, out[:0]) // 1..8 stalled on a slow path
+	var got []int
+	for seq := uint32(1); seq <= 8; seq++ {
+		got = append(got, b.PushResent(2*ms, seq, 100, int(seq), out[:0])...)
 	}
-	// A loss: the gap is given up after the short hold, and the resend comes a round trip
-	// (120 ms) later.
-	out = giveUp(t, b, out, seq, now)
-	out = b.PushResent(now+120*ms, seq, 100, 0, out[:0])
-	if len(out) != 1 || b.Stats().Late != 1 {
-		t.Fatalf("late resend: out %v, stats %+v", out, b.Stats())
+	if len(got) != 9 || got[8] != 9 {
+		t.Fatalf("resends delivered %v, want 1..9 in order", got)
 	}
-	if h := b.Hold(); h > settled+time.Millisecond {
-		t.Errorf("hold %v after a late resend, want it left near %v", h, settled)
+	for seq := uint32(1); seq <= 8; seq++ {
+		if out = b.Push(50*ms, seq, 100, 100+int(seq), out[:0]); len(out) != 0 {
+			t.Fatalf("the original of resent %d was delivered: %v (stats %+v)", seq, out, b.Stats())
+		}
 	}
-	// A resend that fills its gap in time (held 60 ms behind it) teaches nothing either.
-	seq += 2
-	now += 200 * ms
-	b.SetHold(100 * time.Millisecond)
-	b.SetFloor(80 * time.Millisecond)
-	b.SetHold(100 * time.Millisecond)
-	out = b.Push(now, seq+1, 100, 1, out[:0])
-	out = b.PushResent(now+60*ms, seq, 100, 0, out[:0])
-	if len(out) != 2 || out[0] != 0 || out[1] != 1 {
-		t.Fatalf("resend in time: delivered %v, want both in order", out)
-	}
-	b.SetFloor(0)
-	b.SetHold(100 * time.Millisecond)
-	if h := b.Hold(); h > settled+time.Millisecond {
-		t.Errorf("hold %v after a resend that waited 60 ms, want it left near %v", h, settled)
+	if st := b.Stats(); st.Duplicates != 8 || st.Resets != 0 {
+		t.Errorf("stats %+v, want 8 duplicates and no reset", st)
 	}
 }

@@ -220,6 +220,9 @@ type slot[T any] struct {
 	// placed: the number's packet was delivered by the caller (Place); held, the slot has
 	// nothing to deliver, and a copy that comes later is only a duplicate
 	placed bool
+	// resent: the number's packet came as a resend (PushResent); its original may still come
+	// on the path it was sent on, and is then only a duplicate, not a sign of a restart
+	resent bool
 	// Rescue: number rseq is missing and its resend may come until runtil (0: not rescued)
 	rseq   uint32
 	runtil int64
@@ -270,7 +273,7 @@ type Buffer[T any] struct {
 	fifoLen    int
 	count, byt int
 	placing    bool // within Place: the packet pushed is not to be delivered
-	resending  bool // within PushResent: the packet pushed does not teach Learn
+	resending  bool // within PushResent
 
 	// Restart detection: the current run of arrivals behind next or outside the window.
 	cand     uint32 // highest number of the run
@@ -436,7 +439,7 @@ func (b *Buffer[T]) Push(now int64, seq uint32, size int, v T, out []T) []T {
 		if b.count > 0 {
 			// A gap filled by a resend (Rescue) waited for a stall or a loss, not for
 			// reordering: its wait says nothing of how long gaps need.
-			if b.cfg.Learn && !rescued && !b.resending {
+			if b.cfg.Learn && !rescued && !b.unlearnt() {
 				if e, ok := b.oldest(); ok {
 					b.learn(now, now-e.at)
 				}
@@ -458,9 +461,11 @@ func (b *Buffer[T]) Push(now int64, seq uint32, size int, v T, out []T) []T {
 	case d < 0 && -d <= b.window:
 		if -d <= ring {
 			s := &b.ring[seq&b.mask]
-			if s.seq == seq && s.state == slotDelivered && s.placed {
+			if s.seq == seq && s.state == slotDelivered && (s.placed || s.resent) {
 				// A copy of a sparse flow's packet (Place): sent on every path, so
-				// copies are the rule, not a sign of a restarted peer.
+				// copies are the rule, not a sign of a restarted peer. Nor is the
+				// original of a resend, which its stalled path brings at last: after a
+				// stall, a run of them read as a restart and the third was delivered.
 				b.st.Duplicates++
 				return out
 			}
@@ -479,14 +484,14 @@ func (b *Buffer[T]) Push(now int64, seq uint32, size int, v T, out []T) []T {
 				return b.maybeRestart(now, b.give(out, v))
 			}
 			if s.state != slotHeld {
-				s.seq, s.state, s.placed = seq, slotDelivered, b.placing
+				s.seq, s.state, s.placed, s.resent = seq, slotDelivered, b.placing, b.resending
 			}
 		}
 		// A plain late packet, most likely from a path slower than the hold time allows; it
 		// neither starts nor breaks a restart run, but it does end a row of look-alikes.
 		b.candDups = 0
 		b.st.Late++
-		if b.cfg.Learn && !b.resending {
+		if b.cfg.Learn && !b.unlearnt() {
 			var late int64
 			if b.timedOut && now >= b.lostAt {
 				late = b.lostWait + now - b.lostAt
@@ -502,16 +507,22 @@ func (b *Buffer[T]) Push(now int64, seq uint32, size int, v T, out []T) []T {
 
 // PushResent is Push for a packet that its path sent after a higher-numbered one: a resend
 // of a packet reported lost (or, rarely, one the sender's plan moved back). It fills its gap,
-// or is delivered late, like any packet, but with Config.Learn its wait is not taken as the
-// reordering the hold must cover: it waited for a loss to be reported and sent again, a round
-// trip, and learning from it held every later gap that long (on a single LTE path, every
-// random loss stalled the flow inside for the whole MaxHold).
+// or is delivered late, like any packet. While the buffer holds gaps for resends (SetFloor
+// above 0) its wait teaches Config.Learn like any packet's: on paths short enough for a resend
+// to come in time, resends that came late showed the hold too short (without them the fast
+// path of TestTunnelUnequalPaths carried half its rate). Without a floor the caller has given
+// up waiting for resends (they cannot come within MaxHold), and a late one teaches nothing:
+// on a single LTE path, learning from them held every later gap the whole MaxHold.
 func (b *Buffer[T]) PushResent(now int64, seq uint32, size int, v T, out []T) []T {
 	b.resending = true
 	out = b.Push(now, seq, size, v, out)
 	b.resending = false
 	return out
 }
+
+// unlearnt reports whether the packet being pushed teaches Config.Learn nothing: a resend while
+// no floor is set (PushResent).
+func (b *Buffer[T]) unlearnt() bool { return b.resending && b.floor == 0 }
 
 // give appends v, the packet being pushed, to out, unless the caller delivered it (Place).
 func (b *Buffer[T]) give(out []T, v T) []T {
@@ -611,7 +622,7 @@ func (b *Buffer[T]) insert(now int64, seq uint32, size int, v T, out []T) []T {
 	if b.rescuedAt(seq, now) {
 		b.st.Refilled++
 	}
-	*s = slot[T]{v: v, seq: seq, size: int32(size), state: slotHeld, placed: b.placing}
+	*s = slot[T]{v: v, seq: seq, size: int32(size), state: slotHeld, placed: b.placing, resent: b.resending}
 	b.count++
 	b.byt += size
 	if !b.placing {
@@ -636,7 +647,7 @@ func (b *Buffer[T]) insert(now int64, seq uint32, size int, v T, out []T) []T {
 func (b *Buffer[T]) markDelivered(seq uint32) {
 	s := &b.ring[seq&b.mask]
 	var zero T
-	s.v, s.seq, s.state, s.placed = zero, seq, slotDelivered, b.placing
+	s.v, s.seq, s.state, s.placed, s.resent = zero, seq, slotDelivered, b.placing, b.resending
 }
 
 // take delivers the held packet in s.
