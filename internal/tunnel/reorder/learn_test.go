@@ -187,3 +187,31 @@ func TestResentOriginalsAreDuplicates(t *testing.T) {
 		t.Errorf("stats %+v, want 8 duplicates and no reset", st)
 	}
 }
+
+// The other order: a stalled path's originals come first (late, their gaps given up), then the
+// resends of them, in a row. Every resend is a duplicate.
+func TestResendsAfterOriginalsAreDuplicates(t *testing.T) {
+	b, err := New[int](Config{Learn: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.SetHold(10 * time.Millisecond)
+	out := b.Push(0, 0, 100, 0, nil)
+	out = b.Push(1*ms, 9, 100, 9, out[:0])
+	if out = b.Expire(20*ms, out[:0]); len(out) != 1 || b.Stats().Lost != 8 {
+		t.Fatalf("the gap 1..8 was not given up: out %v, stats %+v", out, b.Stats())
+	}
+	for seq := uint32(1); seq <= 8; seq++ {
+		if out = b.Push(30*ms, seq, 100, int(seq), out[:0]); len(out) != 1 {
+			t.Fatalf("original %d not delivered late: %v", seq, out)
+		}
+	}
+	for seq := uint32(1); seq <= 8; seq++ {
+		if out = b.PushResent(40*ms, seq, 100, 100+int(seq), out[:0]); len(out) != 0 {
+			t.Fatalf("the resend of %d was delivered after its original: %v (stats %+v)", seq, out, b.Stats())
+		}
+	}
+	if st := b.Stats(); st.Duplicates != 8 || st.Resets != 0 {
+		t.Errorf("stats %+v, want 8 duplicates and no reset", st)
+	}
+}

@@ -461,11 +461,12 @@ func (b *Buffer[T]) Push(now int64, seq uint32, size int, v T, out []T) []T {
 	case d < 0 && -d <= b.window:
 		if -d <= ring {
 			s := &b.ring[seq&b.mask]
-			if s.seq == seq && s.state == slotDelivered && (s.placed || s.resent) {
+			if s.seq == seq && s.state == slotDelivered && (s.placed || s.resent || b.resending) {
 				// A copy of a sparse flow's packet (Place): sent on every path, so
 				// copies are the rule, not a sign of a restarted peer. Nor is the
-				// original of a resend, which its stalled path brings at last: after a
-				// stall, a run of them read as a restart and the third was delivered.
+				// original of a resend, which its stalled path brings at last (after a
+				// stall, a run of them read as a restart and the third was delivered),
+				// nor a resend that comes after its original.
 				b.st.Duplicates++
 				return out
 			}
