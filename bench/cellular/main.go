@@ -45,7 +45,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -105,19 +104,6 @@ func cases() []cellCase {
 			lte("Verizon LTE", "Verizon-LTE-short", 80*ms, 0.5),
 		}},
 	}
-}
-
-// pick keeps the paths that list names by their 1-based index, in the list's order.
-func pick(paths []path, list string) ([]path, error) {
-	var kept []path
-	for _, f := range strings.Split(list, ",") {
-		i, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || i < 1 || i > len(paths) {
-			return nil, fmt.Errorf("%q is not a path's index (1 to %d)", f, len(paths))
-		}
-		kept = append(kept, paths[i-1])
-	}
-	return kept, nil
 }
 
 func (p path) describe() string {
@@ -252,7 +238,7 @@ func main() {
 		}
 		if *keep != "" {
 			var err error
-			if c.paths, err = pick(c.paths, *keep); err != nil {
+			if c.paths, err = drive.Pick(c.paths, *keep, "path"); err != nil {
 				drive.Fatalf("-paths: case %s: %v", c.id, err)
 			}
 		}

@@ -73,7 +73,7 @@ func main() {
 		return
 	}
 	if *unequalOnly != "" {
-		cases, err := pickCases(*unequalOnly)
+		cases, err := drive.Pick(unequalCases, *unequalOnly, "case")
 		if err != nil {
 			drive.Fatalf("-unequal-only: %v", err)
 		}
@@ -213,19 +213,6 @@ var unequalCases = []unequalCase{
 		{Rate: 50e6, Delay: 5 * time.Millisecond, Loss: 1}, {Rate: 25e6, Delay: 50 * time.Millisecond, Loss: 1}}},
 	{"40, 20 and 10 Mbit/s at 5, 25 and 60 ms", []topo.Shape{
 		{Rate: 40e6, Delay: 5 * time.Millisecond}, {Rate: 20e6, Delay: 25 * time.Millisecond}, {Rate: 10e6, Delay: 60 * time.Millisecond}}},
-}
-
-// pickCases returns the unequal cases numbered (from 1) in list, a comma-separated list.
-func pickCases(list string) ([]unequalCase, error) {
-	var cases []unequalCase
-	for _, f := range strings.Split(list, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 || n > len(unequalCases) {
-			return nil, fmt.Errorf("%q is not a case number from 1 to %d", f, len(unequalCases))
-		}
-		cases = append(cases, unequalCases[n-1])
-	}
-	return cases, nil
 }
 
 // unequal writes the unequal-paths table: per case and run, in one lab, one cubic flow over each
