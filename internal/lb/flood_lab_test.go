@@ -109,6 +109,7 @@ func TestLabTokenFlood(t *testing.T) {
 	// The rate before the flood is the median of three downloads: one download on two cores
 	// varies by 10-20 %, as much as the bound allows the flood.
 	var quiet []float64
+	cpuQuiet := labtest.ReadCPU()
 	for i := 0; i < 3; i++ {
 		r, err := timedDownload(ctx, l, floodTransferSize)
 		if err != nil {
@@ -117,6 +118,7 @@ func TestLabTokenFlood(t *testing.T) {
 		quiet = append(quiet, r)
 	}
 	quietRate := median(quiet)
+	t.Logf("before the flood: %s", labtest.ReadCPU().Since(cpuQuiet))
 
 	// The flood.
 	att, err := newAttacker(l)
@@ -124,7 +126,7 @@ func TestLabTokenFlood(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer att.close()
-	start := time.Now()
+	start, cpuFlood := time.Now(), labtest.ReadCPU()
 	floodDone := make(chan struct{})
 	go func() {
 		defer close(floodDone)
@@ -184,6 +186,7 @@ func TestLabTokenFlood(t *testing.T) {
 		}
 	}
 	elapsed := time.Since(start)
+	t.Logf("during the flood: %s", labtest.ReadCPU().Since(cpuFlood))
 	sent := att.handshakes.Load()
 	rate := float64(sent) / elapsed.Seconds()
 	c := bal.counters(t)

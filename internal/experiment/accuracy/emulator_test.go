@@ -20,11 +20,12 @@ func runCheck(t *testing.T, c Check) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	// A fixed seed makes the random loss reproducible; the measurement itself is real.
+	cpu := labtest.ReadCPU()
 	row, err := c.Run(ctx, kit.Options{Quick: true, Seed: 7})
 	if err != nil {
 		t.Fatalf("%s: %v", c.Name, err)
 	}
-	t.Logf("%s: configured %s, measured %s, error %s (bound %s) %s", row.Check, row.Configured, row.Measured, row.Error, row.Bound, row.Detail)
+	t.Logf("%s: configured %s, measured %s, error %s (bound %s) %s; %s", row.Check, row.Configured, row.Measured, row.Error, row.Bound, row.Detail, labtest.ReadCPU().Since(cpu))
 	if !row.OK {
 		t.Errorf("%s: measured %s against %s: error %s is outside %s", row.Check, row.Measured, row.Configured, row.Error, row.Bound)
 	}
