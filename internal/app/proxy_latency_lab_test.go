@@ -21,8 +21,14 @@ import (
 // The lab delays packets in user space, so other work on the machine (make test runs packages
 // side by side) can add milliseconds to single exchanges: in one CI run the persistent
 // connection took 36.6 ms instead of 31-33 and 13 of 20 new connections were slow, while four
-// runs of the test alone passed. A measurement that misses a bound is therefore made once more,
-// with the machine's load logged for both; the test fails when both miss.
+// runs of the test alone passed. In another, both measurements read the persistent connection at
+// 39.7 and 38.6 ms and new ones at 36-130 ms (12 and 9 of 20 slow), the machine 0.79-0.85 of 2
+// cores busy, while five runs here just after read 31.8-33.1 and 33.3-48.2 ms (at most 1 of 20
+// slow): the lab itself was late on every packet, as when the hypervisor takes the CPU (steal).
+// A measurement that misses a bound is therefore made again, up to three in all, each logged
+// with the machine's load and the host's CPU shares (steal among them); the test fails when all
+// three miss. The fault it was written for (part of the exchange on the slower uplinks) misses
+// every time.
 func TestProxyNewConnectionLatency(t *testing.T) {
 	labtest.Require(t)
 	tp, err := demo.TwoSites()
@@ -34,8 +40,9 @@ func TestProxyNewConnectionLatency(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	var missed []string
-	for attempt := 1; attempt <= 2; attempt++ {
+	for attempt := 1; attempt <= 3; attempt++ {
 		busy0, ok0 := kit.MachineBusy()
+		cpu := labtest.ReadCPU()
 		t0 := time.Now()
 		pr, err := demo.MeasureProxy(ctx, l, true)
 		if err != nil {
@@ -45,6 +52,7 @@ func TestProxyNewConnectionLatency(t *testing.T) {
 		if busy1, ok1 := kit.MachineBusy(); ok0 && ok1 {
 			load = fmt.Sprintf("%.2f of %d cores busy", (busy1-busy0).Seconds()/time.Since(t0).Seconds(), runtime.NumCPU())
 		}
+		load += "; " + labtest.ReadCPU().Since(cpu)
 		t.Logf("measurement %d (machine: %s): persistent %v, new %v; new connections: %v", attempt, load, pr.RTT, pr.FirstByte, pr.NewConns)
 		m := proxyLatencyMisses(pr)
 		if len(m) == 0 {

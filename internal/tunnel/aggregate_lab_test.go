@@ -163,7 +163,7 @@ var meshUplinks = []struct {
 // delays, issue 16; TestTunnelUnequalDelayReorder). Half the site file's rates: at 60 + 30
 // Mbit/s the flow through two tunnels and four emulated hops failed the 0.75 bound in 2 of 20
 // runs with a busy loop on one core, and in 5 of 20 of one spell with nothing else running
-// (1 of 106 at other times; this virtual machine's steal time reaches 30 % at times, which
+// (1 of 110 at other times; this virtual machine's steal time reaches 30 % at times, which
 // the test now logs); at 30 + 15 none of 26 with the busy loop did (lowest 0.82), and a run with
 // 30 % stolen got 0.78.
 func meshTopology() *topo.Topology {
