@@ -335,9 +335,9 @@ func TestTunnelPacingSharedUplink(t *testing.T) {
 	}
 
 	// One TCP flow reaches the sum. The flow is bbr (the host's default), whose window can
-	// fall short of the round trip the tunnel's send queue makes (docs/scheduling.md, "bbr in
-	// the four-path mesh"), and a host whose hypervisor takes the CPU lengthens that round
-	// trip: in one CI run, with 22 % of the CPU stolen, the flow carried 0.52 of the sum. So a
+	// fall short of its round trip through the tunnel, 4-5 times the paths' minimum
+	// (docs/scheduling.md, "bbr in the four-path mesh"), and a host whose hypervisor takes
+	// the CPU lengthens that round trip: in one CI run, with 22 % of the CPU stolen, the flow carried 0.52 of the sum. So a
 	// flow that misses the bound is measured again, up to three in all, each logged with the
 	// host's CPU shares; the test fails when all three miss.
 	var missed []string
