@@ -39,10 +39,8 @@ func TestProxyNewConnectionLatency(t *testing.T) {
 	t.Setenv("BRAID_TEST_MAIN", "1") // the proxies run this binary as braid
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	var missed []string
-	for attempt := 1; attempt <= 3; attempt++ {
+	labtest.Measure(t, func(try int) []string {
 		busy0, ok0 := kit.MachineBusy()
-		cpu := labtest.ReadCPU()
 		t0 := time.Now()
 		pr, err := demo.MeasureProxy(ctx, l, true)
 		if err != nil {
@@ -52,19 +50,9 @@ func TestProxyNewConnectionLatency(t *testing.T) {
 		if busy1, ok1 := kit.MachineBusy(); ok0 && ok1 {
 			load = fmt.Sprintf("%.2f of %d cores busy", (busy1-busy0).Seconds()/time.Since(t0).Seconds(), runtime.NumCPU())
 		}
-		load += "; " + labtest.ReadCPU().Since(cpu)
-		t.Logf("measurement %d (machine: %s): persistent %v, new %v; new connections: %v", attempt, load, pr.RTT, pr.FirstByte, pr.NewConns)
-		m := proxyLatencyMisses(pr)
-		if len(m) == 0 {
-			return
-		}
-		for _, s := range m {
-			missed = append(missed, fmt.Sprintf("measurement %d (machine: %s): %s", attempt, load, s))
-		}
-	}
-	for _, s := range missed {
-		t.Error(s)
-	}
+		t.Logf("measurement %d (machine: %s): persistent %v, new %v; new connections: %v", try, load, pr.RTT, pr.FirstByte, pr.NewConns)
+		return proxyLatencyMisses(pr)
+	})
 }
 
 // proxyLatencyMisses returns the bounds of TestProxyNewConnectionLatency that pr misses.
