@@ -344,8 +344,6 @@ func blackholeSpoofed(h *lab.Host) error {
 	return nil
 }
 
-// mptcpResets returns the MP_TCPRST options the host received (MPTcpExtMPRstRx): what a
-// backend sends on a join for a connection it does not hold.
 // logJoinCounters logs the MP_JOIN counters of the client's and each backend's kernel (the
 // MPTcpExt counters named *Join*, those above 0): where a join that the balancer steered was
 // lost (one in a stress run of make test: steered, never completed, its flow left embryonic).
@@ -374,6 +372,8 @@ func logJoinCounters(t *testing.T, l *lab.Lab, n int) {
 	}
 }
 
+// mptcpResets returns the MP_TCPRST options the host received (MPTcpExtMPRstRx): what a
+// backend sends on a join for a connection it does not hold.
 func mptcpResets(t *testing.T, h *lab.Host) uint64 {
 	t.Helper()
 	var n uint64
