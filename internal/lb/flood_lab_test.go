@@ -267,7 +267,8 @@ func TestLabTokenFlood(t *testing.T) {
 	if short {
 		// Once in twenty runs with a busy loop on one core, a timed download's connection
 		// (closed by then) had one subflow and the balancer had steered one join fewer than
-		// there were connections: its join never reached the balancer's program.
+		// there were connections: its join did not reach the balancer's program as a SYN, or
+		// was not counted there. These say where it was lost.
 		logJoinCounters(t, l, n)
 		logLinkDrops(t, l, append([]string{"client", "lb"}, backendNames(n)...))
 	}
@@ -380,8 +381,6 @@ func logJoinCounters(t *testing.T, l *lab.Lab, n int) {
 	}
 }
 
-// mptcpResets returns the MP_TCPRST options the host received (MPTcpExtMPRstRx): what a
-// backend sends on a join for a connection it does not hold.
 // which names the wave a client address belongs to, or says it is none of theirs (a timed
 // download's connection).
 func which(a netip.AddrPort, waves ...[]*net.TCPConn) string {
@@ -428,6 +427,8 @@ func logLinkDrops(t *testing.T, l *lab.Lab, hosts []string) {
 	}
 }
 
+// mptcpResets returns the MP_TCPRST options the host received (MPTcpExtMPRstRx): what a
+// backend sends on a join for a connection it does not hold.
 func mptcpResets(t *testing.T, h *lab.Host) uint64 {
 	t.Helper()
 	var n uint64
