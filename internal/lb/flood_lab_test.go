@@ -358,11 +358,7 @@ func blackholeSpoofed(h *lab.Host) error {
 // lost (one in a stress run of make test: steered, never completed, its flow left embryonic).
 func logJoinCounters(t *testing.T, l *lab.Lab, n int) {
 	t.Helper()
-	hosts := []string{"client"}
-	for k := 0; k < n; k++ {
-		hosts = append(hosts, fmt.Sprintf("b%d", k))
-	}
-	for _, name := range hosts {
+	for _, name := range append([]string{"client"}, backendNames(n)...) {
 		var out []string
 		err := l.Host(name).NS.Do(func() error {
 			m, err := readNetstat("/proc/thread-self/net/netstat")
