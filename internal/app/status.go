@@ -338,13 +338,21 @@ func pathRate(pa tunnel.PathStatus) string {
 }
 
 // pathCapacity is what a path is scheduled for: configured, measured (with the estimator's
-// phase), "unmeasured" while the estimator has only its start-up guess, or "-" for none.
+// phase, and "unpaced" when it is the peer's one path left), "unmeasured" while the estimator
+// has only its start-up guess, or "-" for none.
 func pathCapacity(pa tunnel.PathStatus) string {
+	unpaced := ""
+	if pa.Unpaced {
+		unpaced = ", unpaced"
+	}
 	switch {
 	case pa.CapacityPhase != "" && !pa.CapacityMeasured:
+		if pa.Unpaced {
+			return "unmeasured (unpaced)"
+		}
 		return "unmeasured"
 	case pa.CapacityPhase != "":
-		return units.FormatRate(uint64(pa.Capacity)) + " (" + pa.CapacityPhase + ")"
+		return units.FormatRate(uint64(pa.Capacity)) + " (" + pa.CapacityPhase + unpaced + ")"
 	case pa.Capacity == 0:
 		return "-"
 	}

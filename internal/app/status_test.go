@@ -34,7 +34,8 @@ func TestPrintTunnelStatus(t *testing.T) {
 			{ID: 2, State: "down", Rate: 0, Capacity: 40e6, CapacityPhase: "cruise", CapacityMeasured: true},  // cut
 			{ID: 3, State: "up", Rate: 30e6, RateMeasured: true, Capacity: 50e6, CapacityPhase: "cruise", CapacityMeasured: true, // busy, learned and moved
 				Local: "198.51.100.1:4754", Remote: "203.0.113.2:50999", Origin: "learned", MovedAt: &moved, Moves: 2},
-			{ID: 4, State: "up", Rate: 2e6, RateMeasured: true, Capacity: 10e6, CapacityMeasured: true}, // configured
+			{ID: 4, State: "up", Rate: 2e6, RateMeasured: true, Capacity: 10e6, CapacityMeasured: true},                                        // configured
+			{ID: 5, State: "up", Rate: 9e6, RateMeasured: true, Capacity: 6e6, CapacityPhase: "cruise", CapacityMeasured: true, Unpaced: true}, // the one path left
 		},
 	}}}
 	var b bytes.Buffer
@@ -42,7 +43,7 @@ func TestPrintTunnelStatus(t *testing.T) {
 	out := b.String()
 	rows := map[string]string{}
 	for _, line := range strings.Split(out, "\n") {
-		if f := strings.Fields(line); len(f) > 0 && len(f[0]) == 1 && f[0] >= "1" && f[0] <= "4" {
+		if f := strings.Fields(line); len(f) > 0 && len(f[0]) == 1 && f[0] >= "1" && f[0] <= "5" {
 			rows[f[0]] = line
 		}
 	}
@@ -52,6 +53,8 @@ func TestPrintTunnelStatus(t *testing.T) {
 		{"3", "30 Mbit/s", "unmeasured"},
 		{"3", "198.51.100.1:4754  203.0.113.2:50999  roamed at 21:50:01.250 (learned, 2 moves)", "unmeasured"},
 		{"4", "configured 10 Mbit/s", "unmeasured"},
+		{"3", "50 Mbit/s (cruise)", "unpaced"},
+		{"5", "6 Mbit/s (cruise, unpaced)", "unmeasured"},
 	} {
 		row := rows[c.path]
 		if !strings.Contains(row, c.want) || (c.path != "2" && strings.Contains(row, c.not)) {

@@ -282,6 +282,11 @@ func TestTunnelFailover(t *testing.T) {
 	defer cancel()
 	cutAt := time.AfterFunc(1500*time.Millisecond, l.Links()[0].Cut)
 	defer cutAt.Stop()
+	// Before the cut both paths are paced at their measured capacities; after it, the path
+	// left is not (unpaceLastLocked), and braid status says so.
+	beforeCut := make(chan tunnel.Status, 1)
+	sampleAt := time.AfterFunc(time.Second, func() { beforeCut <- eps[0].tunnel.Status() })
+	defer sampleAt.Stop()
 	fileDone := make(chan traffic.FileResult, 1)
 	go func() {
 		f, err := traffic.File(ctx, eps[0].host.Dial, addr, traffic.FileOptions{Size: 8 << 20, Seed: 3})
@@ -302,8 +307,17 @@ func TestTunnelFailover(t *testing.T) {
 		t.Errorf("transfer across the cut: %v", f)
 	}
 	t.Logf("longest ping gap %v; transfer %v", worst, f)
-	if s := eps[0].tunnel.Status().Peers[0].Paths[0].State; s != "down" {
+	after := eps[0].tunnel.Status().Peers[0].Paths
+	if s := after[0].State; s != "down" {
 		t.Errorf("the cut path is %s", s)
+	}
+	for _, p := range (<-beforeCut).Peers[0].Paths {
+		if p.Unpaced {
+			t.Errorf("before the cut, path %d is not paced though both are up", p.ID)
+		}
+	}
+	if !after[1].Unpaced {
+		t.Errorf("after the cut, path %d (%s) is still paced though it is the one path left", after[1].ID, after[1].State)
 	}
 }
 

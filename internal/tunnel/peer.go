@@ -533,6 +533,7 @@ func (p *peer) snapshotLocked(now int64) bool {
 	}
 	p.conn = fb.conn()
 	if fresh {
+		p.unpaceLastLocked()
 		return true
 	}
 	// every live path is quiet: use them all rather than none
@@ -543,6 +544,7 @@ func (p *peer) snapshotLocked(now int64) bool {
 		any = any || p.snap[i].Up
 	}
 	if any {
+		p.unpaceLastLocked()
 		return any
 	}
 	// None is up: use the paths that went down on silence within the last resort window. A
@@ -558,8 +560,51 @@ func (p *peer) snapshotLocked(now int64) bool {
 			any = true
 		}
 	}
+	p.unpaceLastLocked()
 	return any
 }
+
+// unpaceLastLocked lifts the pacing and the planner's window of the one path p.snap gives the
+// scheduler, when its capacity is measured and no other path is alive (Up, if quiet): a peer
+// with one path, or whose other paths are down. That path may be a quiet one, or one that went
+// down on silence and is the last resort (snapshotLocked): in a stall the link holds what it
+// is given, as it does a plain flow's packets.
+//
+// Pacing at a measured capacity is how the planner splits a flow across paths by arrival time;
+// with one path there is nothing to split, and the pacing only adds a second bottleneck in
+// front of the link, at an estimate that lags the link whenever its rate moves. Over a link
+// that stalls 600 ms every 3 s the estimate stayed at 4.5-6.3 Mbit/s of the link's 10 (each
+// stall's samples pulled it down, and cruise probes it back up a few per cent a cycle, only
+// when the flow inside has data waiting), and the send queue's bound (20 ms at that rate)
+// dropped the flow's bursts: a cubic flow carried 0.41-0.70 of a plain flow on the same link.
+// Unpaced, the flow inside meets the link's own queue, as a plain flow does: 0.95-0.96, and
+// over a constant link 0.95 (0.94 paced; the headers take about 5 %) (docs/scheduling.md,
+// "One path: the link's own queue"). The estimator still measures the path (its samples are
+// busy: the flow fills the link), so a second path that comes up is planned against a
+// current estimate. Capacities configured by the operator are kept as set (they may be
+// meant to shape), and so are the window-based schedulers' windows (Options.Flight).
+func (p *peer) unpaceLastLocked() {
+	if !p.measured || p.flight {
+		return
+	}
+	one := -1
+	for i, pp := range p.paths {
+		alive := pp.est.Snapshot().State == path.Up && !pp.admin
+		if !p.snap[i].Up && !alive {
+			continue
+		}
+		if one >= 0 || !p.snap[i].Up {
+			return
+		}
+		one = i
+	}
+	if one >= 0 && p.paths[one].capEst != nil {
+		p.snap[one].PaceRate, p.snap[one].CWnd = unpacedRate, 0
+	}
+}
+
+// unpacedRate is the pacing rate of a path that is not paced: more than any path carries.
+const unpacedRate = 1e12
 
 // lastResortAfter is how many DownAfter periods a silent path stays the last resort while no
 // path is up (2 s with the default DownAfter): long enough for nearly every stall of the

@@ -112,12 +112,15 @@ func payloadShare(mtu, wire int) float64 {
 // packets wait in the link's queue through it; the tunnel used to drop what the flow sent while no
 // path was up (drop_no_path: 72-274 packets a side in a 30 s flow over one recorded LTE trace) and
 // the flow inside lost a window at once. With no path up, a path that went down on silence within
-// the last 2 s is used (snapshotLocked), so the tunnel drops (almost) nothing in the stalls, and
-// the flow carries at least 0.65 of a plain flow on the same link (measured in the same lab; the
-// headers alone cost some 6 %). Measured on 2026-12-03: before, 221-244 packets dropped and
-// 0.49-0.64 of the path alone (three runs); with the rule, none dropped and 0.72-0.82 in four (the
-// rest is the tunnel's send queue overflowing in the flow's slow start, as on any single path,
-// docs/scheduling.md).
+// the last 2 s is used (snapshotLocked), so the tunnel drops (almost) nothing in the stalls.
+// Measured on 2026-12-03: before, 221-244 packets dropped and 0.49-0.64 of the path alone (three
+// runs); with the rule, none dropped and 0.72-0.82 in four. The rest was the pacing: the path
+// paced at its measured capacity, which each stall pulled down to 4.5-6.3 Mbit/s of the link's 10,
+// and the send queue's bound (20 ms at that rate) dropping the flow's bursts. The one path left is
+// not paced (unpaceLastLocked), and the flow meets the link's own queue as a plain flow does:
+// 0.94 of a plain flow on the same link in three runs alone, 0.86 once after other tests (the
+// headers alone cost some 5 %). The test wants the path unpaced and at least 0.8 (the old code
+// reached 0.82 once, so the ratio alone would not always tell; the status does).
 func TestTunnelOnePathStall(t *testing.T) {
 	shape := topo.Shape{Trace: gapTrace(t, 2400, 600), Delay: 30 * time.Millisecond, QueuePackets: 1000}
 	l := labtest.Up(t, kit.ParallelLinks("gap", shape))
@@ -141,10 +144,13 @@ func TestTunnelOnePathStall(t *testing.T) {
 	sc, rc := eps[0].tunnel.Status().Counters, eps[1].tunnel.Status().Counters
 	t.Logf("through the tunnel: %.1f Mbit/s (%.1f over %v), %.2f of the path alone; %d retransmits; drop_no_path: sender %d, receiver %d",
 		res.Steady/1e6, res.Goodput/1e6, dur, res.Goodput/alone.Goodput, res.Retransmits, sc["drop_no_path"], rc["drop_no_path"])
+	if p := eps[0].tunnel.Status().Peers[0].Paths[0]; !p.Unpaced {
+		t.Errorf("the one path is paced (at %.1f Mbit/s, %s): want it unpaced", p.Capacity/1e6, p.CapacityPhase)
+	}
 	if d := sc["drop_no_path"] + rc["drop_no_path"]; d > 10 {
 		t.Errorf("the tunnel dropped %d packets for want of a path up (sender %d, receiver %d), want at most 10: the link holds them through a stall", d, sc["drop_no_path"], rc["drop_no_path"])
 	}
-	if res.Goodput < 0.65*alone.Goodput {
-		t.Errorf("%.1f Mbit/s through the tunnel over %v, %.2f of the path alone (%.1f), want at least 0.65", res.Goodput/1e6, dur, res.Goodput/alone.Goodput, alone.Goodput/1e6)
+	if res.Goodput < 0.8*alone.Goodput {
+		t.Errorf("%.1f Mbit/s through the tunnel over %v, %.2f of the path alone (%.1f), want at least 0.8", res.Goodput/1e6, dur, res.Goodput/alone.Goodput, alone.Goodput/1e6)
 	}
 }

@@ -170,6 +170,10 @@ type PathStatus struct {
 	Capacity         float64
 	CapacityPhase    string `json:",omitempty"`
 	CapacityMeasured bool
+	// Unpaced: the path is the peer's one path left and its capacity is measured, so it is
+	// not paced at Capacity (which is still measured): the flows meet the link's own queue.
+	// As of the scheduler's last decision, as Sched is.
+	Unpaced bool `json:",omitempty"`
 	// MTU is the path MTU (outer packet size) found by probing, or assumed while MTUSearching.
 	MTU                    int
 	MTUSearching           bool
@@ -243,6 +247,7 @@ func (t *Tunnel) Status() Status {
 				ProbesSent: s.ProbesSent, ProbesLost: s.ProbesLost,
 			})
 			last := &ps.Paths[len(ps.Paths)-1]
+			last.Unpaced = i < len(p.snap) && p.snap[i].Up && p.snap[i].PaceRate == unpacedRate
 			if l := pp.up.local(); l.IsValid() {
 				last.Local = l.String()
 			}
