@@ -25,7 +25,9 @@ import (
 // same test and lab: one TCP flow over each path alone, without the tunnel (bench/tunnel's
 // baseline), so the bound is physically reachable; the tunnel's own 72 bytes per packet cost
 // about 5 % of it (bench/BENCH.md: 0.949 of the sum). One path alone is 0.75 of the sum, so a
-// tunnel that uses one path fails. Best of up to three 5 s runs.
+// tunnel that uses one path fails. Up to three 5 s runs (labtest.Measure: a run that misses
+// while the hypervisor takes the CPU waits for it to give it back before the next; one run
+// in such a spell carried 16 Mbit/s).
 func TestTunnelAggregation(t *testing.T) {
 	rates := []uint64{300e6, 100e6}
 	l := labtest.Up(t, kit.ParallelLinks("agg",
@@ -51,19 +53,18 @@ func TestTunnelAggregation(t *testing.T) {
 	})
 	waitUp(t, eps)
 	addr := serve(t, eps[1].host, eps[1].inner4)
-	best := 0.0
-	for run := 1; run <= 3 && best < 0.9; run++ {
+	labtest.Measure(t, func(run int) []string {
 		res, err := traffic.Bulk(ctx, eps[0].host.Dial, addr, traffic.BulkOptions{Duration: dur})
 		if err != nil {
 			t.Fatalf("through the tunnel: %v", err)
 		}
 		ratio := res.Steady / sum
 		t.Logf("run %d: tunnel over both paths %.1f Mbit/s, %.3f of the sum of the paths alone (%.1f Mbit/s); %d retransmits", run, res.Steady/1e6, ratio, sum/1e6, res.Retransmits)
-		best = max(best, ratio)
-	}
-	if best < 0.9 {
-		t.Errorf("one TCP flow through the tunnel: best %.3f of the sum of the paths alone, want at least 0.9", best)
-	}
+		if ratio < 0.9 {
+			return []string{fmt.Sprintf("one TCP flow through the tunnel: %.3f of the sum of the paths alone, want at least 0.9", ratio)}
+		}
+		return nil
+	})
 	// The data went over both paths in about the ratio of their rates (0.75 and 0.25).
 	checkDataSpread(t, eps, 0.15)
 }
@@ -73,7 +74,9 @@ func TestTunnelAggregation(t *testing.T) {
 // congestion control) and no slower with bbr, each set on the sending socket: the queue
 // planner sends on the slow path only what arrives no later than by the fast one, so neither
 // sees a fast-path packet held behind a slow one. The path alone is measured in the same lab
-// (plain TCP, no tunnel); each figure is the median of three 4 s flows.
+// (plain TCP, no tunnel); each figure is the median of three 4 s flows, measured up to three
+// times (labtest.Measure): in a CI run on a quiet commit, with 35 % of the CPU stolen at the
+// time, cubic's flows carried 59, 45 and 40 Mbit/s and bbr's 36, 24 and 20.
 //
 // Measured when the test was written: path alone 47 Mbit/s; cubic 77.3 and 73.1 (medians of
 // two executions), bbr 44.8 in every run. Before the planner (capacity-proportional split,
@@ -107,20 +110,23 @@ func TestTunnelUnequalDelayCC(t *testing.T) {
 		cc  string
 		min float64 // of the fast path alone
 	}{{"cubic", 1.3}, {"bbr", 0.9}} {
-		var goodput []float64
-		for run := 1; run <= 3; run++ {
-			res, err := traffic.Bulk(ctx, ccDial(eps[0].host, c.cc), addr, traffic.BulkOptions{Duration: 4 * time.Second})
-			if err != nil {
-				t.Fatalf("%s run %d: %v", c.cc, run, err)
+		labtest.Measure(t, func(try int) []string {
+			var goodput []float64
+			for run := 1; run <= 3; run++ {
+				res, err := traffic.Bulk(ctx, ccDial(eps[0].host, c.cc), addr, traffic.BulkOptions{Duration: 4 * time.Second})
+				if err != nil {
+					t.Fatalf("%s run %d: %v", c.cc, run, err)
+				}
+				t.Logf("%s measurement %d, run %d: %.1f Mbit/s, %d retransmits", c.cc, try, run, res.Goodput/1e6, res.Retransmits)
+				goodput = append(goodput, res.Goodput)
 			}
-			t.Logf("%s run %d: %.1f Mbit/s, %d retransmits", c.cc, run, res.Goodput/1e6, res.Retransmits)
-			goodput = append(goodput, res.Goodput)
-		}
-		m := median(goodput)
-		t.Logf("%s: median %.1f Mbit/s, %.2f of the fast path alone", c.cc, m/1e6, m/alone)
-		if m < c.min*alone {
-			t.Errorf("%s through the tunnel: median %.1f Mbit/s, %.2f of the fast path alone (%.1f), want at least %.1f", c.cc, m/1e6, m/alone, alone/1e6, c.min)
-		}
+			m := median(goodput)
+			t.Logf("%s measurement %d: median %.1f Mbit/s, %.2f of the fast path alone", c.cc, try, m/1e6, m/alone)
+			if m < c.min*alone {
+				return []string{fmt.Sprintf("%s through the tunnel: median %.1f Mbit/s, %.2f of the fast path alone (%.1f), want at least %.1f", c.cc, m/1e6, m/alone, alone/1e6, c.min)}
+			}
+			return nil
+		})
 	}
 }
 

@@ -2,6 +2,7 @@ package tunnel_test
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -138,7 +139,8 @@ func logNATPaths(t *testing.T, hub *tunnel.Tunnel) {
 // A site whose two uplinks sit behind two different NATs (one with random ports) reaches a
 // hub that knows only its key: the hub learns both paths from the site's packets, one TCP flow
 // from the site gets at least 0.9 of the sum of the two paths alone (plain TCP through each
-// NAT, measured in the same lab; best of up to three 5 s flows, as TestTunnelAggregation),
+// NAT, measured in the same lab; up to three 5 s flows, labtest.Measure, as
+// TestTunnelAggregation: in one CI run three flows back to back carried 0.54, 0.36 and 0.33),
 // and a file crosses intact both ways.
 func TestTunnelBehindNAT(t *testing.T) {
 	rates := []uint64{40e6, 20e6}
@@ -164,19 +166,18 @@ func TestTunnelBehindNAT(t *testing.T) {
 		}
 	}
 	addr := serve(t, l.Host("hub"), natHubInner)
-	best := 0.0
-	for run := 1; run <= 3 && best < 0.9; run++ {
+	labtest.Measure(t, func(run int) []string {
 		res, err := traffic.Bulk(ctx, l.Host("site").Dial, addr, traffic.BulkOptions{Duration: dur})
 		if err != nil {
 			t.Fatalf("through the tunnel: %v", err)
 		}
 		ratio := res.Steady / sum
 		t.Logf("run %d: site to hub through the tunnel %.1f Mbit/s, %.3f of the sum of the paths alone (%.1f Mbit/s); %d retransmits", run, res.Steady/1e6, ratio, sum/1e6, res.Retransmits)
-		best = max(best, ratio)
-	}
-	if best < 0.9 {
-		t.Errorf("one TCP flow through the tunnel behind NAT: best %.3f of the sum of the paths alone, want at least 0.9", best)
-	}
+		if ratio < 0.9 {
+			return []string{fmt.Sprintf("one TCP flow through the tunnel behind NAT: %.3f of the sum of the paths alone, want at least 0.9", ratio)}
+		}
+		return nil
+	})
 	for i, p := range site.Status().Peers[0].Paths {
 		t.Logf("site path %d: %d data packets sent", i+1, p.TxDataPackets)
 		if p.TxDataPackets == 0 {

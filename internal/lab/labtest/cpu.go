@@ -39,22 +39,9 @@ func ReadCPU() CPUTimes {
 // Since describes how the host's CPUs spent the time from before to c, as shares of all of
 // it: "host CPU: user 8 %, system 24 %, idle 67 %, steal 1 %".
 func (c CPUTimes) Since(before CPUTimes) string {
-	if len(c) < 8 || len(before) < 8 {
+	d, total, ok := c.delta(before)
+	if !ok {
 		return "host CPU: unknown (no /proc/stat)"
-	}
-	var d [8]float64
-	total := 0.0
-	for i := range c {
-		if i >= len(before) || c[i] < before[i] {
-			continue
-		}
-		v := float64(c[i] - before[i])
-		if i < len(d) {
-			d[i] = v
-		}
-		if i < 8 { // guest time is already counted in user and nice
-			total += v
-		}
 	}
 	if total == 0 {
 		return "host CPU: no ticks counted"
@@ -62,4 +49,30 @@ func (c CPUTimes) Since(before CPUTimes) string {
 	pct := func(v float64) float64 { return 100 * v / total }
 	return fmt.Sprintf("host CPU: user %.0f %%, system %.0f %%, idle %.0f %%, steal %.0f %%",
 		pct(d[0]+d[1]), pct(d[2]+d[5]+d[6]), pct(d[3]+d[4]), pct(d[7]))
+}
+
+// StealSince is the share (0 to 1) of the host's CPU time from before to c that the hypervisor
+// took (steal); 0 when it cannot be told.
+func (c CPUTimes) StealSince(before CPUTimes) float64 {
+	d, total, ok := c.delta(before)
+	if !ok || total == 0 {
+		return 0
+	}
+	return d[7] / total
+}
+
+// delta returns the first eight counters' increase from before to c and their sum (guest time
+// is already counted in user and nice); ok is false when either has fewer than eight.
+func (c CPUTimes) delta(before CPUTimes) (d [8]float64, total float64, ok bool) {
+	if len(c) < 8 || len(before) < 8 {
+		return d, 0, false
+	}
+	for i := range d {
+		if c[i] < before[i] {
+			continue
+		}
+		d[i] = float64(c[i] - before[i])
+		total += d[i]
+	}
+	return d, total, true
 }
