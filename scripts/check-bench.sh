@@ -6,9 +6,10 @@
 # What can: a Go file (tests left out: `go build` and `go run` leave them out too) of a package
 # that bin/braid or a driver under bench/ is built from (`go list -deps`), and every file that is
 # not Go source, but for these, which nothing a benchmark runs reads: Markdown (the docs and
-# stored results; the embedded files are a TOML site and the metrics page), docs/, testdata/ and
-# this script. So a change to the docs, to a test or to a package only tests use (the lab tests'
-# helpers) leaves the figures standing; a change to the product, a driver, the lab, go.mod, the
+# stored results; the embedded files are a TOML site and the metrics page), docs/, testdata/,
+# .ci/ (CI's own steps: it runs the benchmarks only as `make bench-smoke`, whose output is not the
+# record) and this script. So a change to the docs, to a test or to a package only tests use (the
+# lab tests' helpers) leaves the figures standing; a change to the product, a driver, the lab, go.mod, the
 # Makefile, the other scripts or the traces does not. Run after `make bench`, and before
 # committing the file (commit it alone, on top of the commit it names).
 # Usage: scripts/check-bench.sh [FILE]
@@ -28,7 +29,7 @@ changed=""
 while IFS= read -r f; do
 	[ -n "$f" ] || continue
 	case "$f" in
-	*_test.go | *.md | docs/* | */testdata/* | testdata/* | scripts/check-bench.sh) continue ;;
+	*_test.go | *.md | docs/* | */testdata/* | testdata/* | scripts/check-bench.sh | .ci/*) continue ;;
 	*.go)
 		grep -qxF "$(dirname "$f")" <<<"$built" || continue ;;
 	esac
